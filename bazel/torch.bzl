@@ -1,0 +1,114 @@
+"""libtorch and the Python interpreter from the project's virtual environment.
+
+The `torch` wheel installed by tools/setup.sh carries libtorch (headers and
+shared libraries); this rule exposes it as a local repository. Its include tree
+also ships protobuf 3.13 (`google/`) and fmt headers that would shadow Debian's
+protobuf 3.21 and fmt 9, so those two entries are left out of the tree we
+expose.
+
+The interpreter is `$PRECOMPILE_SERVE_PYTHON` when set, else `.venv/bin/python3`
+in the workspace.
+"""
+
+_SHADOWING_INCLUDE_DIRS = ["google", "fmt"]
+
+_QUERY = """
+import json, os, sys, glob
+import torch
+site = os.path.dirname(os.path.dirname(torch.__file__))
+print(json.dumps({
+    "torch_dir": os.path.dirname(torch.__file__),
+    "version": torch.__version__,
+    "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+    "cuda": torch.version.cuda or "",
+    "nvidia_lib_dirs": sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib"))),
+    "prefix": sys.prefix,
+}))
+"""
+
+def _torch_repository_impl(rctx):
+    workspace = rctx.path(Label("@//:WORKSPACE")).dirname
+    python = rctx.os.environ.get("PRECOMPILE_SERVE_PYTHON", "")
+    if not python:
+        python = str(workspace) + "/.venv/bin/python3"
+    if not rctx.path(python).exists:
+        fail("no Python at {}: run tools/setup.sh (or set PRECOMPILE_SERVE_PYTHON)".format(python))
+    result = rctx.execute([python, "-c", _QUERY])
+    if result.return_code != 0:
+        fail("{} cannot import torch: {}\nRun tools/setup.sh.".format(python, result.stderr))
+    info = json.decode(result.stdout.strip().splitlines()[-1])
+    torch_dir = info["torch_dir"]
+    lib_dir = torch_dir + "/lib"
+
+    for entry in rctx.path(torch_dir + "/include").readdir():
+        if entry.basename not in _SHADOWING_INCLUDE_DIRS:
+            rctx.symlink(entry, "include/" + entry.basename)
+    for library in rctx.path(lib_dir).readdir():
+        if library.basename.endswith(".so") or ".so." in library.basename:
+            rctx.symlink(library, "lib/" + library.basename)
+
+    # The CUDA libraries of the wheel live in sibling nvidia-* packages; the
+    # linker needs them to resolve libtorch_cuda's own dependencies.
+    rpath_link = ["-Wl,-rpath-link," + d for d in info["nvidia_lib_dirs"]]
+    abi = "1" if info["cxx11_abi"] else "0"
+
+    rctx.file("WORKSPACE", 'workspace(name = "{}")\n'.format(rctx.name))
+    rctx.file("python.sh", "#!/bin/sh\nexec {} \"$@\"\n".format(python), executable = True)
+    rctx.file("version.bzl", 'TORCH_VERSION = "{}"\nTORCH_CUDA_VERSION = "{}"\n'.format(
+        info["version"],
+        info["cuda"],
+    ))
+    rctx.file("BUILD.bazel", """\
+package(default_visibility = ["//visibility:public"])
+
+exports_files(["version.bzl"])
+
+# Headers only: for code that names torch types but links elsewhere.
+cc_library(
+    name = "headers",
+    hdrs = glob(["include/**"], allow_empty = False),
+    includes = ["include", "include/torch/csrc/api/include"],
+    defines = ["_GLIBCXX_USE_CXX11_ABI={abi}"],
+)
+
+# libtorch for the CPU: tensors, TorchScript and the AOTInductor package loader.
+cc_library(
+    name = "libtorch",
+    deps = [":headers"],
+    linkopts = [
+        "-L{lib}",
+        "-Wl,-rpath,{lib}",
+        "-ltorch",
+        "-ltorch_cpu",
+        "-lc10",
+    ],
+)
+
+# The CUDA half of libtorch. Its AOTInductor runner and CUDA kernels register
+# themselves from static initializers, so the libraries are linked even though
+# no symbol of theirs is referenced (otherwise loading a CUDA package fails
+# with "Unsupported device key found: cuda").
+cc_library(
+    name = "libtorch_cuda",
+    deps = [":libtorch"],
+    linkopts = [
+        "-Wl,--no-as-needed",
+        "-ltorch_cuda",
+        "-lc10_cuda",
+        "-Wl,--as-needed",
+    ] + {rpath_link},
+)
+
+# The virtual environment's interpreter, with torch, for build steps that run
+# the capture tool.
+sh_binary(
+    name = "python",
+    srcs = ["python.sh"],
+)
+""".format(abi = abi, lib = lib_dir, rpath_link = rpath_link))
+
+torch_repository = repository_rule(
+    implementation = _torch_repository_impl,
+    local = True,
+    environ = ["PRECOMPILE_SERVE_PYTHON"],
+)
