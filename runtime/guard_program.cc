@@ -1,0 +1,315 @@
+#include "runtime/guard_program.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace precompile {
+namespace {
+
+using artifact::v1::ArgumentGuard;
+using artifact::v1::Scalar;
+using artifact::v1::TensorGuard;
+
+absl::string_view KindName(ArgView::Kind kind) {
+  switch (kind) {
+    case ArgView::Kind::kNone: return "None";
+    case ArgView::Kind::kTensor: return "a tensor";
+    case ArgView::Kind::kBool: return "a bool";
+    case ArgView::Kind::kInt: return "an int";
+    case ArgView::Kind::kFloat: return "a float";
+    case ArgView::Kind::kString: return "a string";
+  }
+  return "unknown";
+}
+
+std::string ValueText(const ArgView& a) {
+  switch (a.kind) {
+    case ArgView::Kind::kNone: return "None";
+    case ArgView::Kind::kTensor: return "a tensor";
+    case ArgView::Kind::kBool: return a.bool_value ? "True" : "False";
+    case ArgView::Kind::kInt: return absl::StrCat(a.int_value);
+    case ArgView::Kind::kFloat: return absl::StrCat(a.float_value);
+    case ArgView::Kind::kString: return absl::StrCat("'", a.string_value, "'");
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+absl::StatusOr<GuardProgram> GuardProgram::Compile(
+    const artifact::v1::Variant& variant,
+    const std::vector<std::string>& parameter_names) {
+  GuardProgram program;
+  program.parameter_names_ = parameter_names;
+  const std::string where = absl::StrCat("variant '", variant.id(), "'");
+
+  if (variant.has_global_state()) {
+    Check grad{Op::kGradMode};
+    grad.value = variant.global_state().grad_enabled() ? 1 : 0;
+    program.checks_.push_back(grad);
+    std::optional<DType> dtype =
+        DTypeFromProto(variant.global_state().default_dtype());
+    if (!dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": unknown default dtype in its global state guard"));
+    }
+    Check def{Op::kDefaultDType};
+    def.value = static_cast<int64_t>(*dtype);
+    program.checks_.push_back(def);
+  }
+
+  absl::flat_hash_map<uint32_t, const artifact::v1::SymbolRange*> ranges;
+  for (const auto& range : variant.symbols()) {
+    if (range.has_max() && range.max() < range.min()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: size symbol %d has an empty range [%d, %d]", where,
+          range.symbol(), range.min(), range.max()));
+    }
+    ranges[range.symbol()] = &range;
+  }
+  absl::flat_hash_map<uint32_t, uint16_t> slot_of_symbol;
+
+  for (const ArgumentGuard& guard : variant.guards()) {
+    if (guard.parameter() >= parameter_names.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: a guard names parameter %d but the frame has %d", where,
+          guard.parameter(), parameter_names.size()));
+    }
+    const auto arg = static_cast<uint16_t>(guard.parameter());
+    if (guard.has_equals()) {
+      const Scalar& s = guard.equals();
+      Check c{Op::kIsNone, arg};
+      switch (s.value_case()) {
+        case Scalar::kNone: break;
+        case Scalar::kBoolValue:
+          c.op = Op::kBoolEquals;
+          c.value = s.bool_value();
+          break;
+        case Scalar::kIntValue:
+          c.op = Op::kIntEquals;
+          c.value = s.int_value();
+          break;
+        case Scalar::kFloatValue:
+          c.op = Op::kFloatEquals;
+          c.float_value = s.float_value();
+          break;
+        case Scalar::kStringValue:
+          c.op = Op::kStringEquals;
+          c.value = static_cast<int64_t>(program.strings_.size());
+          program.strings_.push_back(s.string_value());
+          break;
+        default:
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": the guard on '", parameter_names[arg], "' has no value"));
+      }
+      program.checks_.push_back(c);
+      continue;
+    }
+    if (!guard.has_tensor()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the guard on '", parameter_names[arg], "' is empty"));
+    }
+    const TensorGuard& t = guard.tensor();
+    if (t.is_none()) {
+      program.checks_.push_back(Check{Op::kIsNone, arg});
+      continue;
+    }
+    std::optional<DType> dtype = DTypeFromProto(t.dtype());
+    std::optional<DeviceType> device = DeviceTypeFromName(t.device());
+    if (!dtype || !device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the guard on '", parameter_names[arg],
+          "' has an unknown dtype or device '", t.device(), "'"));
+    }
+    program.checks_.push_back(Check{Op::kIsTensor, arg});
+    Check dtype_check{Op::kDType, arg};
+    dtype_check.value = static_cast<int64_t>(*dtype);
+    program.checks_.push_back(dtype_check);
+    Check device_check{Op::kDevice, arg};
+    device_check.value = static_cast<int64_t>(*device);
+    program.checks_.push_back(device_check);
+    Check rank{Op::kRank, arg};
+    rank.value = t.dims_size();
+    program.checks_.push_back(rank);
+    for (int d = 0; d < t.dims_size(); ++d) {
+      const auto& dim = t.dims(d);
+      Check c{Op::kStaticSize, arg, static_cast<uint16_t>(d)};
+      if (dim.has_symbol()) {
+        auto range = ranges.find(dim.symbol());
+        if (range == ranges.end()) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "%s: %s.size(%d) uses size symbol %d, which has no range", where,
+              parameter_names[arg], d, dim.symbol()));
+        }
+        auto [slot, inserted] =
+            slot_of_symbol.try_emplace(dim.symbol(), program.num_slots_);
+        if (inserted) {
+          if (program.num_slots_ >= kMaxSymbols) {
+            return absl::InvalidArgumentError(absl::StrFormat(
+                "%s uses more than %d size symbols", where, kMaxSymbols));
+          }
+          ++program.num_slots_;
+          program.slot_binders_.emplace_back(arg, static_cast<uint16_t>(d));
+          c.op = Op::kBindSymbol;
+          c.value = range->second->min();
+          c.has_max = range->second->has_max();
+          c.max = range->second->max();
+        } else {
+          c.op = Op::kSymbolEqual;
+        }
+        c.slot = slot->second;
+      } else {
+        if (dim.static_size() < 0) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "%s: %s.size(%d) has a negative static size", where,
+              parameter_names[arg], d));
+        }
+        c.value = dim.static_size();
+      }
+      program.checks_.push_back(c);
+    }
+  }
+  return program;
+}
+
+bool GuardProgram::Holds(const Check& c, absl::Span<const ArgView> args,
+                         const GlobalState& state, int64_t* symbols) const {
+  switch (c.op) {
+    case Op::kGradMode: return state.grad_enabled == (c.value != 0);
+    case Op::kDefaultDType:
+      return static_cast<int64_t>(state.default_dtype) == c.value;
+    default: break;
+  }
+  const ArgView& a = args[c.arg];
+  switch (c.op) {
+    case Op::kIsNone: return a.kind == ArgView::Kind::kNone;
+    case Op::kIsTensor: return a.kind == ArgView::Kind::kTensor;
+    case Op::kDType: return static_cast<int64_t>(a.dtype) == c.value;
+    case Op::kDevice: return static_cast<int64_t>(a.device) == c.value;
+    case Op::kRank: return a.rank == c.value;
+    case Op::kStaticSize: return a.sizes[c.dim] == c.value;
+    case Op::kBindSymbol: {
+      const int64_t size = a.sizes[c.dim];
+      if (size < c.value || (c.has_max && size > c.max)) return false;
+      symbols[c.slot] = size;
+      return true;
+    }
+    case Op::kSymbolEqual: return a.sizes[c.dim] == symbols[c.slot];
+    case Op::kBoolEquals:
+      return a.kind == ArgView::Kind::kBool && a.bool_value == (c.value != 0);
+    case Op::kIntEquals:
+      return a.kind == ArgView::Kind::kInt && a.int_value == c.value;
+    case Op::kFloatEquals:
+      return a.kind == ArgView::Kind::kFloat && a.float_value == c.float_value;
+    case Op::kStringEquals:
+      return a.kind == ArgView::Kind::kString &&
+             a.string_value == strings_[c.value];
+    default: return false;
+  }
+}
+
+bool GuardProgram::Matches(absl::Span<const ArgView> args,
+                           const GlobalState& state) const {
+  int64_t symbols[kMaxSymbols];
+  for (const Check& c : checks_) {
+    if (!Holds(c, args, state, symbols)) return false;
+  }
+  return true;
+}
+
+std::optional<GuardProgram::Mismatch> GuardProgram::ExplainMismatch(
+    absl::Span<const ArgView> args, const GlobalState& state) const {
+  int64_t symbols[kMaxSymbols];
+  for (size_t i = 0; i < checks_.size(); ++i) {
+    const Check& c = checks_[i];
+    if (!Holds(c, args, state, symbols)) {
+      return Mismatch{static_cast<int>(i), Describe(c, args, state, symbols)};
+    }
+  }
+  return std::nullopt;
+}
+
+std::string GuardProgram::DimName(uint16_t arg, uint16_t dim) const {
+  return absl::StrFormat("%s.size(%d)", parameter_names_[arg], dim);
+}
+
+std::string GuardProgram::Describe(const Check& c,
+                                   absl::Span<const ArgView> args,
+                                   const GlobalState& state,
+                                   const int64_t* symbols) const {
+  auto on_off = [](bool b) { return b ? "enabled" : "disabled"; };
+  switch (c.op) {
+    case Op::kGradMode:
+      return absl::StrCat("grad mode: expected ", on_off(c.value != 0),
+                          ", got ", on_off(state.grad_enabled));
+    case Op::kDefaultDType:
+      return absl::StrCat("default dtype: expected ",
+                          DTypeName(static_cast<DType>(c.value)), ", got ",
+                          DTypeName(state.default_dtype));
+    default: break;
+  }
+  const ArgView& a = args[c.arg];
+  const std::string& name = parameter_names_[c.arg];
+  switch (c.op) {
+    case Op::kIsNone:
+      return absl::StrCat(name, ": expected None, got ", KindName(a.kind));
+    case Op::kIsTensor:
+      return absl::StrCat(name, ": expected a tensor, got ", KindName(a.kind));
+    case Op::kDType:
+      return absl::StrCat(name, ".dtype: expected ",
+                          DTypeName(static_cast<DType>(c.value)), ", got ",
+                          DTypeName(a.dtype));
+    case Op::kDevice:
+      return absl::StrCat(name, ".device: expected ",
+                          DeviceTypeName(static_cast<DeviceType>(c.value)),
+                          ", got ", DeviceTypeName(a.device));
+    case Op::kRank:
+      return absl::StrCat(name, ".dim(): expected ", c.value, ", got ", a.rank);
+    case Op::kStaticSize:
+      return absl::StrCat(DimName(c.arg, c.dim), ": expected ", c.value,
+                          ", got ", a.sizes[c.dim]);
+    case Op::kBindSymbol:
+      return absl::StrCat(DimName(c.arg, c.dim), ": expected a size in [",
+                          c.value, ", ",
+                          c.has_max ? absl::StrCat(c.max, "]") : "inf)",
+                          ", got ", a.sizes[c.dim]);
+    case Op::kSymbolEqual: {
+      auto [barg, bdim] = slot_binders_[c.slot];
+      return absl::StrCat(DimName(c.arg, c.dim), ": expected ",
+                          DimName(barg, bdim), " (", symbols[c.slot],
+                          "), got ", a.sizes[c.dim]);
+    }
+    case Op::kBoolEquals:
+      if (a.kind != ArgView::Kind::kBool) {
+        return absl::StrCat(name, ": expected a bool, got ", KindName(a.kind));
+      }
+      return absl::StrCat(name, ": expected ", c.value ? "True" : "False",
+                          ", got ", ValueText(a));
+    case Op::kIntEquals:
+      if (a.kind != ArgView::Kind::kInt) {
+        return absl::StrCat(name, ": expected an int, got ", KindName(a.kind));
+      }
+      return absl::StrCat(name, ": expected ", c.value, ", got ", ValueText(a));
+    case Op::kFloatEquals:
+      if (a.kind != ArgView::Kind::kFloat) {
+        return absl::StrCat(name, ": expected a float, got ", KindName(a.kind));
+      }
+      return absl::StrCat(name, ": expected ", c.float_value, ", got ",
+                          ValueText(a));
+    case Op::kStringEquals:
+      if (a.kind != ArgView::Kind::kString) {
+        return absl::StrCat(name, ": expected a string, got ", KindName(a.kind));
+      }
+      return absl::StrCat(name, ": expected '", strings_[c.value], "', got ",
+                          ValueText(a));
+    default: return "unknown guard";
+  }
+}
+
+}  // namespace precompile

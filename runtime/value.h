@@ -1,0 +1,67 @@
+// Arguments and results of a model call, without torch types, so that the
+// server and clients of the runtime compile without torch's headers.
+#ifndef PRECOMPILE_RUNTIME_VALUE_H_
+#define PRECOMPILE_RUNTIME_VALUE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/dtype.h"
+
+namespace precompile {
+
+// A dense, row-major tensor argument whose bytes the caller owns. The bytes
+// must stay valid and unchanged until the call that received them returns.
+struct TensorArg {
+  DType dtype = DType::kFloat32;
+  DeviceType device = DeviceType::kCpu;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+};
+
+// Python's None.
+struct NoneArg {};
+
+// One argument of a frame call: a tensor, None, or a Python scalar.
+using Value = std::variant<NoneArg, TensorArg, bool, int64_t, double, std::string>;
+
+struct NamedValue {
+  std::string name;
+  Value value;
+};
+
+// A dense, row-major result tensor in host memory. `data` stays valid while
+// `owner` (or a copy of it) is alive.
+struct OutputTensor {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+  std::shared_ptr<const void> owner;
+};
+
+// How a frame call was served.
+enum class Outcome : uint8_t {
+  kVariant,        // A compiled variant's guards held and it ran.
+  kEagerFallback,  // A flagged frame ran its eager program.
+  kRefused,        // No variant matched and the frame is not flagged.
+  kError,          // The call failed (bad arguments, or execution failed).
+};
+
+absl::string_view OutcomeName(Outcome outcome);
+
+struct CallResult {
+  std::vector<OutputTensor> outputs;
+  Outcome outcome = Outcome::kVariant;
+  // The variant's id when outcome is kVariant; empty otherwise.
+  std::string variant_id;
+};
+
+}  // namespace precompile
+
+#endif  // PRECOMPILE_RUNTIME_VALUE_H_
