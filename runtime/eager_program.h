@@ -1,0 +1,39 @@
+// A frame run eagerly, without Python: what serves a flagged frame's misses.
+//
+// The interface hides the interpreter so that TorchScript (deprecated
+// upstream) can be replaced by another backend without touching dispatch.
+//
+// Thread safety: Run() may be called concurrently.
+#ifndef PRECOMPILE_RUNTIME_EAGER_PROGRAM_H_
+#define PRECOMPILE_RUNTIME_EAGER_PROGRAM_H_
+
+#include <ATen/core/ivalue.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/dtype.h"
+
+namespace precompile {
+
+class EagerProgram {
+ public:
+  virtual ~EagerProgram() = default;
+
+  // Runs the frame on `args` (one per parameter, in signature order) and
+  // returns its output tensors (one, or the elements of its tuple). A failing
+  // call of another frame inside it returns that frame's status unchanged.
+  virtual absl::StatusOr<std::vector<at::Tensor>> Run(
+      std::vector<c10::IValue> args) const = 0;
+};
+
+// Loads a TorchScript program saved by the capture tool (torch.jit.save),
+// with its parameters on `device`.
+absl::StatusOr<std::unique_ptr<EagerProgram>> LoadTorchScriptProgram(
+    const std::string& frame, const std::string& path, DeviceType device);
+
+}  // namespace precompile
+
+#endif  // PRECOMPILE_RUNTIME_EAGER_PROGRAM_H_

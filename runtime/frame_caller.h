@@ -1,0 +1,53 @@
+// The bridge between eager programs and the dispatcher.
+//
+// A frame's eager program (TorchScript) calls other captured frames through
+// the operator precompile::call_frame(str frame, Any[] args) -> Tensor[], so
+// that callees are served by their own variants (and refused on their own
+// misses) rather than run eagerly too. The operator reaches the model whose
+// eager program is running through the FrameCaller installed on the calling
+// thread by ScopedFrameCaller.
+#ifndef PRECOMPILE_RUNTIME_FRAME_CALLER_H_
+#define PRECOMPILE_RUNTIME_FRAME_CALLER_H_
+
+#include <ATen/core/ivalue.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace precompile {
+
+class FrameCaller {
+ public:
+  virtual ~FrameCaller() = default;
+  // Calls captured frame `frame` with positional `args`.
+  virtual absl::StatusOr<std::vector<at::Tensor>> CallFrame(
+      absl::string_view frame, std::vector<c10::IValue> args) = 0;
+};
+
+// Installs `caller` for the current thread for the scope's lifetime (scopes
+// nest: the previous caller is restored). Not movable.
+class ScopedFrameCaller {
+ public:
+  explicit ScopedFrameCaller(FrameCaller* caller);
+  ~ScopedFrameCaller();
+  ScopedFrameCaller(const ScopedFrameCaller&) = delete;
+  ScopedFrameCaller& operator=(const ScopedFrameCaller&) = delete;
+
+ private:
+  FrameCaller* previous_;
+};
+
+// When the operator fails because a callee's call failed, it throws through
+// the TorchScript interpreter (which only speaks exceptions) and keeps the
+// callee's status here, so the caller can return it unchanged (code and
+// message) rather than as an interpreter error. Takes and clears it.
+std::optional<absl::Status> TakeCalleeStatus();
+
+}  // namespace precompile
+
+#endif  // PRECOMPILE_RUNTIME_FRAME_CALLER_H_

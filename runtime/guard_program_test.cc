@@ -1,0 +1,213 @@
+#include "runtime/guard_program.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "google/protobuf/text_format.h"
+#include "runtime/frame_dispatcher.h"
+
+namespace precompile {
+namespace {
+
+using ::testing::HasSubstr;
+
+artifact::v1::Variant ParseVariant(const std::string& text) {
+  artifact::v1::Variant v;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &v)) << text;
+  return v;
+}
+
+// forward(x, y, n): x and y share their batch size s0 in [2, inf), x has 4
+// features, n was specialized to 0.
+const char kDynamicBatch[] = R"pb(
+  id: "forward#1"
+  global_state { grad_enabled: false default_dtype: DTYPE_FLOAT32 }
+  symbols { symbol: 7 min: 2 name: "s0" }
+  guards {
+    parameter: 0
+    tensor {
+      dtype: DTYPE_FLOAT32
+      device: "cpu"
+      dims { symbol: 7 }
+      dims { static_size: 4 }
+    }
+  }
+  guards {
+    parameter: 1
+    tensor { dtype: DTYPE_FLOAT32 device: "cpu" dims { symbol: 7 } }
+  }
+  guards { parameter: 2 equals { int_value: 0 } }
+)pb";
+
+const std::vector<std::string> kNames = {"x", "y", "n"};
+
+struct Call {
+  std::vector<int64_t> x_shape = {8, 4};
+  std::vector<int64_t> y_shape = {8};
+  DType x_dtype = DType::kFloat32;
+  ArgView::Kind n_kind = ArgView::Kind::kInt;
+  int64_t n = 0;
+
+  std::vector<ArgView> Views() const {
+    std::vector<ArgView> views(3);
+    views[0].kind = ArgView::Kind::kTensor;
+    views[0].dtype = x_dtype;
+    views[0].rank = static_cast<int32_t>(x_shape.size());
+    views[0].sizes = x_shape.data();
+    views[1].kind = ArgView::Kind::kTensor;
+    views[1].rank = static_cast<int32_t>(y_shape.size());
+    views[1].sizes = y_shape.data();
+    views[2].kind = n_kind;
+    views[2].int_value = n;
+    return views;
+  }
+};
+
+GuardProgram Compile(const char* text) {
+  absl::StatusOr<GuardProgram> p = GuardProgram::Compile(ParseVariant(text), kNames);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return *std::move(p);
+}
+
+std::string Explain(const GuardProgram& p, const Call& call,
+                    GlobalState state = {}) {
+  std::vector<ArgView> views = call.Views();
+  auto m = p.ExplainMismatch(views, state);
+  return m ? m->reason : "matches";
+}
+
+TEST(GuardProgram, MatchesCallsInsideItsGuards) {
+  GuardProgram p = Compile(kDynamicBatch);
+  for (int64_t batch : {2, 8, 1000}) {
+    Call call;
+    call.x_shape = {batch, 4};
+    call.y_shape = {batch};
+    std::vector<ArgView> views = call.Views();
+    EXPECT_TRUE(p.Matches(views, GlobalState{})) << batch;
+    EXPECT_EQ(Explain(p, call), "matches");
+  }
+}
+
+TEST(GuardProgram, ExplainsEachKindOfMismatchInWords) {
+  GuardProgram p = Compile(kDynamicBatch);
+  Call static_size;
+  static_size.x_shape = {8, 5};
+  EXPECT_EQ(Explain(p, static_size), "x.size(1): expected 4, got 5");
+
+  Call below_range;
+  below_range.x_shape = {1, 4};
+  below_range.y_shape = {1};
+  EXPECT_EQ(Explain(p, below_range), "x.size(0): expected a size in [2, inf), got 1");
+
+  Call unequal;
+  unequal.y_shape = {16};
+  EXPECT_EQ(Explain(p, unequal), "y.size(0): expected x.size(0) (8), got 16");
+
+  Call scalar;
+  scalar.n = 2;
+  EXPECT_EQ(Explain(p, scalar), "n: expected 0, got 2");
+
+  Call kind;
+  kind.n_kind = ArgView::Kind::kFloat;
+  EXPECT_EQ(Explain(p, kind), "n: expected an int, got a float");
+
+  Call dtype;
+  dtype.x_dtype = DType::kFloat16;
+  EXPECT_EQ(Explain(p, dtype), "x.dtype: expected float32, got float16");
+
+  Call rank;
+  rank.x_shape = {8, 4, 1};
+  EXPECT_EQ(Explain(p, rank), "x.dim(): expected 2, got 3");
+
+  EXPECT_EQ(Explain(p, Call{}, GlobalState{/*grad_enabled=*/true}),
+            "grad mode: expected disabled, got enabled");
+}
+
+TEST(GuardProgram, FailsFastOnTheFirstFailingCheck) {
+  GuardProgram p = Compile(kDynamicBatch);
+  Call call;
+  call.x_dtype = DType::kFloat64;  // fails before the sizes are read
+  call.x_shape = {1, 1};
+  std::vector<ArgView> views = call.Views();
+  auto m = p.ExplainMismatch(views, GlobalState{});
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->reason, "x.dtype: expected float32, got float64");
+  // grad mode, default dtype, then x's kind: three checks held first.
+  EXPECT_EQ(m->checks_passed, 3);
+}
+
+TEST(GuardProgram, RejectsMalformedGuards) {
+  auto bad_parameter = GuardProgram::Compile(
+      ParseVariant(R"pb(id: "v" guards { parameter: 9 equals { int_value: 1 } })pb"),
+      kNames);
+  EXPECT_EQ(bad_parameter.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_parameter.status().message(), HasSubstr("parameter 9"));
+
+  auto no_range = GuardProgram::Compile(ParseVariant(R"pb(
+    id: "v"
+    guards { parameter: 0 tensor { dtype: DTYPE_FLOAT32 device: "cpu" dims { symbol: 3 } } }
+  )pb"), kNames);
+  EXPECT_THAT(no_range.status().message(), HasSubstr("has no range"));
+
+  auto empty_range = GuardProgram::Compile(ParseVariant(R"pb(
+    id: "v" symbols { symbol: 1 min: 5 max: 4 }
+  )pb"), kNames);
+  EXPECT_THAT(empty_range.status().message(), HasSubstr("empty range"));
+
+  auto bad_device = GuardProgram::Compile(ParseVariant(R"pb(
+    id: "v" guards { parameter: 0 tensor { dtype: DTYPE_FLOAT32 device: "tpu" } }
+  )pb"), kNames);
+  EXPECT_THAT(bad_device.status().message(), HasSubstr("unknown dtype or device 'tpu'"));
+}
+
+TEST(FrameDispatcher, PrefersTheMostRecentHitAndExplainsTheClosestVariant) {
+  // Variant 0: static batch 8 (n == 0); variant 1: dynamic batch (n == 0).
+  std::vector<GuardProgram> programs;
+  programs.push_back(Compile(R"pb(
+    id: "forward#0"
+    guards {
+      parameter: 0
+      tensor { dtype: DTYPE_FLOAT32 device: "cpu" dims { static_size: 8 } dims { static_size: 4 } }
+    }
+    guards { parameter: 1 tensor { dtype: DTYPE_FLOAT32 device: "cpu" dims { static_size: 8 } } }
+    guards { parameter: 2 equals { int_value: 0 } }
+  )pb"));
+  programs.push_back(Compile(kDynamicBatch));
+  FrameDispatcher dispatcher(std::move(programs));
+
+  Call batch8;
+  std::vector<ArgView> v8 = batch8.Views();
+  EXPECT_EQ(dispatcher.Match(v8, GlobalState{}), 0);
+
+  Call batch16;
+  batch16.x_shape = {16, 4};
+  batch16.y_shape = {16};
+  std::vector<ArgView> v16 = batch16.Views();
+  EXPECT_EQ(dispatcher.Match(v16, GlobalState{}), 1);
+  // Both variants hold for batch 8 now; the most recent hit answers first.
+  EXPECT_EQ(dispatcher.Match(v8, GlobalState{}), 1);
+
+  Call miss;
+  miss.x_shape = {16, 4};
+  miss.y_shape = {16};
+  miss.n = 3;
+  std::vector<ArgView> vm = miss.Views();
+  EXPECT_EQ(dispatcher.Match(vm, GlobalState{}), -1);
+  auto why = dispatcher.ExplainMiss(vm, GlobalState{});
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(why->variant, 1);  // it got as far as n; variant 0 failed at x.size(0)
+  EXPECT_EQ(why->reason, "n: expected 0, got 3");
+}
+
+TEST(FrameDispatcher, AFrameWithoutVariantsMatchesNothing) {
+  FrameDispatcher dispatcher({});
+  Call call;
+  std::vector<ArgView> views = call.Views();
+  EXPECT_EQ(dispatcher.Match(views, GlobalState{}), -1);
+  EXPECT_FALSE(dispatcher.ExplainMiss(views, GlobalState{}).has_value());
+}
+
+}  // namespace
+}  // namespace precompile

@@ -1,0 +1,665 @@
+#include "runtime/model.h"
+
+#include <ATen/Context.h>
+#include <ATen/Functions.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/DefaultDtype.h>
+#include <spdlog/spdlog.h>
+#include <torch/headeronly/version.h>
+
+#include <atomic>
+#include <optional>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/artifact_reader.h"
+#include "runtime/eager_program.h"
+#include "runtime/frame_caller.h"
+#include "runtime/frame_dispatcher.h"
+#include "runtime/guard_program.h"
+#include "runtime/status_macros.h"
+#include "runtime/torch_errors.h"
+#include "runtime/variant.h"
+
+namespace precompile {
+namespace {
+
+using artifact::v1::Frame;
+using artifact::v1::Parameter;
+
+// Frames calling frames through eager programs: deeper than this is a cycle.
+constexpr int kMaxFrameDepth = 32;
+
+std::optional<DType> FromScalarType(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBool: return DType::kBool;
+    case c10::kByte: return DType::kUInt8;
+    case c10::kChar: return DType::kInt8;
+    case c10::kShort: return DType::kInt16;
+    case c10::kInt: return DType::kInt32;
+    case c10::kLong: return DType::kInt64;
+    case c10::kHalf: return DType::kFloat16;
+    case c10::kBFloat16: return DType::kBFloat16;
+    case c10::kFloat: return DType::kFloat32;
+    case c10::kDouble: return DType::kFloat64;
+    default: return std::nullopt;
+  }
+}
+
+c10::ScalarType ToScalarType(DType t) {
+  switch (t) {
+    case DType::kBool: return c10::kBool;
+    case DType::kUInt8: return c10::kByte;
+    case DType::kInt8: return c10::kChar;
+    case DType::kInt16: return c10::kShort;
+    case DType::kInt32: return c10::kInt;
+    case DType::kInt64: return c10::kLong;
+    case DType::kFloat16: return c10::kHalf;
+    case DType::kBFloat16: return c10::kBFloat16;
+    case DType::kFloat32: return c10::kFloat;
+    case DType::kFloat64: return c10::kDouble;
+  }
+  return c10::kFloat;
+}
+
+c10::IValue ScalarToIValue(const artifact::v1::Scalar& s) {
+  switch (s.value_case()) {
+    case artifact::v1::Scalar::kBoolValue: return c10::IValue(s.bool_value());
+    case artifact::v1::Scalar::kIntValue: return c10::IValue(s.int_value());
+    case artifact::v1::Scalar::kFloatValue: return c10::IValue(s.float_value());
+    case artifact::v1::Scalar::kStringValue: return c10::IValue(s.string_value());
+    default: return c10::IValue();
+  }
+}
+
+absl::string_view KindWord(Parameter::Kind kind) {
+  switch (kind) {
+    case Parameter::TENSOR: return "a tensor";
+    case Parameter::OPTIONAL_TENSOR: return "a tensor or None";
+    case Parameter::INT: return "an int";
+    case Parameter::FLOAT: return "a float";
+    case Parameter::BOOL: return "a bool";
+    case Parameter::STRING: return "a string";
+    default: return "a value";
+  }
+}
+
+absl::string_view CauseWords(artifact::v1::FallbackCause cause) {
+  switch (cause) {
+    case artifact::v1::GRAPH_BREAK: return "a graph break Dynamo cannot resume from";
+    case artifact::v1::GENERATOR: return "a generator, which Dynamo refuses to trace";
+    case artifact::v1::USER_ERROR: return "a UserError Dynamo suppressed";
+    case artifact::v1::BACKEND_SKIP: return "the backend declined the graph (SkipFrame)";
+    case artifact::v1::SKIP_FRAME: return "a torch._dynamo.skip_frame() call";
+    default: return "Dynamo gave up on it";
+  }
+}
+
+// A Value from the caller, as the interpreter and compiled code take it.
+absl::StatusOr<c10::IValue> ToIValue(const std::string& name,
+                                     Parameter::Kind kind, const Value& value) {
+  auto wrong = [&](absl::string_view got) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "argument '", name, "' must be ", KindWord(kind), ", got ", got));
+  };
+  const bool any = kind == Parameter::KIND_UNSPECIFIED;
+  if (std::holds_alternative<NoneArg>(value)) {
+    if (!any && kind != Parameter::OPTIONAL_TENSOR) return wrong("None");
+    return c10::IValue();
+  }
+  if (const auto* t = std::get_if<TensorArg>(&value)) {
+    if (!any && kind != Parameter::TENSOR && kind != Parameter::OPTIONAL_TENSOR) {
+      return wrong("a tensor");
+    }
+    uint64_t numel = 1;
+    for (int64_t d : t->shape) {
+      if (d < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "argument '", name, "' has a negative dimension in its shape [",
+            absl::StrJoin(t->shape, ", "), "]"));
+      }
+      if (d != 0 && numel > UINT64_MAX / static_cast<uint64_t>(d)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("argument '", name, "' has too many elements"));
+      }
+      numel *= static_cast<uint64_t>(d);
+    }
+    const uint64_t size = DTypeSize(t->dtype);
+    if (numel > UINT64_MAX / size || numel * size != t->nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument '", name, "' has ", t->nbytes, " bytes but its shape [",
+          absl::StrJoin(t->shape, ", "), "] of ", DTypeName(t->dtype), " needs ",
+          numel * size));
+    }
+    if (t->device != DeviceType::kCpu) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument '", name, "' must be in host memory"));
+    }
+    return CallTorch("wrapping a request tensor", [&] {
+      return c10::IValue(at::from_blob(
+          const_cast<void*>(t->data), t->shape,
+          at::TensorOptions().dtype(ToScalarType(t->dtype))));
+    });
+  }
+  if (const bool* b = std::get_if<bool>(&value)) {
+    if (!any && kind != Parameter::BOOL) return wrong("a bool");
+    return c10::IValue(*b);
+  }
+  if (const int64_t* i = std::get_if<int64_t>(&value)) {
+    if (kind == Parameter::FLOAT) return c10::IValue(static_cast<double>(*i));
+    if (!any && kind != Parameter::INT) return wrong("an int");
+    return c10::IValue(*i);
+  }
+  if (const double* f = std::get_if<double>(&value)) {
+    if (!any && kind != Parameter::FLOAT) return wrong("a float");
+    return c10::IValue(*f);
+  }
+  const auto& s = std::get<std::string>(value);
+  if (!any && kind != Parameter::STRING) return wrong("a string");
+  return c10::IValue(s);
+}
+
+}  // namespace
+
+class Model::Impl final : public FrameCaller {
+ public:
+  struct FrameState {
+    const Frame* proto = nullptr;
+    std::vector<std::string> parameter_names;
+    std::unique_ptr<FrameDispatcher> dispatcher;
+    std::vector<std::unique_ptr<Variant>> variants;
+    std::unique_ptr<EagerProgram> eager;
+    std::atomic<bool> warned{false};
+    std::array<std::atomic<uint64_t>, 4> calls{};
+    std::unique_ptr<std::atomic<uint64_t>[]> hits;
+  };
+
+  struct FrameResult {
+    std::vector<at::Tensor> outputs;
+    Outcome outcome = Outcome::kVariant;
+    const std::string* variant_id = nullptr;
+  };
+
+  Artifact artifact;
+  ModelOptions options;
+  DeviceType device = DeviceType::kCpu;
+  std::vector<std::unique_ptr<FrameState>> frames;
+  absl::flat_hash_map<std::string, FrameState*> frames_by_name;
+  FrameState* entry = nullptr;
+
+  mutable absl::Mutex mu;
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  int in_flight ABSL_GUARDED_BY(mu) = 0;
+  std::vector<EagerFallbackWarning> warnings ABSL_GUARDED_BY(mu);
+
+  absl::Status LoadFrames();
+
+  // Runs `frame` on positional `args` (one per parameter).
+  absl::StatusOr<FrameResult> Dispatch(FrameState& frame,
+                                       std::vector<c10::IValue> args,
+                                       bool is_entry);
+
+  absl::StatusOr<std::vector<at::Tensor>> CallFrame(
+      absl::string_view name, std::vector<c10::IValue> args) override;
+
+ private:
+  absl::Status Views(const FrameState& frame,
+                     const std::vector<c10::IValue>& args,
+                     absl::InlinedVector<ArgView, 8>& views) const;
+  std::string Refusal(const FrameState& frame, absl::Span<const ArgView> views,
+                      const GlobalState& state) const;
+  void WarnEagerMiss(FrameState& frame, absl::Span<const ArgView> views,
+                     const GlobalState& state);
+  void Report(FrameState& frame, bool is_entry, Outcome outcome,
+              int variant, absl::Duration dispatch, absl::Duration run);
+};
+
+absl::Status Model::Impl::LoadFrames() {
+  const auto& m = artifact.manifest;
+  for (const Frame& proto : m.frames()) {
+    auto state = std::make_unique<FrameState>();
+    state->proto = &proto;
+    for (const auto& p : proto.parameters()) state->parameter_names.push_back(p.name());
+    std::vector<GuardProgram> programs;
+    VariantOptions variant_options;
+    variant_options.device = device;
+    variant_options.device_index = options.cuda_device_index;
+    variant_options.num_runners = std::max(1, options.runners_per_variant);
+    for (const auto& v : proto.variants()) {
+      absl::StatusOr<GuardProgram> program =
+          GuardProgram::Compile(v, state->parameter_names);
+      if (!program.ok()) {
+        return absl::Status(program.status().code(),
+                            absl::StrCat("frame '", proto.name(), "': ",
+                                         program.status().message()));
+      }
+      programs.push_back(*std::move(program));
+      ASSIGN_OR_RETURN(std::unique_ptr<Variant> variant,
+                       Variant::Load(v.id(), artifact.PathOf(v.package_path()),
+                                     variant_options));
+      state->variants.push_back(std::move(variant));
+    }
+    state->dispatcher = std::make_unique<FrameDispatcher>(std::move(programs));
+    state->hits = std::make_unique<std::atomic<uint64_t>[]>(proto.variants_size());
+    for (int i = 0; i < proto.variants_size(); ++i) state->hits[i] = 0;
+    if (!proto.eager_program_path().empty()) {
+      ASSIGN_OR_RETURN(state->eager,
+                       LoadTorchScriptProgram(
+                           proto.name(), artifact.PathOf(proto.eager_program_path()),
+                           device));
+    }
+    frames_by_name[proto.name()] = state.get();
+    if (proto.name() == m.entry_frame()) entry = state.get();
+    frames.push_back(std::move(state));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::Impl::Views(const FrameState& frame,
+                                const std::vector<c10::IValue>& args,
+                                absl::InlinedVector<ArgView, 8>& views) const {
+  views.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& a = args[i];
+    ArgView& v = views[i];
+    if (a.isNone()) {
+      v.kind = ArgView::Kind::kNone;
+    } else if (a.isTensor()) {
+      const at::Tensor& t = a.toTensor();
+      std::optional<DType> dtype = FromScalarType(t.scalar_type());
+      if (!dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "argument '", frame.parameter_names[i], "' of frame '",
+            frame.proto->name(), "' has dtype ", c10::toString(t.scalar_type()),
+            ", which this runtime does not serve"));
+      }
+      v.kind = ArgView::Kind::kTensor;
+      v.dtype = *dtype;
+      v.device = t.is_cuda() ? DeviceType::kCuda : DeviceType::kCpu;
+      v.rank = static_cast<int32_t>(t.dim());
+      v.sizes = t.sizes().data();
+    } else if (a.isBool()) {
+      v.kind = ArgView::Kind::kBool;
+      v.bool_value = a.toBool();
+    } else if (a.isInt()) {
+      v.kind = ArgView::Kind::kInt;
+      v.int_value = a.toInt();
+    } else if (a.isDouble()) {
+      v.kind = ArgView::Kind::kFloat;
+      v.float_value = a.toDouble();
+    } else if (a.isString()) {
+      v.kind = ArgView::Kind::kString;
+      v.string_value = absl::string_view(a.toStringRef());
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument '", frame.parameter_names[i], "' of frame '",
+          frame.proto->name(), "' is a ", a.tagKind(),
+          ", which frames do not take"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Model::Impl::Refusal(const FrameState& frame,
+                                 absl::Span<const ArgView> views,
+                                 const GlobalState& state) const {
+  std::string message = absl::StrCat(
+      "no captured variant matches this call of frame '", frame.proto->name(),
+      "' (model '", options.name, "')");
+  std::optional<FrameDispatcher::Explanation> why =
+      frame.dispatcher->ExplainMiss(views, state);
+  if (why) {
+    absl::StrAppend(&message, ": closest variant ",
+                    frame.proto->variants(why->variant).id(), ": ", why->reason);
+  } else {
+    absl::StrAppend(&message, ": the capture compiled no variant of this frame");
+  }
+  return message;
+}
+
+void Model::Impl::WarnEagerMiss(FrameState& frame,
+                                absl::Span<const ArgView> views,
+                                const GlobalState& state) {
+  if (frame.warned.exchange(true, std::memory_order_relaxed)) return;
+  const Frame& f = *frame.proto;
+  std::string closest;
+  if (std::optional<FrameDispatcher::Explanation> why =
+          frame.dispatcher->ExplainMiss(views, state)) {
+    closest = absl::StrCat(" (closest variant ", f.variants(why->variant).id(),
+                           ": ", why->reason, ")");
+  }
+  std::string message = absl::StrCat(
+      "model '", options.name, "': frame '", f.name(),
+      "' runs eagerly: no captured variant matches this call", closest,
+      ". The frame is flagged eager_fallback because Dynamo gave up on it "
+      "during the capture (", CauseWords(f.fallback_cause()), "), so every such "
+      "miss runs its eager program; only this frame runs eagerly, the frames it "
+      "calls still use their own variants. To get such calls compiled, "
+      "recapture with an example call that covers them, or fix what made "
+      "Dynamo give up (TORCH_LOGS=graph_breaks shows it). Recompile logs "
+      "(TORCH_LOGS=recompiles) will not report this miss. Logged once per "
+      "frame; later eager misses are only counted.");
+  spdlog::warn("{}", message);
+  {
+    absl::MutexLock lock(&mu);
+    warnings.push_back({f.name(), message, absl::Now()});
+  }
+  if (options.observer) {
+    options.observer->OnEagerFallbackWarning(options.name, f.name(), message);
+  }
+}
+
+void Model::Impl::Report(FrameState& frame, bool is_entry, Outcome outcome,
+                         int variant, absl::Duration dispatch,
+                         absl::Duration run) {
+  frame.calls[static_cast<int>(outcome)].fetch_add(1, std::memory_order_relaxed);
+  if (variant >= 0) frame.hits[variant].fetch_add(1, std::memory_order_relaxed);
+  if (!options.observer) return;
+  FrameCallEvent event;
+  event.model = options.name;
+  event.frame = frame.proto->name();
+  event.is_entry = is_entry;
+  event.outcome = outcome;
+  if (variant >= 0) event.variant_id = frame.proto->variants(variant).id();
+  event.dispatch_time = dispatch;
+  event.run_time = run;
+  options.observer->OnFrameCall(event);
+}
+
+absl::StatusOr<Model::Impl::FrameResult> Model::Impl::Dispatch(
+    FrameState& frame, std::vector<c10::IValue> args, bool is_entry) {
+  thread_local int depth = 0;
+  if (depth >= kMaxFrameDepth) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "frame '", frame.proto->name(), "' is nested more than ",
+        kMaxFrameDepth, " frames deep"));
+  }
+  struct DepthScope {
+    DepthScope() { ++depth; }
+    ~DepthScope() { --depth; }
+  } depth_scope;
+
+  const absl::Time start = absl::Now();
+  absl::InlinedVector<ArgView, 8> views;
+  if (absl::Status s = Views(frame, args, views); !s.ok()) {
+    Report(frame, is_entry, Outcome::kError, -1, absl::Now() - start, {});
+    return s;
+  }
+  std::optional<DType> default_dtype = FromScalarType(c10::get_default_dtype_as_scalartype());
+  const GlobalState state{c10::GradMode::is_enabled(),
+                          default_dtype.value_or(DType::kFloat32)};
+  const int hit = frame.dispatcher->Match(views, state);
+
+  if (hit >= 0) {
+    const absl::Time matched = absl::Now();
+    const auto& v = frame.proto->variants(hit);
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(v.tensor_inputs_size());
+    for (uint32_t p : v.tensor_inputs()) inputs.push_back(args[p].toTensor());
+    absl::StatusOr<std::vector<at::Tensor>> out =
+        frame.variants[hit]->Run(std::move(inputs));
+    const absl::Time done = absl::Now();
+    if (!out.ok()) {
+      Report(frame, is_entry, Outcome::kError, -1, matched - start, done - matched);
+      return out.status();
+    }
+    Report(frame, is_entry, Outcome::kVariant, hit, matched - start, done - matched);
+    return FrameResult{*std::move(out), Outcome::kVariant, &v.id()};
+  }
+
+  if (!frame.proto->eager_fallback()) {
+    std::string message = Refusal(frame, views, state);
+    Report(frame, is_entry, Outcome::kRefused, -1, absl::Now() - start, {});
+    return absl::FailedPreconditionError(message);
+  }
+
+  if (!frame.variants.empty()) WarnEagerMiss(frame, views, state);
+  const absl::Time matched = absl::Now();
+  if (device == DeviceType::kCuda) {
+    absl::Status moved = CallTorch("moving arguments to the GPU", [&] {
+      for (c10::IValue& a : args) {
+        if (a.isTensor() && !a.toTensor().is_cuda()) a = a.toTensor().to(at::kCUDA);
+      }
+    });
+    if (!moved.ok()) return moved;
+  }
+  absl::StatusOr<std::vector<at::Tensor>> out;
+  {
+    ScopedFrameCaller scope(this);
+    out = frame.eager->Run(std::move(args));
+  }
+  const absl::Time done = absl::Now();
+  if (!out.ok()) {
+    // A callee's refusal refuses the call; anything else is an error.
+    Outcome outcome = out.status().code() == absl::StatusCode::kFailedPrecondition
+                          ? Outcome::kRefused
+                          : Outcome::kError;
+    Report(frame, is_entry, outcome, -1, matched - start, done - matched);
+    return out.status();
+  }
+  Report(frame, is_entry, Outcome::kEagerFallback, -1, matched - start,
+         done - matched);
+  return FrameResult{*std::move(out), Outcome::kEagerFallback, nullptr};
+}
+
+absl::StatusOr<std::vector<at::Tensor>> Model::Impl::CallFrame(
+    absl::string_view name, std::vector<c10::IValue> args) {
+  auto it = frames_by_name.find(name);
+  if (it == frames_by_name.end()) {
+    return absl::InternalError(absl::StrCat(
+        "an eager program called frame '", name,
+        "', which the artifact does not have"));
+  }
+  FrameState& frame = *it->second;
+  const auto& params = frame.proto->parameters();
+  if (args.size() > static_cast<size_t>(params.size())) {
+    return absl::InternalError(absl::StrCat(
+        "frame '", name, "' takes ", params.size(), " arguments, called with ",
+        args.size()));
+  }
+  for (int i = static_cast<int>(args.size()); i < params.size(); ++i) {
+    if (!params[i].has_default_value()) {
+      return absl::InternalError(absl::StrCat(
+          "frame '", name, "' was called without argument '", params[i].name(), "'"));
+    }
+    args.push_back(ScalarToIValue(params[i].default_value()));
+  }
+  ASSIGN_OR_RETURN(FrameResult result, Dispatch(frame, std::move(args), false));
+  return std::move(result.outputs);
+}
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+
+absl::StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& directory,
+                                                   ModelOptions options) {
+  ArtifactReaderOptions reader_options;
+  reader_options.torch_version = TORCH_VERSION;
+  ASSIGN_OR_RETURN(Artifact artifact, ReadArtifact(directory, reader_options));
+  auto impl = std::make_unique<Impl>();
+  impl->artifact = std::move(artifact);
+  const auto& m = impl->artifact.manifest;
+  if (options.name.empty()) options.name = m.model_name();
+  impl->options = std::move(options);
+  auto fail = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("model '", impl->options.name,
+                                               "': ", s.message()));
+  };
+  if (impl->options.require_complete && !m.summary().complete()) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "the capture is incomplete (uncovered frames: [",
+        absl::StrJoin(m.summary().uncovered_frames(), ", "), "]",
+        m.summary().truncated() ? ", truncated by the recompile limit" : "",
+        ") and complete artifacts are required")));
+  }
+  if (m.device() == "cuda") {
+    impl->device = DeviceType::kCuda;
+    if (!at::hasCUDA()) {
+      return fail(absl::FailedPreconditionError(
+          "the artifact was compiled for CUDA but no CUDA device is available"));
+    }
+  }
+  if (absl::Status s = impl->LoadFrames(); !s.ok()) return fail(s);
+  spdlog::info("loaded model '{}' from {}: {} frames, entry '{}', complete={}",
+               impl->options.name, impl->artifact.directory, m.frames_size(),
+               m.entry_frame(), m.summary().complete());
+  return std::shared_ptr<Model>(new Model(std::move(impl)));
+}
+
+absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args) {
+  Impl& impl = *impl_;
+  {
+    absl::MutexLock lock(&impl.mu);
+    if (impl.closed) {
+      return absl::UnavailableError(
+          absl::StrCat("model '", impl.options.name, "' is unloaded"));
+    }
+    ++impl.in_flight;
+  }
+  struct InFlight {
+    Impl& impl;
+    ~InFlight() {
+      absl::MutexLock lock(&impl.mu);
+      --impl.in_flight;
+    }
+  } in_flight{impl};
+
+  const Frame& entry = *impl.entry->proto;
+  const int n = entry.parameters_size();
+  std::vector<std::optional<c10::IValue>> bound(n);
+  std::vector<at::Tensor> request_tensors;
+  for (const NamedValue& arg : args) {
+    int index = -1;
+    for (int i = 0; i < n; ++i) {
+      if (entry.parameters(i).name() == arg.name) index = i;
+    }
+    if (index < 0) {
+      std::vector<std::string> names(impl.entry->parameter_names);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", impl.options.name, "' has no argument '", arg.name,
+          "' (its arguments: ", absl::StrJoin(names, ", "), ")"));
+    }
+    if (bound[index]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("argument '", arg.name, "' is given more than once"));
+    }
+    ASSIGN_OR_RETURN(c10::IValue value,
+                     ToIValue(arg.name, entry.parameters(index).kind(), arg.value));
+    if (value.isTensor()) request_tensors.push_back(value.toTensor());
+    bound[index] = std::move(value);
+  }
+  std::vector<c10::IValue> positional;
+  positional.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    if (bound[i]) {
+      positional.push_back(*std::move(bound[i]));
+    } else if (entry.parameters(i).has_default_value()) {
+      positional.push_back(ScalarToIValue(entry.parameters(i).default_value()));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "missing argument '", entry.parameters(i).name(), "' of model '",
+          impl.options.name, "'"));
+    }
+  }
+
+  c10::InferenceMode inference_mode;
+  ASSIGN_OR_RETURN(Impl::FrameResult result,
+                   impl.Dispatch(*impl.entry, std::move(positional), true));
+
+  CallResult call_result;
+  call_result.outcome = result.outcome;
+  if (result.variant_id) call_result.variant_id = *result.variant_id;
+  absl::Status converted = CallTorch("reading the outputs", [&] {
+    for (at::Tensor& t : result.outputs) {
+      std::optional<DType> dtype = FromScalarType(t.scalar_type());
+      if (!dtype) {
+        throw std::runtime_error(absl::StrCat(
+            "an output has dtype ", c10::toString(t.scalar_type()),
+            ", which cannot be returned"));
+      }
+      at::Tensor host = t.is_cuda() ? t.cpu() : t;
+      host = host.contiguous();
+      // An output may alias a request buffer (a frame that returns its
+      // input); the caller must be able to keep it after the request is gone.
+      for (const at::Tensor& in : request_tensors) {
+        if (host.is_alias_of(in)) {
+          host = host.clone();
+          break;
+        }
+      }
+      auto holder = std::make_shared<at::Tensor>(std::move(host));
+      OutputTensor out;
+      out.dtype = *dtype;
+      out.shape.assign(holder->sizes().begin(), holder->sizes().end());
+      out.data = holder->data_ptr();
+      out.nbytes = holder->nbytes();
+      out.owner = std::shared_ptr<const void>(holder, holder->data_ptr());
+      call_result.outputs.push_back(std::move(out));
+    }
+  });
+  if (!converted.ok()) return converted;
+  return call_result;
+}
+
+void Model::Close() {
+  absl::MutexLock lock(&impl_->mu);
+  if (!impl_->closed) {
+    impl_->closed = true;
+    spdlog::info("model '{}' closed; {} calls still running", impl_->options.name,
+                 impl_->in_flight);
+  }
+}
+
+bool Model::AwaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&impl_->mu);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mu) {
+    return impl_->in_flight == 0;
+  };
+  return impl_->mu.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+int Model::calls_in_flight() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->in_flight;
+}
+
+const std::string& Model::name() const { return impl_->options.name; }
+const artifact::v1::Manifest& Model::manifest() const {
+  return impl_->artifact.manifest;
+}
+const artifact::v1::Frame& Model::entry_frame() const {
+  return *impl_->entry->proto;
+}
+const std::string& Model::frames_text() const {
+  return impl_->artifact.frames_text;
+}
+
+std::vector<FrameCoverage> Model::Coverage() const {
+  std::vector<FrameCoverage> coverage;
+  for (const auto& frame : impl_->frames) {
+    FrameCoverage c;
+    c.frame = frame->proto->name();
+    c.eager_fallback = frame->proto->eager_fallback();
+    for (int i = 0; i < 4; ++i) {
+      c.calls_by_outcome[i] = frame->calls[i].load(std::memory_order_relaxed);
+    }
+    for (int i = 0; i < frame->proto->variants_size(); ++i) {
+      c.variant_hits.emplace_back(frame->proto->variants(i).id(),
+                                  frame->hits[i].load(std::memory_order_relaxed));
+    }
+    coverage.push_back(std::move(c));
+  }
+  return coverage;
+}
+
+std::vector<EagerFallbackWarning> Model::Warnings() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->warnings;
+}
+
+}  // namespace precompile

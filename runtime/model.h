@@ -1,0 +1,126 @@
+// One loaded precompile artifact, callable from any thread.
+//
+// A call names the entry frame's arguments (tensors by parameter name, and
+// non-tensor arguments as scalars); arguments left out take the defaults the
+// capture recorded. The entry frame is then served as the artifact's
+// semantics say:
+//
+//   - a variant whose guards hold runs its compiled code;
+//   - otherwise, a frame flagged eager_fallback runs its eager program (the
+//     frame's first such miss logs one warning; later ones are counted); the
+//     frames it calls are dispatched in turn, each to its own variants;
+//   - otherwise the call is refused: FAILED_PRECONDITION "no captured variant
+//     matches this call", naming the frame and the closest variant's first
+//     failing guard.
+//
+// A flagged frame with no variants is served eagerly from the start and warns
+// nothing.
+//
+// This header is free of torch types on purpose: the server and clients
+// compile without torch's headers.
+//
+// Thread safety: all methods may be called concurrently. Close() makes new
+// calls fail while calls already running finish; the model's memory is freed
+// when the last shared_ptr to it goes away.
+#ifndef PRECOMPILE_RUNTIME_MODEL_H_
+#define PRECOMPILE_RUNTIME_MODEL_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/artifact.pb.h"
+#include "runtime/observer.h"
+#include "runtime/value.h"
+
+namespace precompile {
+
+struct ModelOptions {
+  // The name the model is served under. Default: the artifact's model_name.
+  std::string name;
+  // Model instances per variant that can run at once. Default: 2.
+  int runners_per_variant = 2;
+  // CUDA device for a CUDA artifact; -1 for the current device.
+  int cuda_device_index = -1;
+  // Refuse an artifact whose summary is not complete (uncovered frames or a
+  // truncated capture). Default: false (such artifacts load and refuse the
+  // calls they do not cover).
+  bool require_complete = false;
+  // Receives every frame call and eager-fallback warning. May be null.
+  std::shared_ptr<CallObserver> observer;
+};
+
+// Calls of one frame since the model was loaded.
+struct FrameCoverage {
+  std::string frame;
+  bool eager_fallback = false;
+  // Indexed by Outcome.
+  std::array<uint64_t, 4> calls_by_outcome{};
+  // Hits per variant, in the artifact's order.
+  std::vector<std::pair<std::string, uint64_t>> variant_hits;
+};
+
+struct EagerFallbackWarning {
+  std::string frame;
+  std::string message;
+  absl::Time time;
+};
+
+class Model {
+ public:
+  // Validates and loads the artifact in `directory`: its manifest and
+  // checksums (see ReadArtifact for those errors), every variant's compiled
+  // package and every frame's eager program.
+  // Errors, besides ReadArtifact's:
+  //   FAILED_PRECONDITION  a CUDA artifact without a usable CUDA device; an
+  //                        incomplete artifact with require_complete
+  //   INTERNAL             a package or eager program that libtorch refuses
+  // Nothing of a failed load stays in memory.
+  static absl::StatusOr<std::shared_ptr<Model>> Load(const std::string& directory,
+                                                     ModelOptions options);
+
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Calls the entry frame. `args` name the parameters; each name at most once.
+  // Tensor bytes must stay valid until Call returns.
+  // Errors:
+  //   INVALID_ARGUMENT     an unknown, repeated or missing argument, a value of
+  //                        the wrong kind, or a tensor whose byte count does
+  //                        not match its shape and dtype
+  //   FAILED_PRECONDITION  no variant matches and the frame is not flagged
+  //                        (also when a frame called by an eager program is
+  //                        refused: the message names that frame)
+  //   UNAVAILABLE          the model was closed
+  //   INTERNAL             the compiled code or eager program failed
+  absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args);
+
+  // New calls fail with UNAVAILABLE from now on; running calls finish.
+  void Close();
+  // Waits until no call is running, at most `timeout`. True if idle.
+  bool AwaitIdle(absl::Duration timeout);
+  int calls_in_flight() const;
+
+  const std::string& name() const;
+  const artifact::v1::Manifest& manifest() const;
+  const artifact::v1::Frame& entry_frame() const;
+  const std::string& frames_text() const;
+  std::vector<FrameCoverage> Coverage() const;
+  std::vector<EagerFallbackWarning> Warnings() const;
+
+  class Impl;
+
+ private:
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace precompile
+
+#endif  // PRECOMPILE_RUNTIME_MODEL_H_

@@ -1,0 +1,68 @@
+// EagerProgram on libtorch's TorchScript interpreter.
+#include <torch/script.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/eager_program.h"
+#include "runtime/frame_caller.h"
+#include "runtime/torch_errors.h"
+
+namespace precompile {
+namespace {
+
+class TorchScriptProgram final : public EagerProgram {
+ public:
+  TorchScriptProgram(std::string frame, torch::jit::Module module)
+      : frame_(std::move(frame)), module_(std::move(module)) {}
+
+  absl::StatusOr<std::vector<at::Tensor>> Run(
+      std::vector<c10::IValue> args) const override {
+    // forward() is const in effect; torch::jit::Module's API is not.
+    auto& module = const_cast<torch::jit::Module&>(module_);
+    absl::StatusOr<std::vector<at::Tensor>> result =
+        CallTorch(absl::StrCat("running frame ", frame_, " eagerly"), [&] {
+          c10::IValue out = module.forward(std::move(args));
+          std::vector<at::Tensor> tensors;
+          if (out.isTuple()) {
+            for (const c10::IValue& e : out.toTupleRef().elements()) {
+              tensors.push_back(e.toTensor());
+            }
+          } else if (out.isTensorList()) {
+            for (const at::Tensor& t : out.toTensorVector()) tensors.push_back(t);
+          } else {
+            tensors.push_back(out.toTensor());
+          }
+          return tensors;
+        });
+    if (!result.ok()) {
+      if (std::optional<absl::Status> callee = TakeCalleeStatus()) {
+        return *std::move(callee);
+      }
+    }
+    return result;
+  }
+
+ private:
+  const std::string frame_;
+  const torch::jit::Module module_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EagerProgram>> LoadTorchScriptProgram(
+    const std::string& frame, const std::string& path, DeviceType device) {
+  auto module = CallTorch(
+      absl::StrCat("loading the eager program of frame ", frame),
+      [&] {
+        torch::jit::Module m = torch::jit::load(
+            path, c10::Device(device == DeviceType::kCuda ? c10::kCUDA : c10::kCPU));
+        m.eval();
+        return m;
+      });
+  if (!module.ok()) return module.status();
+  return std::unique_ptr<EagerProgram>(
+      new TorchScriptProgram(frame, *std::move(module)));
+}
+
+}  // namespace precompile

@@ -1,0 +1,56 @@
+#include "runtime/variant.h"
+
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+
+#include <utility>
+
+#include "absl/base/const_init.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/torch_errors.h"
+
+namespace precompile {
+namespace {
+
+// AOTIModelPackageLoader's constructor unpacks into a temporary directory
+// and registers global state without locking: load packages one at a time.
+ABSL_CONST_INIT absl::Mutex loader_mutex(absl::kConstInit);
+
+}  // namespace
+
+Variant::Variant(std::string id, DeviceType device,
+                 std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader)
+    : id_(std::move(id)), device_(device), loader_(std::move(loader)) {}
+
+Variant::~Variant() = default;
+
+absl::StatusOr<std::unique_ptr<Variant>> Variant::Load(
+    const std::string& id, const std::string& package_path,
+    const VariantOptions& options) {
+  absl::MutexLock lock(&loader_mutex);
+  auto loader = CallTorch(absl::StrCat("loading variant ", id), [&] {
+    return std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+        package_path, "model", /*run_single_threaded=*/false,
+        static_cast<size_t>(options.num_runners),
+        static_cast<c10::DeviceIndex>(options.device_index));
+  });
+  if (!loader.ok()) return loader.status();
+  return std::unique_ptr<Variant>(
+      new Variant(id, options.device, *std::move(loader)));
+}
+
+absl::StatusOr<std::vector<at::Tensor>> Variant::Run(
+    std::vector<at::Tensor> inputs) const {
+  return CallTorch(absl::StrCat("running variant ", id_), [&] {
+    for (at::Tensor& t : inputs) {
+      if (device_ == DeviceType::kCuda && !t.is_cuda()) {
+        t = t.to(at::kCUDA, /*non_blocking=*/false);
+      }
+      // The compiled code assumes the strides it was traced with (dense).
+      if (!t.is_contiguous()) t = t.contiguous();
+    }
+    return loader_->boxed_run(std::move(inputs));
+  });
+}
+
+}  // namespace precompile
