@@ -13,15 +13,13 @@ in the workspace.
 _SHADOWING_INCLUDE_DIRS = ["google", "fmt"]
 
 _QUERY = """
-import json, os, sys, glob
+import json, os, sys
 import torch
-site = os.path.dirname(os.path.dirname(torch.__file__))
 print(json.dumps({
     "torch_dir": os.path.dirname(torch.__file__),
     "version": torch.__version__,
     "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
     "cuda": torch.version.cuda or "",
-    "nvidia_lib_dirs": sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib"))),
     "prefix": sys.prefix,
 }))
 """
@@ -47,9 +45,6 @@ def _torch_repository_impl(rctx):
         if library.basename.endswith(".so") or ".so." in library.basename:
             rctx.symlink(library, "lib/" + library.basename)
 
-    # The CUDA libraries of the wheel live in sibling nvidia-* packages; the
-    # linker needs them to resolve libtorch_cuda's own dependencies.
-    rpath_link = ["-Wl,-rpath-link," + d for d in info["nvidia_lib_dirs"]]
     abi = "1" if info["cxx11_abi"] else "0"
 
     rctx.file("WORKSPACE", 'workspace(name = "{}")\n'.format(rctx.name))
@@ -71,32 +66,19 @@ cc_library(
     defines = ["_GLIBCXX_USE_CXX11_ABI={abi}"],
 )
 
-# libtorch for the CPU: tensors, TorchScript and the AOTInductor package loader.
+# libtorch for the CPU: tensors, TorchScript and the AOTInductor package
+# loader. The wheel's libtorch.so is only a wrapper that also pulls in
+# libtorch_cuda; CUDA support is loaded at run time instead (see
+# runtime/cuda_support.h).
 cc_library(
     name = "libtorch",
     deps = [":headers"],
     linkopts = [
         "-L{lib}",
         "-Wl,-rpath,{lib}",
-        "-ltorch",
         "-ltorch_cpu",
         "-lc10",
     ],
-)
-
-# The CUDA half of libtorch. Its AOTInductor runner and CUDA kernels register
-# themselves from static initializers, so the libraries are linked even though
-# no symbol of theirs is referenced (otherwise loading a CUDA package fails
-# with "Unsupported device key found: cuda").
-cc_library(
-    name = "libtorch_cuda",
-    deps = [":libtorch"],
-    linkopts = [
-        "-Wl,--no-as-needed",
-        "-ltorch_cuda",
-        "-lc10_cuda",
-        "-Wl,--as-needed",
-    ] + {rpath_link},
 )
 
 # The virtual environment's interpreter, with torch, for build steps that run
@@ -105,7 +87,7 @@ sh_binary(
     name = "python",
     srcs = ["python.sh"],
 )
-""".format(abi = abi, lib = lib_dir, rpath_link = rpath_link))
+""".format(abi = abi, lib = lib_dir))
 
 torch_repository = repository_rule(
     implementation = _torch_repository_impl,

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/artifact_reader.h"
+#include "runtime/cuda_support.h"
 #include "runtime/eager_program.h"
 #include "runtime/frame_caller.h"
 #include "runtime/frame_dispatcher.h"
@@ -170,6 +171,7 @@ class Model::Impl final : public FrameCaller {
  public:
   struct FrameState {
     const Frame* proto = nullptr;
+    int index = 0;
     std::vector<std::string> parameter_names;
     std::unique_ptr<FrameDispatcher> dispatcher;
     std::vector<std::unique_ptr<Variant>> variants;
@@ -187,6 +189,7 @@ class Model::Impl final : public FrameCaller {
 
   Artifact artifact;
   ModelOptions options;
+  std::shared_ptr<CallObserver> observer;
   DeviceType device = DeviceType::kCpu;
   std::vector<std::unique_ptr<FrameState>> frames;
   absl::flat_hash_map<std::string, FrameState*> frames_by_name;
@@ -224,6 +227,7 @@ absl::Status Model::Impl::LoadFrames() {
   for (const Frame& proto : m.frames()) {
     auto state = std::make_unique<FrameState>();
     state->proto = &proto;
+    state->index = static_cast<int>(frames.size());
     for (const auto& p : proto.parameters()) state->parameter_names.push_back(p.name());
     std::vector<GuardProgram> programs;
     VariantOptions variant_options;
@@ -349,8 +353,8 @@ void Model::Impl::WarnEagerMiss(FrameState& frame,
     absl::MutexLock lock(&mu);
     warnings.push_back({f.name(), message, absl::Now()});
   }
-  if (options.observer) {
-    options.observer->OnEagerFallbackWarning(options.name, f.name(), message);
+  if (observer) {
+    observer->OnEagerFallbackWarning(options.name, f.name(), message);
   }
 }
 
@@ -359,16 +363,18 @@ void Model::Impl::Report(FrameState& frame, bool is_entry, Outcome outcome,
                          absl::Duration run) {
   frame.calls[static_cast<int>(outcome)].fetch_add(1, std::memory_order_relaxed);
   if (variant >= 0) frame.hits[variant].fetch_add(1, std::memory_order_relaxed);
-  if (!options.observer) return;
+  if (!observer) return;
   FrameCallEvent event;
   event.model = options.name;
   event.frame = frame.proto->name();
+  event.frame_index = frame.index;
+  event.variant_index = variant;
   event.is_entry = is_entry;
   event.outcome = outcome;
   if (variant >= 0) event.variant_id = frame.proto->variants(variant).id();
   event.dispatch_time = dispatch;
   event.run_time = run;
-  options.observer->OnFrameCall(event);
+  observer->OnFrameCall(event);
 }
 
 absl::StatusOr<Model::Impl::FrameResult> Model::Impl::Dispatch(
@@ -497,11 +503,19 @@ absl::StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& directory,
         m.summary().truncated() ? ", truncated by the recompile limit" : "",
         ") and complete artifacts are required")));
   }
+  if (impl->options.device &&
+      DeviceTypeName(*impl->options.device) != m.device()) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "the artifact was captured for ", m.device(), " but this server runs models on ",
+        DeviceTypeName(*impl->options.device), "; recapture it with device=\"",
+        DeviceTypeName(*impl->options.device), "\"")));
+  }
   if (m.device() == "cuda") {
     impl->device = DeviceType::kCuda;
-    if (!at::hasCUDA()) {
-      return fail(absl::FailedPreconditionError(
-          "the artifact was compiled for CUDA but no CUDA device is available"));
+    if (absl::Status cuda = LoadCudaSupport(); !cuda.ok()) {
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+          "the artifact was compiled for CUDA but CUDA is not usable here: ",
+          cuda.message())));
     }
   }
   if (absl::Status s = impl->LoadFrames(); !s.ok()) return fail(s);
@@ -604,6 +618,10 @@ absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args) {
   });
   if (!converted.ok()) return converted;
   return call_result;
+}
+
+void Model::SetObserver(std::shared_ptr<CallObserver> observer) {
+  impl_->observer = std::move(observer);
 }
 
 void Model::Close() {

@@ -28,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,14 +46,15 @@ struct ModelOptions {
   std::string name;
   // Model instances per variant that can run at once. Default: 2.
   int runners_per_variant = 2;
+  // The device type models run on: an artifact captured for another one is
+  // refused. nullopt: whatever the artifact was captured for.
+  std::optional<DeviceType> device;
   // CUDA device for a CUDA artifact; -1 for the current device.
   int cuda_device_index = -1;
   // Refuse an artifact whose summary is not complete (uncovered frames or a
   // truncated capture). Default: false (such artifacts load and refuse the
   // calls they do not cover).
   bool require_complete = false;
-  // Receives every frame call and eager-fallback warning. May be null.
-  std::shared_ptr<CallObserver> observer;
 };
 
 // Calls of one frame since the model was loaded.
@@ -78,7 +80,8 @@ class Model {
   // package and every frame's eager program.
   // Errors, besides ReadArtifact's:
   //   FAILED_PRECONDITION  a CUDA artifact without a usable CUDA device; an
-  //                        incomplete artifact with require_complete
+  //                        artifact for another device than options.device;
+  //                        an incomplete artifact with require_complete
   //   INTERNAL             a package or eager program that libtorch refuses
   // Nothing of a failed load stays in memory.
   static absl::StatusOr<std::shared_ptr<Model>> Load(const std::string& directory,
@@ -100,6 +103,11 @@ class Model {
   //   UNAVAILABLE          the model was closed
   //   INTERNAL             the compiled code or eager program failed
   absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args);
+
+  // Sends every frame call and eager-fallback warning of this model to
+  // `observer` (null: none). REQUIRES: no call has started yet, i.e. the
+  // model has not been shared with calling threads.
+  void SetObserver(std::shared_ptr<CallObserver> observer);
 
   // New calls fail with UNAVAILABLE from now on; running calls finish.
   void Close();

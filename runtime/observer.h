@@ -11,6 +11,10 @@ namespace precompile {
 struct FrameCallEvent {
   absl::string_view model;
   absl::string_view frame;
+  // The frame's and variant's positions in the manifest, for observers that
+  // keep per-frame state in arrays; variant_index is -1 unless kVariant.
+  int frame_index = 0;
+  int variant_index = -1;
   // The call came from a request (the entry frame) rather than from another
   // frame's eager program.
   bool is_entry = false;

@@ -1,0 +1,451 @@
+#include "server/inference_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "runtime/dtype.h"
+#include "server/admin_token.h"
+#include "server/grpc_status.h"
+#include "server/tensor_codec.h"
+
+namespace precompile::server {
+namespace {
+
+using artifact::v1::Frame;
+using artifact::v1::Parameter;
+
+constexpr char kServerName[] = "precompile-serve";
+constexpr char kServerVersion[] = "0.1.0";
+constexpr char kPlatform[] = "precompile_serve";
+
+// Request parameters that Triton's clients may send and that mean nothing
+// here; they are accepted and ignored rather than refused.
+const absl::flat_hash_set<std::string>& IgnoredParameters() {
+  static const auto* keys = new absl::flat_hash_set<std::string>{
+      "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+      "binary_data_output", "triton_enable_empty_final_response", "headers"};
+  return *keys;
+}
+
+bool IsTensorKind(Parameter::Kind kind) {
+  return kind == Parameter::TENSOR || kind == Parameter::OPTIONAL_TENSOR;
+}
+
+struct TensorMeta {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+};
+
+// Merges the sizes the variants guard for one tensor: a dimension every
+// variant fixes to the same size keeps it, anything else is -1.
+void MergeShape(std::optional<std::vector<int64_t>>& merged,
+                const std::vector<int64_t>& shape) {
+  if (!merged) {
+    merged = shape;
+    return;
+  }
+  if (merged->size() != shape.size()) {
+    merged = std::vector<int64_t>{-1};
+    return;
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if ((*merged)[d] != shape[d]) (*merged)[d] = -1;
+  }
+}
+
+std::vector<TensorMeta> InputsOf(const Frame& frame) {
+  std::vector<TensorMeta> inputs;
+  for (int p = 0; p < frame.parameters_size(); ++p) {
+    const Parameter& param = frame.parameters(p);
+    if (!IsTensorKind(param.kind())) continue;
+    TensorMeta meta;
+    meta.name = param.name();
+    meta.dtype = DTypeFromProto(param.example_dtype()).value_or(DType::kFloat32);
+    std::optional<std::vector<int64_t>> shape;
+    for (const auto& variant : frame.variants()) {
+      for (const auto& guard : variant.guards()) {
+        if (guard.parameter() != static_cast<uint32_t>(p) || !guard.has_tensor() ||
+            guard.tensor().is_none()) {
+          continue;
+        }
+        std::vector<int64_t> dims;
+        for (const auto& dim : guard.tensor().dims()) {
+          dims.push_back(dim.has_symbol() ? -1 : dim.static_size());
+        }
+        MergeShape(shape, dims);
+      }
+    }
+    meta.shape = shape.value_or(std::vector<int64_t>{-1});
+    inputs.push_back(std::move(meta));
+  }
+  return inputs;
+}
+
+std::vector<TensorMeta> OutputsOf(const Frame& frame) {
+  std::vector<TensorMeta> outputs(frame.outputs().num_tensors());
+  std::vector<std::optional<std::vector<int64_t>>> shapes(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) outputs[i].name = absl::StrCat("output", i);
+  for (const auto& variant : frame.variants()) {
+    for (int i = 0; i < variant.outputs_size() && i < static_cast<int>(outputs.size());
+         ++i) {
+      const auto& spec = variant.outputs(i);
+      outputs[i].dtype = DTypeFromProto(spec.dtype()).value_or(DType::kFloat32);
+      MergeShape(shapes[i], std::vector<int64_t>(spec.shape().begin(), spec.shape().end()));
+    }
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    outputs[i].shape = shapes[i].value_or(std::vector<int64_t>{-1});
+  }
+  return outputs;
+}
+
+absl::StatusOr<Value> ParameterValue(const std::string& name,
+                                     const inference::InferParameter& p) {
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kBoolParam: return Value(p.bool_param());
+    case inference::InferParameter::kInt64Param: return Value(p.int64_param());
+    case inference::InferParameter::kDoubleParam: return Value(p.double_param());
+    case inference::InferParameter::kStringParam: return Value(p.string_param());
+    case inference::InferParameter::kUint64Param:
+      if (p.uint64_param() > static_cast<uint64_t>(INT64_MAX)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter '", name, "' is too large for an int"));
+      }
+      return Value(static_cast<int64_t>(p.uint64_param()));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "' has no value"));
+  }
+}
+
+RequestOutcome OutcomeOfStatus(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kFailedPrecondition: return RequestOutcome::kRefused;
+    case absl::StatusCode::kInvalidArgument: return RequestOutcome::kInvalid;
+    case absl::StatusCode::kResourceExhausted: return RequestOutcome::kOverloaded;
+    default: return RequestOutcome::kError;
+  }
+}
+
+}  // namespace
+
+InferenceService::InferenceService(ModelRepository& repository, ServerMetrics* metrics,
+                                   ServingState& state, std::string admin_token)
+    : repository_(repository),
+      metrics_(metrics),
+      state_(state),
+      admin_token_(std::move(admin_token)) {}
+
+grpc::Status InferenceService::ServerLive(grpc::ServerContext*,
+                                          const inference::ServerLiveRequest*,
+                                          inference::ServerLiveResponse* response) {
+  response->set_live(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ServerReady(grpc::ServerContext*,
+                                           const inference::ServerReadyRequest*,
+                                           inference::ServerReadyResponse* response) {
+  response->set_ready(state_.ready());
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ModelReady(grpc::ServerContext*,
+                                          const inference::ModelReadyRequest* request,
+                                          inference::ModelReadyResponse* response) {
+  response->set_ready(!state_.draining() &&
+                      repository_.Get(request->name(), request->version()).ok());
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ServerMetadata(grpc::ServerContext*,
+                                              const inference::ServerMetadataRequest*,
+                                              inference::ServerMetadataResponse* response) {
+  response->set_name(kServerName);
+  response->set_version(kServerVersion);
+  for (const char* e : {"model_repository", "model_configuration", "statistics",
+                        "parameters"}) {
+    response->add_extensions(e);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ModelMetadata(grpc::ServerContext*,
+                                             const inference::ModelMetadataRequest* request,
+                                             inference::ModelMetadataResponse* response) {
+  auto handle = repository_.Get(request->name(), request->version());
+  if (!handle.ok()) return ToGrpcStatus(handle.status());
+  const Frame& entry = handle->model->entry_frame();
+  response->set_name(request->name());
+  response->add_versions(absl::StrCat(handle->version));
+  response->set_platform(kPlatform);
+  for (const TensorMeta& in : InputsOf(entry)) {
+    auto* t = response->add_inputs();
+    t->set_name(in.name);
+    t->set_datatype(DatatypeOf(in.dtype));
+    for (int64_t d : in.shape) t->add_shape(d);
+  }
+  for (const TensorMeta& out : OutputsOf(entry)) {
+    auto* t = response->add_outputs();
+    t->set_name(out.name);
+    t->set_datatype(DatatypeOf(out.dtype));
+    for (int64_t d : out.shape) t->add_shape(d);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ModelConfig(grpc::ServerContext*,
+                                           const inference::ModelConfigRequest* request,
+                                           inference::ModelConfigResponse* response) {
+  auto handle = repository_.Get(request->name(), request->version());
+  if (!handle.ok()) return ToGrpcStatus(handle.status());
+  const auto& manifest = handle->model->manifest();
+  const Frame& entry = handle->model->entry_frame();
+  inference::ModelConfig* config = response->mutable_config();
+  config->set_name(request->name());
+  config->set_platform(kPlatform);
+  config->set_backend("precompile");
+  // Requests carry whole tensors: the server does not batch them.
+  config->set_max_batch_size(0);
+  for (const TensorMeta& in : InputsOf(entry)) {
+    auto* t = config->add_input();
+    t->set_name(in.name);
+    t->set_data_type(ConfigDataTypeOf(in.dtype));
+    for (int64_t d : in.shape) t->add_dims(d);
+  }
+  for (const TensorMeta& out : OutputsOf(entry)) {
+    auto* t = config->add_output();
+    t->set_name(out.name);
+    t->set_data_type(ConfigDataTypeOf(out.dtype));
+    for (int64_t d : out.shape) t->add_dims(d);
+  }
+  auto* group = config->add_instance_group();
+  group->set_name(request->name());
+  group->set_count(1);
+  group->set_kind(manifest.device() == "cuda" ? inference::ModelInstanceGroup::KIND_GPU
+                                              : inference::ModelInstanceGroup::KIND_CPU);
+  auto& params = *config->mutable_parameters();
+  for (const Parameter& p : entry.parameters()) {
+    if (IsTensorKind(p.kind())) continue;
+    params[absl::StrCat("argument:", p.name())].set_string_value(
+        absl::StrCat(Parameter::Kind_Name(p.kind()),
+                     p.has_default_value() ? absl::StrCat(" default ", p.default_value().ShortDebugString()) : ""));
+  }
+  params["entry_frame"].set_string_value(entry.name());
+  params["complete"].set_string_value(manifest.summary().complete() ? "true" : "false");
+  params["eager_fallbacks"].set_string_value(
+      absl::StrJoin(manifest.summary().eager_fallbacks(), ","));
+  params["torch_version"].set_string_value(manifest.torch_version());
+  return grpc::Status::OK;
+}
+
+absl::Status InferenceService::Infer(const inference::ModelInferRequest& request,
+                                     inference::ModelInferResponse* response,
+                                     RequestOutcome* outcome,
+                                     ModelRepository::Handle* handle,
+                                     RequestTiming* timing) {
+  const absl::Time start = absl::Now();
+  auto found = repository_.Get(request.model_name(), request.model_version());
+  if (!found.ok()) {
+    if (metrics_ && found.status().code() == absl::StatusCode::kNotFound) {
+      metrics_->RecordUnknownModelRequest();
+    }
+    return found.status();
+  }
+  *handle = *std::move(found);
+  const Frame& entry = handle->model->entry_frame();
+  auto parameter_of = [&](const std::string& name) -> const Parameter* {
+    for (const Parameter& p : entry.parameters()) {
+      if (p.name() == name) return &p;
+    }
+    return nullptr;
+  };
+
+  // Inputs: the entry's tensor arguments, by name.
+  std::vector<NamedValue> args;
+  std::vector<std::string> storage(request.inputs_size());
+  absl::flat_hash_set<std::string> seen;
+  for (int i = 0; i < request.inputs_size(); ++i) {
+    const std::string& name = request.inputs(i).name();
+    const Parameter* p = parameter_of(name);
+    if (p == nullptr || !IsTensorKind(p->kind())) {
+      std::vector<std::string> tensors;
+      for (const TensorMeta& in : InputsOf(entry)) tensors.push_back(in.name);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", request.model_name(), "' has no input '", name, "' (its inputs: ",
+          absl::StrJoin(tensors, ", "), ")",
+          p ? "; non-tensor arguments travel as request parameters" : ""));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", name, "' appears more than once"));
+    }
+    absl::StatusOr<TensorArg> tensor = DecodeInput(request, i, &storage[i]);
+    if (!tensor.ok()) return tensor.status();
+    args.push_back({name, *std::move(tensor)});
+  }
+  // Parameters: the entry's non-tensor arguments, by name.
+  for (const auto& [key, value] : request.parameters()) {
+    const Parameter* p = parameter_of(key);
+    if (p == nullptr) {
+      if (IgnoredParameters().contains(key)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", request.model_name(), "' has no argument '", key, "'"));
+    }
+    if (IsTensorKind(p->kind())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument '", key, "' is a tensor: send it as an input, not a parameter"));
+    }
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("argument '", key, "' is given more than once"));
+    }
+    absl::StatusOr<Value> v = ParameterValue(key, value);
+    if (!v.ok()) return v.status();
+    args.push_back({key, *std::move(v)});
+  }
+  // Requested outputs must exist.
+  const int num_outputs = static_cast<int>(entry.outputs().num_tensors());
+  std::vector<bool> wanted(num_outputs, request.outputs_size() == 0);
+  for (const auto& out : request.outputs()) {
+    int index = -1;
+    for (int i = 0; i < num_outputs; ++i) {
+      if (out.name() == absl::StrCat("output", i)) index = i;
+    }
+    if (index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", request.model_name(), "' has no output '", out.name(),
+          "' (it has output0 to output", num_outputs - 1, ")"));
+    }
+    wanted[index] = true;
+  }
+
+  const absl::Time decoded = absl::Now();
+  timing->input = decoded - start;
+  absl::StatusOr<CallResult> result = handle->model->Call(args);
+  const absl::Time called = absl::Now();
+  timing->infer = called - decoded;
+  if (!result.ok()) return result.status();
+
+  *outcome = result->outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
+                                                        : RequestOutcome::kVariant;
+  response->set_model_name(request.model_name());
+  response->set_model_version(absl::StrCat(handle->version));
+  response->set_id(request.id());
+  auto& params = *response->mutable_parameters();
+  params["precompile_outcome"].set_string_param(std::string(OutcomeName(result->outcome)));
+  params["precompile_variant"].set_string_param(result->variant_id);
+  for (size_t i = 0; i < result->outputs.size(); ++i) {
+    if (i < wanted.size() && !wanted[i]) continue;
+    EncodeOutput(result->outputs[i], absl::StrCat("output", i), response);
+  }
+  timing->output = absl::Now() - called;
+  return absl::OkStatus();
+}
+
+grpc::Status InferenceService::ModelInfer(grpc::ServerContext*,
+                                          const inference::ModelInferRequest* request,
+                                          inference::ModelInferResponse* response) {
+  const absl::Time start = absl::Now();
+  if (!state_.TryAdmit()) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the server is at its limit of ",
+                                     state_.max_in_flight(),
+                                     " concurrent inference requests; retry later"));
+  }
+  const absl::Time admitted = absl::Now();
+  RequestOutcome outcome = RequestOutcome::kError;
+  ModelRepository::Handle handle;
+  RequestTiming timing;
+  absl::Status status = Infer(*request, response, &outcome, &handle, &timing);
+  state_.Release();
+  const absl::Time done = absl::Now();
+  if (!status.ok()) {
+    outcome = OutcomeOfStatus(status);
+    response->Clear();
+  }
+  if (handle.metrics) {
+    timing.queue = admitted - start;
+    timing.total = done - start;
+    handle.metrics->RecordRequest(outcome, timing);
+  }
+  return ToGrpcStatus(status);
+}
+
+grpc::Status InferenceService::ModelStatistics(
+    grpc::ServerContext*, const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  std::vector<std::pair<ModelState, ModelRepository::Handle>> models;
+  if (request->name().empty()) {
+    for (const ModelState& state : repository_.List()) {
+      auto handle = repository_.Get(state.name, "");
+      if (handle.ok()) models.emplace_back(state, *std::move(handle));
+    }
+  } else {
+    auto handle = repository_.Get(request->name(), request->version());
+    if (!handle.ok()) return ToGrpcStatus(handle.status());
+    ModelState state;
+    state.name = request->name();
+    models.emplace_back(state, *std::move(handle));
+  }
+  for (const auto& [state, handle] : models) {
+    auto* stats = response->add_model_stats();
+    stats->set_name(state.name);
+    stats->set_version(absl::StrCat(handle.version));
+    if (!handle.metrics) continue;
+    const InferStatistics s = handle.metrics->Statistics();
+    stats->set_last_inference(s.last_inference_ms);
+    stats->set_inference_count(s.success_count);
+    stats->set_execution_count(s.success_count);
+    auto set = [](inference::StatisticDuration* d, uint64_t count, uint64_t ns) {
+      d->set_count(count);
+      d->set_ns(ns);
+    };
+    auto* infer = stats->mutable_inference_stats();
+    set(infer->mutable_success(), s.success_count, s.success_ns);
+    set(infer->mutable_fail(), s.fail_count, s.fail_ns);
+    set(infer->mutable_queue(), s.queue_count, s.queue_ns);
+    set(infer->mutable_compute_input(), s.input_count, s.input_ns);
+    set(infer->mutable_compute_infer(), s.infer_count, s.infer_ns);
+    set(infer->mutable_compute_output(), s.output_count, s.output_ns);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext*,
+                                               const inference::RepositoryIndexRequest* request,
+                                               inference::RepositoryIndexResponse* response) {
+  for (const ModelState& state : repository_.List()) {
+    if (request->ready() && state.phase != ModelState::Phase::kReady) continue;
+    auto* m = response->add_models();
+    m->set_name(state.name);
+    if (state.version > 0) m->set_version(absl::StrCat(state.version));
+    m->set_state(PhaseName(state.phase));
+    m->set_reason(state.reason);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::RepositoryModelLoad(
+    grpc::ServerContext* context, const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  return ToGrpcStatus(repository_.Load(request->model_name()).status());
+}
+
+grpc::Status InferenceService::RepositoryModelUnload(
+    grpc::ServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  return ToGrpcStatus(repository_.Unload(request->model_name()).status());
+}
+
+}  // namespace precompile::server

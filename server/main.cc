@@ -1,0 +1,133 @@
+// precompile_server: serves the precompile artifacts of a model repository
+// over gRPC (KServe v2 inference, precompile admin, health, reflection) with
+// Prometheus metrics over HTTP. SIGTERM or Ctrl-C drains and exits.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "runtime/torch_threads.h"
+#include "server/admin_token.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, model_repository, "",
+          "Directory of models: <repository>/<model>/<version>/ (required)");
+ABSL_FLAG(std::string, listen_address, "0.0.0.0", "Address gRPC and metrics listen on");
+ABSL_FLAG(int, grpc_port, 8001, "gRPC port (KServe v2, admin, health, reflection)");
+ABSL_FLAG(int, metrics_port, 8002, "Prometheus /metrics port; -1 disables it");
+ABSL_FLAG(std::string, device, "cpu",
+          "Device models run on: cpu, cuda or cuda:N; artifacts for another "
+          "device type are refused");
+ABSL_FLAG(bool, require_complete, false,
+          "Refuse artifacts whose capture is incomplete (uncovered frames or truncated)");
+ABSL_FLAG(int, max_message_bytes, 256 << 20, "Largest gRPC request or response");
+ABSL_FLAG(int, max_concurrent_requests, 128,
+          "Inference requests running at once; more get RESOURCE_EXHAUSTED (0: no limit)");
+ABSL_FLAG(int, grpc_threads, 0, "Threads serving gRPC calls (0: gRPC's default)");
+ABSL_FLAG(int, torch_threads, 0, "Threads per torch operation (0: torch's default)");
+ABSL_FLAG(int, runners_per_variant, 2,
+          "Instances of each compiled variant that run at once");
+ABSL_FLAG(int, repository_poll_seconds, 0,
+          "Re-scan the repository this often for new models and versions (0: never)");
+ABSL_FLAG(int, drain_timeout_seconds, 30,
+          "On SIGTERM, how long running requests may take before the server exits non-zero");
+ABSL_FLAG(int, shutdown_delay_seconds, 0,
+          "On SIGTERM, keep serving (not ready) this long before draining, so that "
+          "load balancers stop sending new requests");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "File holding a token that admin and repository-control calls must send "
+          "as 'authorization: Bearer <token>'");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+
+namespace {
+
+int Fail(const std::string& message) {
+  spdlog::error("event=startup_failed reason=\"{}\"", message);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves precompile artifacts over gRPC.\n"
+      "  precompile_server --model_repository=DIR [--grpc_port=8001] [--metrics_port=8002]");
+  absl::ParseCommandLine(argc, argv);
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+
+  // Signals are taken by sigwait below, not by handlers on random threads:
+  // block them before any thread starts so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  precompile::server::ServerOptions options;
+  options.model_repository = absl::GetFlag(FLAGS_model_repository);
+  if (options.model_repository.empty()) return Fail("--model_repository is required");
+  const std::string host = absl::GetFlag(FLAGS_listen_address);
+  options.grpc_address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_grpc_port));
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_address = metrics_port < 0 ? "" : absl::StrCat(host, ":", metrics_port);
+  std::string device = absl::GetFlag(FLAGS_device);
+  if (device.rfind("cuda:", 0) == 0) {
+    int index = 0;
+    if (!absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
+      return Fail(absl::StrCat("--device=", device, " is not cpu, cuda or cuda:N"));
+    }
+    options.model_options.cuda_device_index = index;
+    device = "cuda";
+  }
+  options.device = device;
+  options.model_options.require_complete = absl::GetFlag(FLAGS_require_complete);
+  options.model_options.runners_per_variant = absl::GetFlag(FLAGS_runners_per_variant);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
+  options.repository_poll_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_repository_poll_seconds));
+  options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  if (const std::string token_file = absl::GetFlag(FLAGS_admin_token_file);
+      !token_file.empty()) {
+    absl::StatusOr<std::string> token = precompile::server::ReadSecretFile(token_file);
+    if (!token.ok()) return Fail(std::string(token.status().message()));
+    options.admin_token = *token;
+  }
+  if (absl::GetFlag(FLAGS_torch_threads) > 0) {
+    precompile::SetTorchThreads(absl::GetFlag(FLAGS_torch_threads));
+  }
+
+  auto server = precompile::server::Server::Start(std::move(options));
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  spdlog::info("event=signal signal={}", signal == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*server)->BeginDrain();
+  if (const int delay = absl::GetFlag(FLAGS_shutdown_delay_seconds); delay > 0) {
+    absl::SleepFor(absl::Seconds(delay));
+  }
+  absl::Status stopped = (*server)->Stop();
+  if (!stopped.ok()) {
+    spdlog::error("event=drain_incomplete reason=\"{}\"", std::string(stopped.message()));
+    spdlog::shutdown();
+    std::_Exit(1);
+  }
+  return 0;
+}

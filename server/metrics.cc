@@ -1,0 +1,276 @@
+#include "server/metrics.h"
+
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace precompile::server {
+namespace {
+
+using prometheus::Histogram;
+
+const Histogram::BucketBoundaries& RequestBuckets() {
+  static const auto* b = new Histogram::BucketBoundaries{
+      0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+      0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,    5,   10};
+  return *b;
+}
+
+const Histogram::BucketBoundaries& DispatchBuckets() {
+  static const auto* b = new Histogram::BucketBoundaries{
+      1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3};
+  return *b;
+}
+
+}  // namespace
+
+const char* RequestOutcomeName(RequestOutcome outcome) {
+  switch (outcome) {
+    case RequestOutcome::kVariant: return "variant";
+    case RequestOutcome::kEagerFallback: return "eager_fallback";
+    case RequestOutcome::kRefused: return "refused";
+    case RequestOutcome::kInvalid: return "invalid";
+    case RequestOutcome::kOverloaded: return "overloaded";
+    case RequestOutcome::kError: return "error";
+  }
+  return "unknown";
+}
+
+ServerMetrics::ServerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_(prometheus::BuildCounter()
+                    .Name("precompile_requests_total")
+                    .Help("Inference requests by model version and outcome")
+                    .Register(*registry_)),
+      unknown_model_requests_(prometheus::BuildCounter()
+                                  .Name("precompile_unknown_model_requests_total")
+                                  .Help("Inference requests for a model the server does not serve")
+                                  .Register(*registry_)),
+      frame_calls_(prometheus::BuildCounter()
+                       .Name("precompile_frame_calls_total")
+                       .Help("Frame calls by model version, frame and outcome "
+                             "(variant, eager_fallback, refused, error)")
+                       .Register(*registry_)),
+      variant_hits_(prometheus::BuildCounter()
+                        .Name("precompile_variant_hits_total")
+                        .Help("Calls served by each compiled variant")
+                        .Register(*registry_)),
+      eager_fallback_warnings_(
+          prometheus::BuildCounter()
+              .Name("precompile_eager_fallback_warnings_total")
+              .Help("Eager-fallback warnings issued (one per flagged frame that "
+                    "missed its variants)")
+              .Register(*registry_)),
+      summary_complete_(prometheus::BuildGauge()
+                            .Name("precompile_model_complete")
+                            .Help("1 if the artifact's capture is complete")
+                            .Register(*registry_)),
+      summary_uncovered_(prometheus::BuildGauge()
+                             .Name("precompile_model_uncovered_frames")
+                             .Help("Frames the capture left without a variant")
+                             .Register(*registry_)),
+      summary_flagged_(prometheus::BuildGauge()
+                           .Name("precompile_model_eager_fallback_frames")
+                           .Help("Frames flagged eager_fallback")
+                           .Register(*registry_)),
+      summary_variants_(prometheus::BuildGauge()
+                            .Name("precompile_model_variants")
+                            .Help("Compiled variants in the artifact")
+                            .Register(*registry_)),
+      summary_truncated_(prometheus::BuildGauge()
+                             .Name("precompile_model_truncated")
+                             .Help("1 if the capture hit its recompile limit")
+                             .Register(*registry_)),
+      models_loaded_(prometheus::BuildGauge()
+                         .Name("precompile_models_loaded")
+                         .Help("Models being served")
+                         .Register(*registry_)),
+      load_failures_(prometheus::BuildCounter()
+                         .Name("precompile_model_load_failures_total")
+                         .Help("Model loads that failed, by model")
+                         .Register(*registry_)),
+      request_duration_(prometheus::BuildHistogram()
+                            .Name("precompile_request_duration_seconds")
+                            .Help("Inference request time in the server, decode to encode")
+                            .Register(*registry_)),
+      dispatch_duration_(prometheus::BuildHistogram()
+                             .Name("precompile_guard_dispatch_duration_seconds")
+                             .Help("Guard evaluation time per frame call")
+                             .Register(*registry_)),
+      execution_duration_(prometheus::BuildHistogram()
+                              .Name("precompile_execution_duration_seconds")
+                              .Help("Variant or eager program run time per frame call")
+                              .Register(*registry_)),
+      loaded_gauge_(models_loaded_.Add({})) {}
+
+ServerMetrics::~ServerMetrics() = default;
+
+absl::Status ServerMetrics::StartHttp(const std::string& address) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve metrics on ", address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  return absl::OkStatus();
+}
+
+int ServerMetrics::http_port() const {
+  if (!exposer_) return 0;
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+std::shared_ptr<ModelMetrics> ServerMetrics::ForModel(const std::string& model,
+                                                      int64_t version,
+                                                      const Model& loaded) {
+  return std::make_shared<ModelMetrics>(*this, model, version, loaded);
+}
+
+void ServerMetrics::OnModelState(const ModelState& state) {
+  absl::MutexLock lock(&ready_mu_);
+  if (state.phase == ModelState::Phase::kReady) {
+    ready_models_.insert(state.name);
+  } else {
+    ready_models_.erase(state.name);
+  }
+  loaded_gauge_.Set(static_cast<double>(ready_models_.size()));
+}
+
+void ServerMetrics::OnLoadFailure(const std::string& model) {
+  load_failures_.Add({{"model", model}}).Increment();
+}
+
+void ServerMetrics::RecordUnknownModelRequest() {
+  unknown_model_requests_.Add({}).Increment();
+}
+
+ModelMetrics::ModelMetrics(ServerMetrics& server, const std::string& model,
+                           int64_t version, const Model& loaded)
+    : server_(server) {
+  const std::string v = absl::StrCat(version);
+  for (int o = 0; o < kNumRequestOutcomes; ++o) {
+    requests_[o] = &server.requests_.Add(
+        {{"model", model},
+         {"version", v},
+         {"outcome", RequestOutcomeName(static_cast<RequestOutcome>(o))}});
+  }
+  request_duration_ = &server.request_duration_.Add({{"model", model}, {"version", v}},
+                                                    RequestBuckets());
+  for (const auto& frame : loaded.manifest().frames()) {
+    FrameSeries series;
+    series.name = frame.name();
+    for (int o = 0; o < 4; ++o) {
+      series.calls[o] = &server.frame_calls_.Add(
+          {{"model", model},
+           {"version", v},
+           {"frame", frame.name()},
+           {"outcome", std::string(OutcomeName(static_cast<Outcome>(o)))}});
+    }
+    series.warnings = &server.eager_fallback_warnings_.Add(
+        {{"model", model}, {"version", v}, {"frame", frame.name()}});
+    series.dispatch = &server.dispatch_duration_.Add(
+        {{"model", model}, {"version", v}, {"frame", frame.name()}}, DispatchBuckets());
+    series.execution = &server.execution_duration_.Add(
+        {{"model", model}, {"version", v}, {"frame", frame.name()}}, RequestBuckets());
+    for (const auto& variant : frame.variants()) {
+      series.variant_hits.push_back(&server.variant_hits_.Add({{"model", model},
+                                                               {"version", v},
+                                                               {"frame", frame.name()},
+                                                               {"variant", variant.id()}}));
+    }
+    frames_.push_back(std::move(series));
+  }
+  const auto& summary = loaded.manifest().summary();
+  int variants = 0;
+  for (const auto& frame : loaded.manifest().frames()) variants += frame.variants_size();
+  const prometheus::Labels labels{{"model", model}, {"version", v}};
+  auto gauge = [&](prometheus::Family<prometheus::Gauge>& family, double value) {
+    prometheus::Gauge& g = family.Add(labels);
+    g.Set(value);
+    gauges_.push_back(&g);
+  };
+  gauge(server.summary_complete_, summary.complete() ? 1 : 0);
+  gauge(server.summary_uncovered_, summary.uncovered_frames_size());
+  gauge(server.summary_flagged_, summary.eager_fallbacks_size());
+  gauge(server.summary_variants_, variants);
+  gauge(server.summary_truncated_, summary.truncated() ? 1 : 0);
+}
+
+ModelMetrics::~ModelMetrics() {
+  for (prometheus::Counter* c : requests_) server_.requests_.Remove(c);
+  server_.request_duration_.Remove(request_duration_);
+  for (FrameSeries& f : frames_) {
+    for (prometheus::Counter* c : f.calls) server_.frame_calls_.Remove(c);
+    server_.eager_fallback_warnings_.Remove(f.warnings);
+    server_.dispatch_duration_.Remove(f.dispatch);
+    server_.execution_duration_.Remove(f.execution);
+    for (prometheus::Counter* c : f.variant_hits) server_.variant_hits_.Remove(c);
+  }
+  server_.summary_complete_.Remove(gauges_[0]);
+  server_.summary_uncovered_.Remove(gauges_[1]);
+  server_.summary_flagged_.Remove(gauges_[2]);
+  server_.summary_variants_.Remove(gauges_[3]);
+  server_.summary_truncated_.Remove(gauges_[4]);
+}
+
+void ModelMetrics::OnFrameCall(const FrameCallEvent& event) {
+  if (event.frame_index < 0 || event.frame_index >= static_cast<int>(frames_.size())) {
+    return;
+  }
+  FrameSeries& f = frames_[event.frame_index];
+  f.calls[static_cast<int>(event.outcome)]->Increment();
+  if (event.variant_index >= 0 &&
+      event.variant_index < static_cast<int>(f.variant_hits.size())) {
+    f.variant_hits[event.variant_index]->Increment();
+  }
+  f.dispatch->Observe(absl::ToDoubleSeconds(event.dispatch_time));
+  if (event.outcome == Outcome::kVariant || event.outcome == Outcome::kEagerFallback) {
+    f.execution->Observe(absl::ToDoubleSeconds(event.run_time));
+  }
+}
+
+void ModelMetrics::OnEagerFallbackWarning(absl::string_view, absl::string_view frame,
+                                          absl::string_view) {
+  for (FrameSeries& f : frames_) {
+    if (f.name == frame) f.warnings->Increment();
+  }
+}
+
+void ModelMetrics::RecordRequest(RequestOutcome outcome, const RequestTiming& timing) {
+  requests_[static_cast<int>(outcome)]->Increment();
+  request_duration_->Observe(absl::ToDoubleSeconds(timing.total));
+  const bool success =
+      outcome == RequestOutcome::kVariant || outcome == RequestOutcome::kEagerFallback;
+  (success ? success_ : fail_).Add(timing.total);
+  if (success) {
+    queue_.Add(timing.queue);
+    input_.Add(timing.input);
+    infer_.Add(timing.infer);
+    output_.Add(timing.output);
+  }
+  last_inference_ms_.store(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())),
+                           std::memory_order_relaxed);
+}
+
+InferStatistics ModelMetrics::Statistics() const {
+  auto get = [](const AtomicDuration& d, uint64_t& count, uint64_t& ns) {
+    count = d.count.load(std::memory_order_relaxed);
+    ns = d.ns.load(std::memory_order_relaxed);
+  };
+  InferStatistics s;
+  get(success_, s.success_count, s.success_ns);
+  get(fail_, s.fail_count, s.fail_ns);
+  get(queue_, s.queue_count, s.queue_ns);
+  get(input_, s.input_count, s.input_ns);
+  get(infer_, s.infer_count, s.infer_ns);
+  get(output_, s.output_count, s.output_ns);
+  s.last_inference_ms = last_inference_ms_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace precompile::server

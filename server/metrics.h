@@ -1,0 +1,170 @@
+// Prometheus metrics of the server, exported over HTTP at /metrics.
+//
+// Per model version: requests and frame calls by outcome (variant,
+// eager_fallback, refused, error), variant hits, eager-fallback warnings by
+// frame, the capture's summary as gauges (complete, uncovered and flagged
+// frames, variants), and latency histograms for the whole request, guard
+// dispatch and execution. Server-wide: loaded models and load failures.
+//
+// A ModelMetrics owns the series of one model version; they disappear when
+// it is destroyed, which happens when the last request using that version
+// is done (the Model holds it as its observer).
+//
+// Thread safety: all methods may be called concurrently. The per-call path
+// takes no lock shared by all requests: each series is looked up once, when
+// the model version is loaded.
+#ifndef PRECOMPILE_SERVER_METRICS_H_
+#define PRECOMPILE_SERVER_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "runtime/model.h"
+#include "runtime/observer.h"
+#include "server/model_state.h"
+
+namespace precompile::server {
+
+// How a request ended, as the request counter labels it.
+enum class RequestOutcome : uint8_t {
+  kVariant,
+  kEagerFallback,
+  kRefused,         // FAILED_PRECONDITION: no variant and not flagged.
+  kInvalid,         // INVALID_ARGUMENT: a malformed request.
+  kOverloaded,      // RESOURCE_EXHAUSTED: over the concurrency limit.
+  kError,           // Anything else.
+};
+constexpr int kNumRequestOutcomes = 6;
+const char* RequestOutcomeName(RequestOutcome outcome);
+
+class ServerMetrics;
+
+// Where a request's time went, for Triton's statistics: waiting for
+// admission, decoding inputs, running the model, encoding outputs.
+struct RequestTiming {
+  absl::Duration queue;
+  absl::Duration input;
+  absl::Duration infer;
+  absl::Duration output;
+  absl::Duration total;
+};
+
+// Cumulative counts and durations of a model version's requests, in the
+// layout of Triton's ModelStatistics (nanoseconds).
+struct InferStatistics {
+  uint64_t success_count = 0, success_ns = 0;
+  uint64_t fail_count = 0, fail_ns = 0;
+  uint64_t queue_count = 0, queue_ns = 0;
+  uint64_t input_count = 0, input_ns = 0;
+  uint64_t infer_count = 0, infer_ns = 0;
+  uint64_t output_count = 0, output_ns = 0;
+  uint64_t last_inference_ms = 0;  // Since the Unix epoch; 0 if none yet.
+};
+
+class ModelMetrics final : public CallObserver {
+ public:
+  ModelMetrics(ServerMetrics& server, const std::string& model, int64_t version,
+               const Model& loaded);
+  ~ModelMetrics() override;
+
+  void OnFrameCall(const FrameCallEvent& event) override;
+  void OnEagerFallbackWarning(absl::string_view model, absl::string_view frame,
+                              absl::string_view message) override;
+
+  // A finished request of this model version.
+  void RecordRequest(RequestOutcome outcome, const RequestTiming& timing);
+  InferStatistics Statistics() const;
+
+ private:
+  struct FrameSeries {
+    std::string name;
+    std::array<prometheus::Counter*, 4> calls{};  // Indexed by Outcome.
+    prometheus::Counter* warnings = nullptr;
+    prometheus::Histogram* dispatch = nullptr;
+    prometheus::Histogram* execution = nullptr;
+    std::vector<prometheus::Counter*> variant_hits;
+  };
+
+  struct AtomicDuration {
+    std::atomic<uint64_t> count{0};
+    std::atomic<uint64_t> ns{0};
+    void Add(absl::Duration d) {
+      count.fetch_add(1, std::memory_order_relaxed);
+      ns.fetch_add(static_cast<uint64_t>(absl::ToInt64Nanoseconds(d)),
+                   std::memory_order_relaxed);
+    }
+  };
+
+  ServerMetrics& server_;
+  AtomicDuration success_, fail_, queue_, input_, infer_, output_;
+  std::atomic<uint64_t> last_inference_ms_{0};
+  std::array<prometheus::Counter*, kNumRequestOutcomes> requests_{};
+  prometheus::Histogram* request_duration_ = nullptr;
+  std::vector<FrameSeries> frames_;
+  std::vector<prometheus::Gauge*> gauges_;
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  ~ServerMetrics();
+
+  // Serves /metrics at `address` ("host:port"; port 0 picks a free one).
+  // UNAVAILABLE if it cannot listen there.
+  absl::Status StartHttp(const std::string& address);
+  // The port /metrics listens on; 0 before StartHttp.
+  int http_port() const;
+
+  std::shared_ptr<ModelMetrics> ForModel(const std::string& model, int64_t version,
+                                         const Model& loaded);
+  // Tracks the models being served.
+  void OnModelState(const ModelState& state);
+  void OnLoadFailure(const std::string& model);
+  // A request for a model the server does not know.
+  void RecordUnknownModelRequest();
+
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  friend class ModelMetrics;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Counter>& unknown_model_requests_;
+  prometheus::Family<prometheus::Counter>& frame_calls_;
+  prometheus::Family<prometheus::Counter>& variant_hits_;
+  prometheus::Family<prometheus::Counter>& eager_fallback_warnings_;
+  prometheus::Family<prometheus::Gauge>& summary_complete_;
+  prometheus::Family<prometheus::Gauge>& summary_uncovered_;
+  prometheus::Family<prometheus::Gauge>& summary_flagged_;
+  prometheus::Family<prometheus::Gauge>& summary_variants_;
+  prometheus::Family<prometheus::Gauge>& summary_truncated_;
+  prometheus::Family<prometheus::Gauge>& models_loaded_;
+  prometheus::Family<prometheus::Counter>& load_failures_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Family<prometheus::Histogram>& dispatch_duration_;
+  prometheus::Family<prometheus::Histogram>& execution_duration_;
+  prometheus::Gauge& loaded_gauge_;
+  absl::Mutex ready_mu_;
+  absl::flat_hash_set<std::string> ready_models_ ABSL_GUARDED_BY(ready_mu_);
+};
+
+}  // namespace precompile::server
+
+#endif  // PRECOMPILE_SERVER_METRICS_H_

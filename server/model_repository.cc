@@ -1,0 +1,292 @@
+#include "server/model_repository.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace precompile::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool IsPlainName(absl::string_view name) {
+  return !name.empty() && name.front() != '.' &&
+         name.find('/') == absl::string_view::npos &&
+         name.find('\0') == absl::string_view::npos;
+}
+
+// Version directories of a model, newest first.
+std::vector<std::pair<int64_t, std::string>> Versions(const fs::path& model_dir) {
+  std::vector<std::pair<int64_t, std::string>> versions;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(model_dir, ec)) {
+    int64_t version = 0;
+    if (entry.is_directory(ec) &&
+        absl::SimpleAtoi(entry.path().filename().string(), &version) &&
+        version > 0) {
+      versions.emplace_back(version, entry.path().string());
+    }
+  }
+  std::sort(versions.begin(), versions.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  return versions;
+}
+
+}  // namespace
+
+ModelRepository::ModelRepository(RepositoryOptions options,
+                                 RepositoryListener* listener)
+    : options_(std::move(options)), listener_(listener) {}
+
+void ModelRepository::Publish(const ModelState& state,
+                              const std::shared_ptr<Model>& model,
+                              std::shared_ptr<ModelMetrics> metrics) {
+  {
+    absl::MutexLock lock(&mu_);
+    Entry& entry = models_[state.name];
+    entry.state = state;
+    entry.model = model;
+    entry.metrics = std::move(metrics);
+  }
+  if (listener_) listener_->OnModelState(state, model);
+}
+
+std::optional<ModelState> ModelRepository::Retire(const std::string& name,
+                                                  const std::string& reason,
+                                                  bool on_request) {
+  std::shared_ptr<Model> model;
+  ModelState state;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = models_.find(name);
+    if (it == models_.end() || !it->second.model) return std::nullopt;
+    model = std::move(it->second.model);
+    state = it->second.state;
+    it->second.unloaded = on_request;
+  }
+  const ModelState served = state;
+  state.phase = ModelState::Phase::kUnavailable;
+  state.reason = reason;
+  Publish(state, nullptr);
+  spdlog::info("event=model_unloaded model={} version={} calls_in_flight={} reason=\"{}\"",
+               name, served.version, model->calls_in_flight(), reason);
+  return served;
+}
+
+absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) {
+  if (!IsPlainName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", name, "' is not a model name (a directory directly under the repository)"));
+  }
+  const fs::path model_dir = fs::path(options_.root) / name;
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("model '", name, "' is not in the repository ",
+                                            options_.root));
+  }
+  ModelState previous;
+  std::shared_ptr<Model> previous_model;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = models_.find(name); it != models_.end()) {
+      previous = it->second.state;
+      previous_model = it->second.model;
+    }
+  }
+  ModelState state;
+  state.name = name;
+  if (!previous_model) {
+    state.phase = ModelState::Phase::kLoading;
+    Publish(state, nullptr);
+  }
+
+  const auto versions = Versions(model_dir);
+  if (versions.empty()) {
+    const std::string reason =
+        "no version directory (a positive integer) holds an artifact";
+    if (!previous_model) {
+      state.phase = ModelState::Phase::kUnavailable;
+      state.reason = reason;
+      Publish(state, nullptr);
+    }
+    spdlog::warn("event=model_load_failed model={} reason=\"{}\"", name, reason);
+    return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", reason));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    Entry& entry = models_[name];
+    entry.attempted_version = versions.front().first;
+    entry.unloaded = false;
+  }
+  std::string newest_failure;
+  for (const auto& [version, directory] : versions) {
+    const absl::Time start = absl::Now();
+    ModelOptions model_options = options_.model_options;
+    model_options.name = name;
+    absl::StatusOr<std::shared_ptr<Model>> model = Model::Load(directory, model_options);
+    if (!model.ok()) {
+      spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
+                    version, std::string(model.status().message()));
+      if (listener_) {
+        listener_->OnLoadFailure(name, version, std::string(model.status().message()));
+      }
+      if (newest_failure.empty()) {
+        newest_failure = absl::StrCat("version ", version, " failed to load: ",
+                                      model.status().message());
+      }
+      continue;
+    }
+    std::shared_ptr<ModelMetrics> metrics;
+    if (options_.metrics_factory) {
+      metrics = options_.metrics_factory(name, version, **model);
+      (*model)->SetObserver(metrics);
+    }
+    state.version = version;
+    state.directory = directory;
+    state.phase = ModelState::Phase::kReady;
+    state.reason = newest_failure;
+    Publish(state, *model, std::move(metrics));
+    spdlog::info(
+        "event=model_loaded model={} version={} directory={} complete={} "
+        "duration_ms={}{}",
+        name, version, directory, (*model)->manifest().summary().complete(),
+        absl::ToInt64Milliseconds(absl::Now() - start),
+        previous_model ? absl::StrCat(" replaced_version=", previous.version) : "");
+    if (!newest_failure.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model '", name, "': ", newest_failure, "; serving version ", version));
+    }
+    return state;
+  }
+  // Nothing loaded: keep serving what was served, if anything.
+  if (previous_model) {
+    std::shared_ptr<ModelMetrics> previous_metrics;
+    {
+      absl::MutexLock lock(&mu_);
+      previous_metrics = models_[name].metrics;
+    }
+    previous.reason = newest_failure;
+    Publish(previous, previous_model, std::move(previous_metrics));
+  } else {
+    state.phase = ModelState::Phase::kUnavailable;
+    state.reason = newest_failure;
+    Publish(state, nullptr);
+  }
+  return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", newest_failure));
+}
+
+absl::StatusOr<ModelState> ModelRepository::Load(const std::string& name) {
+  absl::MutexLock load_lock(&load_mu_);
+  return LoadLocked(name);
+}
+
+absl::StatusOr<ModelState> ModelRepository::Unload(const std::string& name) {
+  absl::MutexLock load_lock(&load_mu_);
+  std::optional<ModelState> served = Retire(name, "unloaded on request", true);
+  if (!served) {
+    return absl::NotFoundError(absl::StrCat("model '", name, "' is not loaded"));
+  }
+  ModelState state = *served;
+  state.phase = ModelState::Phase::kUnavailable;
+  state.reason = "unloaded on request";
+  return state;
+}
+
+std::vector<ModelState> ModelRepository::Rescan() {
+  absl::MutexLock load_lock(&load_mu_);
+  std::error_code ec;
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator(options_.root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory(ec) && IsPlainName(name)) found.push_back(name);
+  }
+  if (ec) {
+    spdlog::error("event=repository_scan_failed root={} reason=\"{}\"", options_.root,
+                  ec.message());
+  }
+  std::sort(found.begin(), found.end());
+  for (const std::string& name : found) {
+    const auto versions = Versions(fs::path(options_.root) / name);
+    if (versions.empty()) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = models_.find(name);
+      if (it != models_.end() &&
+          (it->second.unloaded ||
+           it->second.attempted_version == versions.front().first)) {
+        continue;
+      }
+    }
+    (void)LoadLocked(name);
+  }
+  std::vector<std::string> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, entry] : models_) {
+      if (entry.model && !std::binary_search(found.begin(), found.end(), name)) {
+        gone.push_back(name);
+      }
+    }
+  }
+  for (const std::string& name : gone) {
+    Retire(name, "its directory was removed from the repository", false);
+  }
+  return List();
+}
+
+absl::StatusOr<ModelRepository::Handle> ModelRepository::Get(
+    absl::string_view name, absl::string_view version) const {
+  absl::MutexLock lock(&mu_);
+  auto it = models_.find(name);
+  if (it == models_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+  }
+  const Entry& entry = it->second;
+  if (!entry.model) {
+    if (entry.state.phase == ModelState::Phase::kLoading) {
+      return absl::UnavailableError(absl::StrCat("model '", name, "' is loading"));
+    }
+    if (entry.unloaded) {
+      return absl::NotFoundError(absl::StrCat("model '", name, "' is unloaded"));
+    }
+    return absl::UnavailableError(absl::StrCat("model '", name, "' is not available: ",
+                                               entry.state.reason));
+  }
+  if (!version.empty()) {
+    int64_t wanted = 0;
+    if (!absl::SimpleAtoi(version, &wanted) || wanted != entry.state.version) {
+      return absl::NotFoundError(absl::StrCat("version '", version, "' of model '", name,
+                                              "' is not served (serving version ",
+                                              entry.state.version, ")"));
+    }
+  }
+  return Handle{entry.model, entry.state.version, entry.metrics};
+}
+
+std::vector<ModelState> ModelRepository::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<ModelState> states;
+  for (const auto& [name, entry] : models_) states.push_back(entry.state);
+  std::sort(states.begin(), states.end(),
+            [](const ModelState& a, const ModelState& b) { return a.name < b.name; });
+  return states;
+}
+
+std::vector<std::pair<ModelState, std::shared_ptr<Model>>> ModelRepository::Served()
+    const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<ModelState, std::shared_ptr<Model>>> served;
+  for (const auto& [name, entry] : models_) {
+    if (entry.model) served.emplace_back(entry.state, entry.model);
+  }
+  return served;
+}
+
+}  // namespace precompile::server

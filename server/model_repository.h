@@ -1,0 +1,125 @@
+// The models the server serves, from a repository directory laid out as
+// <root>/<model>/<version>/ (each version directory a precompile artifact;
+// versions are positive integers, the newest that loads is served).
+//
+// A request takes a Handle: a reference to the version it uses. Replacing a
+// version loads the new one first and then swaps it in; requests holding the
+// old one finish on it, and its memory goes when the last handle does. So a
+// rollout or an unload never fails a request already running.
+//
+// Thread safety: all methods may be called concurrently. Loads are
+// serialized (the AOTInductor loader is not thread-safe) and run outside the
+// lock that Get() takes, so serving continues while a model loads.
+#ifndef PRECOMPILE_SERVER_MODEL_REPOSITORY_H_
+#define PRECOMPILE_SERVER_MODEL_REPOSITORY_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/model.h"
+#include "server/metrics.h"
+#include "server/model_state.h"
+
+namespace precompile::server {
+
+// Told about every change, from the thread that made it.
+class RepositoryListener {
+ public:
+  virtual ~RepositoryListener() = default;
+  // `model` is null unless the state is kReady.
+  virtual void OnModelState(const ModelState& state,
+                            const std::shared_ptr<Model>& model) = 0;
+  // A version of `name` failed to load (another may still be served).
+  virtual void OnLoadFailure(const std::string& name, int64_t version,
+                             const std::string& reason) = 0;
+};
+
+struct RepositoryOptions {
+  std::string root;
+  // Options for every model; the name is set per model.
+  ModelOptions model_options;
+  // Called once per loaded version before it serves: the metrics of its
+  // calls and requests. May be empty.
+  std::function<std::shared_ptr<ModelMetrics>(const std::string& name,
+                                              int64_t version, const Model&)>
+      metrics_factory;
+};
+
+class ModelRepository {
+ public:
+  struct Handle {
+    std::shared_ptr<Model> model;
+    int64_t version = 0;
+    std::shared_ptr<ModelMetrics> metrics;  // May be null.
+  };
+
+  // `listener` may be null; it must outlive the repository.
+  ModelRepository(RepositoryOptions options, RepositoryListener* listener);
+
+  // Loads models found under the root that are not served yet and newer
+  // versions of served ones; unloads models whose directory is gone. A model
+  // unloaded on request stays unloaded, and a version that failed to load is
+  // not retried until a newer one appears.
+  // Returns every model's state afterwards.
+  std::vector<ModelState> Rescan();
+
+  // (Re)loads the newest loadable version of `name`.
+  // NOT_FOUND: no such model directory; INVALID_ARGUMENT: a name that is not
+  // a plain directory name; otherwise the load error of the newest version
+  // (an older version may still have loaded and be served).
+  absl::StatusOr<ModelState> Load(const std::string& name);
+
+  // Stops serving `name`; running requests finish. NOT_FOUND if not served.
+  absl::StatusOr<ModelState> Unload(const std::string& name);
+
+  // The served version of `name`, or the given `version` if it is the one
+  // served ("" for whichever is). NOT_FOUND for an unknown model or version;
+  // UNAVAILABLE for a model that is loading or failed to load.
+  absl::StatusOr<Handle> Get(absl::string_view name,
+                             absl::string_view version) const;
+
+  std::vector<ModelState> List() const;
+
+  // The models that are served right now.
+  std::vector<std::pair<ModelState, std::shared_ptr<Model>>> Served() const;
+
+  const std::string& root() const { return options_.root; }
+
+ private:
+  struct Entry {
+    ModelState state;
+    std::shared_ptr<Model> model;
+    std::shared_ptr<ModelMetrics> metrics;
+    // The newest version a load tried, so that a rescan does not retry a
+    // version that failed.
+    int64_t attempted_version = 0;
+    // Unloaded on request: stays unloaded until loaded on request.
+    bool unloaded = false;
+  };
+
+  absl::StatusOr<ModelState> LoadLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+  void Publish(const ModelState& state, const std::shared_ptr<Model>& model,
+               std::shared_ptr<ModelMetrics> metrics = nullptr);
+  // Stops serving `name`, with `reason`; returns what it served.
+  std::optional<ModelState> Retire(const std::string& name, const std::string& reason,
+                                   bool on_request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+
+  const RepositoryOptions options_;
+  RepositoryListener* const listener_;
+  absl::Mutex load_mu_;  // Held while a load, unload or rescan runs.
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> models_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace precompile::server
+
+#endif  // PRECOMPILE_SERVER_MODEL_REPOSITORY_H_

@@ -1,0 +1,32 @@
+// The state of one model of the repository, as operators and health checks
+// see it.
+#ifndef PRECOMPILE_SERVER_MODEL_STATE_H_
+#define PRECOMPILE_SERVER_MODEL_STATE_H_
+
+#include <cstdint>
+#include <string>
+
+namespace precompile::server {
+
+struct ModelState {
+  enum class Phase { kUnavailable, kLoading, kReady, kUnloading };
+  std::string name;
+  int64_t version = 0;  // The version served; 0 when none.
+  Phase phase = Phase::kUnavailable;
+  std::string reason;  // Why the last load failed, or why it is not served.
+  std::string directory;
+};
+
+inline const char* PhaseName(ModelState::Phase phase) {
+  switch (phase) {
+    case ModelState::Phase::kUnavailable: return "UNAVAILABLE";
+    case ModelState::Phase::kLoading: return "LOADING";
+    case ModelState::Phase::kReady: return "READY";
+    case ModelState::Phase::kUnloading: return "UNLOADING";
+  }
+  return "UNKNOWN";
+}
+
+}  // namespace precompile::server
+
+#endif  // PRECOMPILE_SERVER_MODEL_STATE_H_

@@ -1,0 +1,212 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace precompile::server {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read the ", what, " ", path));
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
+    const ServerOptions& options) {
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both a certificate (--tls_cert) and its key (--tls_key)");
+  }
+  if (options.tls_cert_file.empty()) {
+    if (!options.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca needs --tls_cert and --tls_key: client certificates "
+          "are checked only over TLS");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  auto cert = ReadFile(options.tls_cert_file, "TLS certificate");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadFile(options.tls_key_file, "TLS key");
+  if (!key.ok()) return key.status();
+  pair.cert_chain = *cert;
+  pair.private_key = *key;
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca_file.empty()) {
+    auto ca = ReadFile(options.tls_client_ca_file, "client CA");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+Server::Server(ServerOptions options)
+    : options_(std::move(options)), state_(options_.max_concurrent_requests) {}
+
+Server::~Server() {
+  if (!stop_polling_.HasBeenNotified()) stop_polling_.Notify();
+  if (poller_.joinable()) poller_.join();
+  if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now());
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(options.model_repository, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model repository '", options.model_repository, "' is not a directory"));
+  }
+  if (options.device != "cpu" && options.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device must be cpu or cuda, not '", options.device, "'"));
+  }
+  options.model_options.device =
+      options.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
+  std::unique_ptr<Server> server(new Server(std::move(options)));
+  const ServerOptions& o = server->options_;
+
+  server->metrics_ = std::make_unique<ServerMetrics>();
+  if (!o.metrics_address.empty()) {
+    if (absl::Status s = server->metrics_->StartHttp(o.metrics_address); !s.ok()) return s;
+  }
+  RepositoryOptions repository_options;
+  repository_options.root = o.model_repository;
+  repository_options.model_options = o.model_options;
+  ServerMetrics* metrics = server->metrics_.get();
+  repository_options.metrics_factory = [metrics](const std::string& name, int64_t version,
+                                                 const Model& model) {
+    return metrics->ForModel(name, version, model);
+  };
+  server->repository_ =
+      std::make_unique<ModelRepository>(std::move(repository_options), server.get());
+  server->inference_ = std::make_unique<InferenceService>(
+      *server->repository_, metrics, server->state_, o.admin_token);
+  server->admin_ = std::make_unique<AdminService>(*server->repository_, o.admin_token);
+
+  if (absl::Status s = server->Listen(); !s.ok()) return s;
+  spdlog::info("event=listening grpc_port={} metrics_port={} repository={}",
+               server->grpc_port_, server->metrics_port(), o.model_repository);
+
+  const std::vector<ModelState> states = server->repository_->Rescan();
+  int ready = 0;
+  for (const ModelState& s : states) ready += s.phase == ModelState::Phase::kReady;
+  if (states.empty()) {
+    spdlog::warn("event=repository_empty repository={} message=\"no models in the repository\"",
+                 o.model_repository);
+  }
+  server->state_.SetReady();
+  server->grpc_server_->GetHealthCheckService()->SetServingStatus("", true);
+  spdlog::info("event=ready models_ready={} models_failed={}", ready,
+               states.size() - ready);
+
+  if (o.repository_poll_interval > absl::ZeroDuration()) {
+    Server* raw = server.get();
+    server->poller_ = std::thread([raw] {
+      while (!raw->stop_polling_.WaitForNotificationWithTimeout(
+          raw->options_.repository_poll_interval)) {
+        raw->repository_->Rescan();
+      }
+    });
+  }
+  return server;
+}
+
+absl::Status Server::Listen() {
+  auto credentials = Credentials(options_);
+  if (!credentials.ok()) return credentials.status();
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  if (options_.grpc_threads > 0) {
+    grpc::ResourceQuota quota("precompile-serve");
+    quota.SetMaxThreads(options_.grpc_threads);
+    builder.SetResourceQuota(quota);
+  }
+  builder.RegisterService(inference_.get());
+  builder.RegisterService(admin_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (!grpc_server_ || grpc_port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for gRPC on ", options_.grpc_address));
+  }
+  // Live but not ready until the repository is loaded.
+  grpc_server_->GetHealthCheckService()->SetServingStatus("", false);
+  return absl::OkStatus();
+}
+
+void Server::OnModelState(const ModelState& state, const std::shared_ptr<Model>&) {
+  if (metrics_) metrics_->OnModelState(state);
+  if (grpc_server_ && !state_.draining()) {
+    grpc_server_->GetHealthCheckService()->SetServingStatus(
+        state.name, state.phase == ModelState::Phase::kReady);
+  }
+}
+
+void Server::OnLoadFailure(const std::string& name, int64_t, const std::string&) {
+  if (metrics_) metrics_->OnLoadFailure(name);
+}
+
+void Server::BeginDrain() {
+  if (state_.draining()) return;
+  state_.BeginDrain();
+  // Every health service (overall and per model) answers NOT_SERVING from now
+  // on; the models stay loaded so running and late requests still succeed.
+  auto* health = grpc_server_->GetHealthCheckService();
+  health->SetServingStatus("", false);
+  for (const ModelState& s : repository_->List()) health->SetServingStatus(s.name, false);
+  spdlog::info("event=draining in_flight_requests={}", state_.in_flight());
+}
+
+absl::Status Server::Stop() {
+  BeginDrain();
+  if (!stop_polling_.HasBeenNotified()) stop_polling_.Notify();
+  if (poller_.joinable()) poller_.join();
+  const absl::Time deadline = absl::Now() + options_.drain_timeout;
+  // Stop accepting; let running calls finish. Shutdown cancels whatever is
+  // still pending at the deadline, but a model call cannot be interrupted, so
+  // wait for it separately and report it.
+  std::thread shutdown([this, deadline] {
+    grpc_server_->Shutdown(absl::ToChronoTime(deadline));
+  });
+  while (state_.in_flight() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const int left = state_.in_flight();
+  if (left > 0) {
+    std::vector<std::string> running;
+    for (const auto& [state, model] : repository_->Served()) {
+      if (model->calls_in_flight() > 0) {
+        running.push_back(absl::StrCat(state.name, ": ", model->calls_in_flight()));
+      }
+    }
+    shutdown.detach();
+    return absl::DeadlineExceededError(absl::StrCat(
+        left, " inference requests were still running after the drain timeout of ",
+        absl::FormatDuration(options_.drain_timeout), " (",
+        absl::StrJoin(running, ", "), ")"));
+  }
+  shutdown.join();
+  spdlog::info("event=stopped");
+  return absl::OkStatus();
+}
+
+}  // namespace precompile::server

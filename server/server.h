@@ -1,0 +1,102 @@
+// The precompile-serve server: gRPC services (KServe v2 inference, the
+// precompile admin API, grpc.health.v1 and reflection) over a model
+// repository, and Prometheus metrics over HTTP.
+//
+// Lifecycle: Start() listens first (live, not ready: health NOT_SERVING),
+// loads the repository, then turns ready. BeginDrain() turns health and
+// ServerReady to NOT_SERVING at once while everything keeps serving; Stop()
+// stops accepting calls, lets running ones finish within the drain timeout,
+// and says what was still running if they did not.
+//
+// Thread safety: Start/BeginDrain/Stop from one controlling thread; the
+// accessors from any thread.
+#ifndef PRECOMPILE_SERVER_SERVER_H_
+#define PRECOMPILE_SERVER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "server/admin_service.h"
+#include "server/inference_service.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+#include "server/serving_state.h"
+
+namespace precompile::server {
+
+struct ServerOptions {
+  // REQUIRES: a directory. Models are its subdirectories.
+  std::string model_repository;
+  // Where gRPC listens; port 0 picks a free port (see grpc_port()).
+  std::string grpc_address = "0.0.0.0:8001";
+  // Where /metrics listens; empty disables it.
+  std::string metrics_address = "0.0.0.0:8002";
+  // Largest request or response message. Default: 256 MiB.
+  int max_message_bytes = 256 << 20;
+  // Inference requests running at once; more get RESOURCE_EXHAUSTED.
+  // 0: no limit. Default: 128.
+  int max_concurrent_requests = 128;
+  // Threads serving gRPC calls; 0: gRPC's default.
+  int grpc_threads = 0;
+  // Options for every model (runners, CUDA device, require_complete).
+  ModelOptions model_options;
+  // Device type the server runs models on ("cpu" or "cuda"): an artifact
+  // captured for the other one is refused at load.
+  std::string device = "cpu";
+  // Re-scan the repository this often; zero: only on request.
+  absl::Duration repository_poll_interval = absl::ZeroDuration();
+  // How long Stop() waits for running calls.
+  absl::Duration drain_timeout = absl::Seconds(30);
+  // When non-empty, admin and repository-control calls need the metadata
+  // "authorization: Bearer <token>".
+  std::string admin_token;
+  // TLS: PEM files. With a certificate and key the server speaks TLS only;
+  // with a client CA too, clients must present a certificate it signed.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+};
+
+class Server final : public RepositoryListener {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
+  ~Server() override;
+
+  void BeginDrain();
+  // OK if every call finished within the drain timeout; otherwise
+  // DEADLINE_EXCEEDED naming what was still running.
+  absl::Status Stop();
+
+  int grpc_port() const { return grpc_port_; }
+  int metrics_port() const { return metrics_ ? metrics_->http_port() : 0; }
+  ModelRepository& repository() { return *repository_; }
+
+  void OnModelState(const ModelState& state, const std::shared_ptr<Model>& model) override;
+  void OnLoadFailure(const std::string& name, int64_t version,
+                     const std::string& reason) override;
+
+ private:
+  explicit Server(ServerOptions options);
+  absl::Status Listen();
+
+  const ServerOptions options_;
+  ServingState state_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<ModelRepository> repository_;
+  std::unique_ptr<InferenceService> inference_;
+  std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int grpc_port_ = 0;
+  absl::Notification stop_polling_;
+  std::thread poller_;
+};
+
+}  // namespace precompile::server
+
+#endif  // PRECOMPILE_SERVER_SERVER_H_

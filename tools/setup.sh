@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs everything precompile-serve needs on a fresh Debian 12 machine and
+# is safe to run again: Debian's packages (Bazel, gRPC, protobuf, abseil,
+# spdlog, GoogleTest, Google Benchmark, prometheus-cpp), the project's Python
+# virtual environment (.venv, exact versions from requirements.lock) and the
+# generated Python protos the capture tool imports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+debian_packages=(
+  bazel-bootstrap g++ pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
+  libabsl-dev libspdlog-dev libfmt-dev libssl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
+  python3-venv curl
+)
+
+missing=()
+for p in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "installing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  say "Debian packages: all present"
+fi
+
+python=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python3 ]]; then
+  say "creating the virtual environment .venv with $($python --version)"
+  "$python" -m venv .venv
+fi
+stamp=.venv/.requirements.lock.sha256
+want=$(sha256sum requirements.lock | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  say "installing Python packages from requirements.lock into .venv"
+  say "torch 2.11.0 is a CUDA build of several GB: the download can take 2 to 10 minutes"
+  .venv/bin/python3 -m pip install -q --upgrade pip
+  .venv/bin/python3 -m pip install -q -r requirements.lock
+  echo "$want" > "$stamp"
+else
+  say "Python packages: up to date"
+fi
+
+say "generating the Python protos (bazel build //proto:python)"
+bazel build --noshow_progress //proto:python
+bin=$(bazel info bazel-bin 2>/dev/null)
+site=$(.venv/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# The capture tool and the generated protos, importable from the environment.
+printf '%s\n%s\n' "$root/capture" "$bin" > "$site/precompile_serve.pth"
+say "ready: .venv has torch $(.venv/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
