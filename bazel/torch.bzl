@@ -47,6 +47,30 @@ def _torch_repository_impl(rctx):
 
     abi = "1" if info["cxx11_abi"] else "0"
 
+    # Compiled variants (AOTInductor's model .so) need "libtorch.so". The
+    # wheel's libtorch.so only wraps libtorch_cpu and libtorch_cuda, so a
+    # process that loaded it would carry CUDA's libraries (and their static
+    # TLS) even to serve CPU artifacts. This library stands in for it: same
+    # name, wrapping only the CPU half. Binaries find it first on their
+    # run path; CUDA support is loaded on demand (runtime/cuda_support.h).
+    rctx.file("cpu_only/empty.c", "")
+    result = rctx.execute([
+        "gcc",
+        "-shared",
+        "-o",
+        str(rctx.path("cpu_only/libtorch.so")),
+        "-Wl,-soname,libtorch.so",
+        "-Wl,--no-as-needed",
+        "-L" + lib_dir,
+        "-Wl,-rpath," + lib_dir,
+        "-ltorch_cpu",
+        "-lc10",
+        str(rctx.path("cpu_only/empty.c")),
+    ])
+    if result.return_code != 0:
+        fail("cannot build the CPU-only libtorch.so: " + result.stderr)
+    cpu_only_dir = str(rctx.path("cpu_only"))
+
     rctx.file("WORKSPACE", 'workspace(name = "{}")\n'.format(rctx.name))
     rctx.file("python.sh", "#!/bin/sh\nexec {} \"$@\"\n".format(python), executable = True)
     rctx.file("version.bzl", 'TORCH_VERSION = "{}"\nTORCH_CUDA_VERSION = "{}"\n'.format(
@@ -67,19 +91,25 @@ cc_library(
 )
 
 # libtorch for the CPU: tensors, TorchScript and the AOTInductor package
-# loader. The wheel's libtorch.so is only a wrapper that also pulls in
-# libtorch_cuda; CUDA support is loaded at run time instead (see
-# runtime/cuda_support.h).
+# loader. "libtorch.so" is the CPU-only stand-in built above, found before
+# the wheel's own; CUDA support is loaded at run time (runtime/cuda_support.h).
 cc_library(
     name = "libtorch",
     deps = [":headers"],
     linkopts = [
+        "-L{cpu_only}",
+        "-Wl,-rpath,{cpu_only}",
         "-L{lib}",
         "-Wl,-rpath,{lib}",
+        "-Wl,--no-as-needed",
+        "-ltorch",
+        "-Wl,--as-needed",
         "-ltorch_cpu",
         "-lc10",
     ],
 )
+
+exports_files(["cpu_only/libtorch.so"])
 
 # The virtual environment's interpreter, with torch, for build steps that run
 # the capture tool.
@@ -87,7 +117,7 @@ sh_binary(
     name = "python",
     srcs = ["python.sh"],
 )
-""".format(abi = abi, lib = lib_dir))
+""".format(abi = abi, lib = lib_dir, cpu_only = cpu_only_dir))
 
 torch_repository = repository_rule(
     implementation = _torch_repository_impl,

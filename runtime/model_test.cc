@@ -1,0 +1,386 @@
+// The runtime's serving semantics, on the bundled example artifacts captured
+// by the capture tool, checked against the Python models' own outputs.
+#include "runtime/model.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "tests/testing/artifacts.h"
+#include "tests/testing/reference.h"
+
+namespace precompile {
+namespace {
+
+using ::precompile::testing::AsTensor;
+using ::precompile::testing::AsTensorArg;
+using ::precompile::testing::ExampleArtifact;
+using ::precompile::testing::Reference;
+using ::precompile::testing::ReferenceCall;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::shared_ptr<Model> Load(const std::string& example) {
+  absl::StatusOr<std::shared_ptr<Model>> model = Model::Load(ExampleArtifact(example), {});
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *model : nullptr;
+}
+
+// Calls `model` with reference call `call` and checks the outputs against
+// what the Python model returned.
+CallResult CallAndCompare(Model& model, const std::string& example,
+                          const std::string& call) {
+  ReferenceCall ref = Reference(example, call);
+  absl::StatusOr<CallResult> result = model.Call(ref.args);
+  EXPECT_TRUE(result.ok()) << example << "/" << call << ": " << result.status();
+  if (!result.ok()) return {};
+  EXPECT_EQ(result->outputs.size(), ref.expected.size());
+  for (size_t i = 0; i < ref.expected.size() && i < result->outputs.size(); ++i) {
+    at::Tensor got = AsTensor(result->outputs[i]);
+    EXPECT_EQ(got.sizes(), ref.expected[i].sizes()) << example << "/" << call;
+    EXPECT_TRUE(at::allclose(got, ref.expected[i], 1e-4, 1e-5))
+        << example << "/" << call << " output " << i << "\ngot " << got
+        << "\nexpected " << ref.expected[i];
+  }
+  return *std::move(result);
+}
+
+// Collects what the runtime logs.
+class LogCapture {
+ public:
+  LogCapture() {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_);
+    previous_ = spdlog::default_logger();
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return stream_.str(); }
+  int Count(const std::string& needle) const {
+    const std::string t = text();
+    int n = 0;
+    for (size_t at = t.find(needle); at != std::string::npos; at = t.find(needle, at + 1)) ++n;
+    return n;
+  }
+
+ private:
+  std::ostringstream stream_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+uint64_t Calls(const Model& model, const std::string& frame, Outcome outcome) {
+  for (const FrameCoverage& c : model.Coverage()) {
+    if (c.frame == frame) return c.calls_by_outcome[static_cast<int>(outcome)];
+  }
+  ADD_FAILURE() << "no frame " << frame;
+  return 0;
+}
+
+uint64_t Hits(const Model& model, const std::string& variant) {
+  for (const FrameCoverage& c : model.Coverage()) {
+    for (const auto& [id, hits] : c.variant_hits) {
+      if (id == variant) return hits;
+    }
+  }
+  ADD_FAILURE() << "no variant " << variant;
+  return 0;
+}
+
+TEST(Model, ServesTheStaticAndTheDynamicVariant) {
+  auto model = Load("mlp");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(CallAndCompare(*model, "mlp", "batch8").variant_id, "forward#0");
+  EXPECT_EQ(CallAndCompare(*model, "mlp", "batch16").variant_id, "forward#1");
+  CallResult five = CallAndCompare(*model, "mlp", "batch5");
+  EXPECT_EQ(five.outcome, Outcome::kVariant);
+  EXPECT_EQ(five.variant_id, "forward#1");
+  EXPECT_TRUE(model->manifest().summary().complete());
+}
+
+TEST(Model, RefusesAMissOfAnUnflaggedFrameWithTheClosestVariantsFirstFailingGuard) {
+  auto model = Load("mlp");
+  ASSERT_NE(model, nullptr);
+  // Batch 1 is specialized away from the dynamic variant (sizes 0 and 1 are
+  // never symbolic) and is not 8 either.
+  ReferenceCall ref = Reference("mlp", "batch1");
+  absl::StatusOr<CallResult> result = model->Call(ref.args);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(result.status().message(),
+              AllOf(HasSubstr("no captured variant matches this call"),
+                    HasSubstr("frame 'forward'"), HasSubstr("model 'mlp'"),
+                    HasSubstr("x.size(0)")));
+
+  at::Tensor doubles = at::ones({8, 4}, at::kDouble);
+  result = model->Call({{"x", AsTensorArg(doubles)}});
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("x.dtype: expected float32, got float64"));
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kRefused), 2u);
+  // A refusal changes nothing: the next call is served.
+  CallAndCompare(*model, "mlp", "batch8");
+}
+
+TEST(Model, RunsAFlaggedFramesMissEagerlyAndWarnsOncePerFrame) {
+  LogCapture logs;
+  auto model = Load("loop");
+  ASSERT_NE(model, nullptr);
+  CallResult compiled = CallAndCompare(*model, "loop", "n0");
+  EXPECT_EQ(compiled.outcome, Outcome::kVariant);
+  EXPECT_EQ(logs.Count("frame 'forward' runs eagerly"), 0);
+
+  CallResult eager = CallAndCompare(*model, "loop", "n1");
+  EXPECT_EQ(eager.outcome, Outcome::kEagerFallback);
+  EXPECT_EQ(eager.variant_id, "");
+  EXPECT_EQ(logs.Count("frame 'forward' runs eagerly"), 1);
+  const std::string log = logs.text();
+  EXPECT_THAT(log, AllOf(HasSubstr("frame 'forward'"), HasSubstr("n: expected 0, got 1"),
+                         HasSubstr("recapture with an example call that covers them"),
+                         HasSubstr("TORCH_LOGS=graph_breaks"),
+                         HasSubstr("TORCH_LOGS=recompiles) will not report this miss")));
+
+  CallAndCompare(*model, "loop", "n3");
+  CallAndCompare(*model, "loop", "wide_n0");
+  EXPECT_EQ(logs.Count("frame 'forward' runs eagerly"), 1) << "later misses must not warn again";
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kEagerFallback), 3u);
+  ASSERT_EQ(model->Warnings().size(), 1u);
+  EXPECT_EQ(model->Warnings()[0].frame, "forward");
+
+  // The compiled call is still served by its variant after the misses.
+  EXPECT_EQ(CallAndCompare(*model, "loop", "n0").outcome, Outcome::kVariant);
+  EXPECT_EQ(Hits(*model, "forward#0"), 2u);
+}
+
+TEST(Model, ServesADataDependentBranchEagerly) {
+  auto model = Load("branch");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(CallAndCompare(*model, "branch", "unchecked").outcome, Outcome::kVariant);
+  EXPECT_EQ(CallAndCompare(*model, "branch", "checked").outcome, Outcome::kEagerFallback);
+  EXPECT_EQ(model->entry_frame().fallback_cause(), artifact::v1::USER_ERROR);
+}
+
+TEST(Model, AnEagerFramesCalleesKeepTheirVariantsAndRefuseTheirOwnMisses) {
+  auto model = Load("nested");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(CallAndCompare(*model, "nested", "k0").outcome, Outcome::kVariant);
+  EXPECT_EQ(Hits(*model, "encoder#0"), 0u) << "the entry's variant inlines its callees";
+
+  EXPECT_EQ(CallAndCompare(*model, "nested", "k1").outcome, Outcome::kEagerFallback);
+  EXPECT_EQ(CallAndCompare(*model, "nested", "k2").outcome, Outcome::kEagerFallback);
+  EXPECT_EQ(Hits(*model, "encoder#0"), 2u);
+  EXPECT_EQ(Hits(*model, "scale#0"), 2u);
+  EXPECT_EQ(Calls(*model, "encoder", Outcome::kEagerFallback), 0u);
+
+  // Batch 16: the entry runs eagerly, and its callee `encoder` (captured only
+  // at batch 8, not flagged) refuses the call, naming itself.
+  ReferenceCall wide = Reference("nested", "wide_k1");
+  absl::StatusOr<CallResult> result = model->Call(wide.args);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(result.status().message(),
+              AllOf(HasSubstr("no captured variant matches this call of frame 'encoder'"),
+                    HasSubstr("x.size(0): expected 8, got 16")));
+  EXPECT_EQ(Calls(*model, "encoder", Outcome::kRefused), 1u);
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kRefused), 1u);
+}
+
+TEST(Model, LeavesArgumentsToTheirRecordedDefaults) {
+  auto loop = Load("loop");
+  ASSERT_NE(loop, nullptr);
+  ReferenceCall n0 = Reference("loop", "n0");
+  absl::StatusOr<CallResult> compiled = loop->Call({{"x", AsTensorArg(n0.tensors[0])}});
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  EXPECT_EQ(compiled->variant_id, "forward#0");
+  EXPECT_TRUE(at::allclose(AsTensor(compiled->outputs[0]), n0.expected[0]));
+
+  // A batch the variant does not cover runs eagerly, with n at its default 0.
+  ReferenceCall wide = Reference("loop", "wide_n0");
+  absl::StatusOr<CallResult> eager = loop->Call({{"x", AsTensorArg(wide.tensors[0])}});
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  EXPECT_EQ(eager->outcome, Outcome::kEagerFallback);
+  EXPECT_TRUE(at::allclose(AsTensor(eager->outputs[0]), wide.expected[0]));
+}
+
+TEST(Model, RejectsMalformedArgumentsWithoutChangingAnything) {
+  auto model = Load("loop");
+  ASSERT_NE(model, nullptr);
+  at::Tensor x = at::ones({8, 4});
+  struct Case {
+    std::vector<NamedValue> args;
+    std::string message;
+  };
+  TensorArg short_bytes = AsTensorArg(x);
+  short_bytes.nbytes -= 4;
+  TensorArg negative = AsTensorArg(x);
+  negative.shape = {-8, -4};
+  const std::vector<Case> cases = {
+      {{{"x", AsTensorArg(x)}, {"m", int64_t{1}}}, "has no argument 'm'"},
+      {{{"n", int64_t{1}}}, "missing argument 'x'"},
+      {{{"x", int64_t{3}}}, "argument 'x' must be a tensor, got an int"},
+      {{{"x", AsTensorArg(x)}, {"n", std::string("two")}}, "argument 'n' must be an int"},
+      {{{"x", AsTensorArg(x)}, {"x", AsTensorArg(x)}}, "given more than once"},
+      {{{"x", short_bytes}}, "has 124 bytes but its shape [8, 4] of float32 needs 128"},
+      {{{"x", negative}}, "negative dimension"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<CallResult> result = model->Call(c.args);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(result.status().message(), HasSubstr(c.message));
+  }
+  for (const FrameCoverage& c : model->Coverage()) {
+    for (uint64_t n : c.calls_by_outcome) EXPECT_EQ(n, 0u) << "no frame was called";
+  }
+  CallAndCompare(*model, "loop", "n0");
+}
+
+class RecordingObserver : public CallObserver {
+ public:
+  struct Event {
+    std::string frame;
+    bool is_entry;
+    Outcome outcome;
+    std::string variant;
+  };
+  void OnFrameCall(const FrameCallEvent& e) override {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back({std::string(e.frame), e.is_entry, e.outcome, std::string(e.variant_id)});
+  }
+  void OnEagerFallbackWarning(absl::string_view, absl::string_view frame,
+                              absl::string_view) override {
+    std::lock_guard<std::mutex> lock(mu);
+    warnings.emplace_back(frame);
+  }
+  std::mutex mu;
+  std::vector<Event> events;
+  std::vector<std::string> warnings;
+};
+
+TEST(Model, ReportsEveryFrameCallToItsObserver) {
+  auto model = Load("nested");
+  ASSERT_NE(model, nullptr);
+  auto observer = std::make_shared<RecordingObserver>();
+  model->SetObserver(observer);
+  CallAndCompare(*model, "nested", "k0");
+  CallAndCompare(*model, "nested", "k1");
+  ASSERT_EQ(observer->events.size(), 4u);
+  EXPECT_EQ(observer->events[0].frame, "forward");
+  EXPECT_TRUE(observer->events[0].is_entry);
+  EXPECT_EQ(observer->events[0].variant, "forward#0");
+  // The eager entry reports after its callees, which ran inside it.
+  EXPECT_EQ(observer->events[1].frame, "encoder");
+  EXPECT_FALSE(observer->events[1].is_entry);
+  EXPECT_EQ(observer->events[1].outcome, Outcome::kVariant);
+  EXPECT_EQ(observer->events[2].frame, "scale");
+  EXPECT_EQ(observer->events[3].frame, "forward");
+  EXPECT_EQ(observer->events[3].outcome, Outcome::kEagerFallback);
+  EXPECT_EQ(observer->warnings, std::vector<std::string>{"forward"});
+}
+
+class ModelConcurrency : public ::testing::TestWithParam<int> {};
+
+TEST_P(ModelConcurrency, ManyThreadsShareOneModel) {
+  auto model = Load("loop");
+  ASSERT_NE(model, nullptr);
+  const int threads = GetParam();
+  constexpr int kCallsPerThread = 20;
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      for (int i = 0; i < kCallsPerThread; ++i) {
+        CallAndCompare(*model, "loop", (i + t) % 2 == 0 ? "n0" : "n1");
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  const uint64_t total = static_cast<uint64_t>(threads) * kCallsPerThread;
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kVariant) +
+                Calls(*model, "forward", Outcome::kEagerFallback),
+            total);
+  EXPECT_EQ(model->Warnings().size(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, ModelConcurrency, ::testing::Values(1, 4, 16));
+
+// Holds the first frame call inside the model until released.
+class BlockingObserver : public CallObserver {
+ public:
+  void OnFrameCall(const FrameCallEvent&) override {
+    if (!entered.HasBeenNotified()) {
+      entered.Notify();
+      release.WaitForNotification();
+    }
+  }
+  void OnEagerFallbackWarning(absl::string_view, absl::string_view,
+                              absl::string_view) override {}
+  absl::Notification entered;
+  absl::Notification release;
+};
+
+TEST(Model, ACallInFlightFinishesAfterCloseAndNewCallsAreRefused) {
+  auto model = Load("mlp");
+  ASSERT_NE(model, nullptr);
+  auto observer = std::make_shared<BlockingObserver>();
+  model->SetObserver(observer);
+  absl::StatusOr<CallResult> in_flight;
+  ReferenceCall ref = Reference("mlp", "batch8");
+  std::thread caller([&] { in_flight = model->Call(ref.args); });
+  observer->entered.WaitForNotification();
+  EXPECT_EQ(model->calls_in_flight(), 1);
+
+  model->Close();
+  absl::StatusOr<CallResult> late = model->Call(ref.args);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(late.status().message(), HasSubstr("model 'mlp' is unloaded"));
+  EXPECT_FALSE(model->AwaitIdle(absl::Milliseconds(50)));
+
+  observer->release.Notify();
+  caller.join();
+  ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+  EXPECT_TRUE(at::allclose(AsTensor(in_flight->outputs[0]), ref.expected[0], 1e-4, 1e-5));
+  EXPECT_TRUE(model->AwaitIdle(absl::Seconds(5)));
+}
+
+TEST(Model, OutputsOutliveTheModelAndTheRequest) {
+  std::vector<OutputTensor> outputs;
+  at::Tensor expected;
+  {
+    auto model = Load("mlp");
+    ASSERT_NE(model, nullptr);
+    ReferenceCall ref = Reference("mlp", "batch8");
+    absl::StatusOr<CallResult> result = model->Call(ref.args);
+    ASSERT_TRUE(result.ok());
+    outputs = result->outputs;
+    expected = ref.expected[0].clone();
+  }
+  EXPECT_TRUE(at::allclose(AsTensor(outputs[0]), expected, 1e-4, 1e-5));
+}
+
+TEST(Model, RefusesAnIncompleteArtifactOnlyWhenCompletenessIsRequired) {
+  ModelOptions options;
+  options.require_complete = true;
+  // Every example is complete: flagged frames do not make a capture incomplete.
+  for (const char* example : {"mlp", "loop", "branch", "nested"}) {
+    absl::StatusOr<std::shared_ptr<Model>> model =
+        Model::Load(ExampleArtifact(example), options);
+    EXPECT_TRUE(model.ok()) << example << ": " << model.status();
+  }
+}
+
+TEST(Model, RefusesAnArtifactForAnotherDevice) {
+  ModelOptions options;
+  options.device = DeviceType::kCuda;
+  absl::StatusOr<std::shared_ptr<Model>> model = Model::Load(ExampleArtifact("mlp"), options);
+  ASSERT_EQ(model.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(model.status().message(),
+              AllOf(HasSubstr("captured for cpu"), HasSubstr("runs models on cuda")));
+}
+
+}  // namespace
+}  // namespace precompile

@@ -1,0 +1,68 @@
+#include "tests/testing/artifacts.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+#include "absl/synchronization/mutex.h"
+
+namespace precompile::testing {
+namespace {
+namespace fs = std::filesystem;
+}  // namespace
+
+std::string ExampleArtifact(const std::string& name) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* copies = new std::map<std::string, std::string>;
+  absl::MutexLock lock(&mu);
+  if (auto it = copies->find(name); it != copies->end()) return it->second;
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  EXPECT_NE(srcdir, nullptr) << "run this test with bazel test";
+  fs::path path = fs::path(srcdir ? srcdir : ".") /
+                  (workspace ? workspace : "precompile_serve") / "examples" / name;
+  EXPECT_TRUE(fs::exists(path / "MANIFEST.pb")) << path;
+  const std::string copy = NewTempDirectory("example-" + name);
+  CopyTree(path.string(), copy);
+  (*copies)[name] = copy;
+  return copy;
+}
+
+std::string NewTempDirectory(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  fs::path dir = fs::path(tmp ? tmp : "/tmp") /
+                 (prefix + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+void CopyTree(const std::string& source, const std::string& destination) {
+  fs::create_directories(destination);
+  for (const auto& entry : fs::recursive_directory_iterator(
+           source, fs::directory_options::follow_directory_symlink)) {
+    const fs::path relative = entry.path().lexically_relative(source);
+    const fs::path target = fs::path(destination) / relative;
+    if (fs::is_directory(entry.path())) {
+      fs::create_directories(target);
+    } else {
+      fs::create_directories(target.parent_path());
+      fs::copy_file(fs::canonical(entry.path()), target,
+                    fs::copy_options::overwrite_existing);
+    }
+  }
+}
+
+std::string ExampleRepository(const std::initializer_list<std::string>& names) {
+  const std::string root = NewTempDirectory("repository");
+  for (const std::string& name : names) {
+    CopyTree(ExampleArtifact(name), root + "/" + name + "/1");
+  }
+  return root;
+}
+
+}  // namespace precompile::testing

@@ -1,0 +1,28 @@
+// Where tests find the bundled example artifacts, and scratch copies of them.
+#ifndef PRECOMPILE_TESTS_TESTING_ARTIFACTS_H_
+#define PRECOMPILE_TESTS_TESTING_ARTIFACTS_H_
+
+#include <string>
+
+namespace precompile::testing {
+
+// A bundled example artifact ("mlp", "loop", "branch", "nested"), built by
+// //examples and passed to the test as data, copied once per process into
+// the test's temporary directory: the runfiles tree is made of symbolic links
+// leading out of the artifact, which the loader rightly refuses.
+std::string ExampleArtifact(const std::string& name);
+
+// A fresh directory under the test's temporary directory.
+std::string NewTempDirectory(const std::string& prefix);
+
+// Copies `source` (a directory tree of regular files) to `destination`,
+// following symbolic links so that the copy holds plain files.
+void CopyTree(const std::string& source, const std::string& destination);
+
+// A model repository in a new temporary directory: each named example
+// artifact copied to <repository>/<name>/1/. Returns the repository root.
+std::string ExampleRepository(const std::initializer_list<std::string>& names);
+
+}  // namespace precompile::testing
+
+#endif  // PRECOMPILE_TESTS_TESTING_ARTIFACTS_H_
