@@ -1,0 +1,402 @@
+// End-to-end: the real server on loopback serving the bundled example
+// artifacts, called through the generated KServe v2, admin and health stubs,
+// with metrics scraped over HTTP.
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "proto/admin.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/inference.grpc.pb.h"
+#include "server/server.h"
+#include "tests/testing/artifacts.h"
+#include "tests/testing/http.h"
+#include "tests/testing/reference.h"
+
+namespace precompile {
+namespace {
+
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::precompile::testing::CopyTree;
+using ::precompile::testing::ExampleArtifact;
+using ::precompile::testing::ExampleRepository;
+using ::precompile::testing::HttpGet;
+using ::precompile::testing::MetricValue;
+using ::precompile::testing::Reference;
+using ::precompile::testing::ReferenceCall;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A request carrying a reference call: tensors raw, scalars as parameters.
+inference::ModelInferRequest RequestFor(const std::string& model,
+                                        const ReferenceCall& ref) {
+  inference::ModelInferRequest request;
+  request.set_model_name(model);
+  request.set_id("test");
+  for (const NamedValue& arg : ref.args) {
+    if (const auto* t = std::get_if<TensorArg>(&arg.value)) {
+      auto* input = request.add_inputs();
+      input->set_name(arg.name);
+      input->set_datatype("FP32");
+      for (int64_t d : t->shape) input->add_shape(d);
+      request.add_raw_input_contents(static_cast<const char*>(t->data), t->nbytes);
+    } else if (const auto* b = std::get_if<bool>(&arg.value)) {
+      (*request.mutable_parameters())[arg.name].set_bool_param(*b);
+    } else if (const auto* i = std::get_if<int64_t>(&arg.value)) {
+      (*request.mutable_parameters())[arg.name].set_int64_param(*i);
+    } else if (const auto* f = std::get_if<double>(&arg.value)) {
+      (*request.mutable_parameters())[arg.name].set_double_param(*f);
+    }
+  }
+  return request;
+}
+
+at::Tensor OutputTensor(const inference::ModelInferResponse& response, int i) {
+  std::vector<int64_t> shape(response.outputs(i).shape().begin(),
+                             response.outputs(i).shape().end());
+  const std::string& raw = response.raw_output_contents(i);
+  return at::from_blob(const_cast<char*>(raw.data()), shape, at::kFloat).clone();
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    repository_ = new std::string(ExampleRepository({"mlp", "loop", "branch", "nested"}));
+    server::ServerOptions options;
+    options.model_repository = *repository_;
+    options.grpc_address = "127.0.0.1:0";
+    options.metrics_address = "127.0.0.1:0";
+    auto server = server::Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = server->release();
+    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->grpc_port()),
+                                       grpc::InsecureChannelCredentials());
+    inference_ = inference::GRPCInferenceService::NewStub(channel).release();
+    admin_ = precompile::v1::PrecompileAdmin::NewStub(channel).release();
+    health_ = grpc::health::v1::Health::NewStub(channel).release();
+  }
+
+  static void TearDownTestSuite() {
+    delete inference_;
+    delete admin_;
+    delete health_;
+    delete server_;
+  }
+
+  grpc::Status Infer(const inference::ModelInferRequest& request,
+                     inference::ModelInferResponse* response) {
+    grpc::ClientContext context;
+    return inference_->ModelInfer(&context, request, response);
+  }
+
+  // Infers a reference call and checks the outputs against Python's.
+  inference::ModelInferResponse InferAndCompare(const std::string& model,
+                                                const std::string& call) {
+    ReferenceCall ref = Reference(model, call);
+    inference::ModelInferResponse response;
+    grpc::Status status = Infer(RequestFor(model, ref), &response);
+    EXPECT_TRUE(status.ok()) << model << "/" << call << ": " << status.error_message();
+    if (!status.ok()) return response;
+    EXPECT_EQ(response.outputs_size(), static_cast<int>(ref.expected.size()));
+    for (int i = 0; i < response.outputs_size(); ++i) {
+      EXPECT_EQ(response.outputs(i).datatype(), "FP32");
+      EXPECT_TRUE(at::allclose(OutputTensor(response, i), ref.expected[i], 1e-4, 1e-5))
+          << model << "/" << call;
+    }
+    return response;
+  }
+
+  static std::string Outcome(const inference::ModelInferResponse& r) {
+    return r.parameters().at("precompile_outcome").string_param();
+  }
+  static std::string Variant(const inference::ModelInferResponse& r) {
+    return r.parameters().at("precompile_variant").string_param();
+  }
+
+  HealthCheckResponse::ServingStatus Health(const std::string& service) {
+    HealthCheckRequest request;
+    request.set_service(service);
+    HealthCheckResponse response;
+    grpc::ClientContext context;
+    grpc::Status status = health_->Check(&context, request, &response);
+    return status.ok() ? response.status() : HealthCheckResponse::SERVICE_UNKNOWN;
+  }
+
+  std::string Metrics() { return HttpGet(server_->metrics_port(), "/metrics"); }
+
+  static std::string* repository_;
+  static server::Server* server_;
+  static inference::GRPCInferenceService::Stub* inference_;
+  static precompile::v1::PrecompileAdmin::Stub* admin_;
+  static grpc::health::v1::Health::Stub* health_;
+};
+
+std::string* ServerTest::repository_ = nullptr;
+server::Server* ServerTest::server_ = nullptr;
+inference::GRPCInferenceService::Stub* ServerTest::inference_ = nullptr;
+precompile::v1::PrecompileAdmin::Stub* ServerTest::admin_ = nullptr;
+grpc::health::v1::Health::Stub* ServerTest::health_ = nullptr;
+
+TEST_F(ServerTest, IsLiveReadyAndHealthyPerModel) {
+  grpc::ClientContext c1, c2;
+  inference::ServerLiveResponse live;
+  ASSERT_TRUE(inference_->ServerLive(&c1, {}, &live).ok());
+  EXPECT_TRUE(live.live());
+  inference::ServerReadyResponse ready;
+  ASSERT_TRUE(inference_->ServerReady(&c2, {}, &ready).ok());
+  EXPECT_TRUE(ready.ready());
+  EXPECT_EQ(Health(""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health("mlp"), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health("no-such-model"), HealthCheckResponse::SERVICE_UNKNOWN);
+
+  grpc::ClientContext c3;
+  inference::ServerMetadataResponse metadata;
+  ASSERT_TRUE(inference_->ServerMetadata(&c3, {}, &metadata).ok());
+  EXPECT_EQ(metadata.name(), "precompile-serve");
+  EXPECT_THAT(metadata.extensions(), ::testing::Contains("statistics"));
+}
+
+TEST_F(ServerTest, DescribesAModelsInputsAndOutputsFromItsArtifact) {
+  grpc::ClientContext context;
+  inference::ModelMetadataRequest request;
+  request.set_name("mlp");
+  inference::ModelMetadataResponse metadata;
+  ASSERT_TRUE(inference_->ModelMetadata(&context, request, &metadata).ok());
+  EXPECT_EQ(metadata.platform(), "precompile_serve");
+  EXPECT_THAT(metadata.versions(), ElementsAre("1"));
+  ASSERT_EQ(metadata.inputs_size(), 1);
+  EXPECT_EQ(metadata.inputs(0).name(), "x");
+  EXPECT_EQ(metadata.inputs(0).datatype(), "FP32");
+  // Batch 8 in one variant, symbolic in the other: dynamic.
+  EXPECT_THAT(metadata.inputs(0).shape(), ElementsAre(-1, 4));
+  ASSERT_EQ(metadata.outputs_size(), 1);
+  EXPECT_EQ(metadata.outputs(0).name(), "output0");
+  EXPECT_EQ(metadata.outputs(0).datatype(), "FP32");
+  EXPECT_THAT(metadata.outputs(0).shape(), ElementsAre(-1, 3));
+
+  grpc::ClientContext c2;
+  inference::ModelConfigRequest config_request;
+  config_request.set_name("loop");
+  inference::ModelConfigResponse config;
+  ASSERT_TRUE(inference_->ModelConfig(&c2, config_request, &config).ok());
+  EXPECT_EQ(config.config().max_batch_size(), 0);
+  ASSERT_EQ(config.config().input_size(), 1);
+  EXPECT_EQ(config.config().input(0).data_type(), inference::TYPE_FP32);
+  EXPECT_THAT(config.config().parameters().at("argument:n").string_value(),
+              HasSubstr("INT"));
+}
+
+TEST_F(ServerTest, ServesVariantsAndSaysWhichOne) {
+  inference::ModelInferResponse r8 = InferAndCompare("mlp", "batch8");
+  EXPECT_EQ(Outcome(r8), "variant");
+  EXPECT_EQ(Variant(r8), "forward#0");
+  EXPECT_EQ(r8.model_version(), "1");
+  EXPECT_EQ(r8.id(), "test");
+  EXPECT_EQ(Variant(InferAndCompare("mlp", "batch16")), "forward#1");
+  EXPECT_EQ(Variant(InferAndCompare("mlp", "batch5")), "forward#1");
+}
+
+TEST_F(ServerTest, AcceptsTypedContents) {
+  ReferenceCall ref = Reference("mlp", "batch8");
+  inference::ModelInferRequest request = RequestFor("mlp", ref);
+  request.clear_raw_input_contents();
+  const at::Tensor& x = ref.tensors[0];
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    request.mutable_inputs(0)->mutable_contents()->add_fp32_contents(
+        x.data_ptr<float>()[i]);
+  }
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(request, &response).ok());
+  EXPECT_TRUE(at::allclose(OutputTensor(response, 0), ref.expected[0], 1e-4, 1e-5));
+}
+
+TEST_F(ServerTest, ServesAFlaggedMissEagerlyWithASingleWarning) {
+  EXPECT_EQ(Outcome(InferAndCompare("branch", "unchecked")), "variant");
+  EXPECT_EQ(Outcome(InferAndCompare("branch", "checked")), "eager_fallback");
+  EXPECT_EQ(Outcome(InferAndCompare("branch", "checked")), "eager_fallback");
+
+  grpc::ClientContext context;
+  precompile::v1::ModelRequest request;
+  request.set_name("branch");
+  precompile::v1::WarningsResponse warnings;
+  ASSERT_TRUE(admin_->ListWarnings(&context, request, &warnings).ok());
+  ASSERT_EQ(warnings.warnings_size(), 1);
+  EXPECT_EQ(warnings.warnings(0).frame(), "forward");
+  EXPECT_THAT(warnings.warnings(0).message(),
+              AllOf(HasSubstr("check: expected False, got True"),
+                    HasSubstr("will not report this miss")));
+
+  const std::string metrics = Metrics();
+  EXPECT_EQ(MetricValue(metrics,
+                        "precompile_eager_fallback_warnings_total{frame=\"forward\","
+                        "model=\"branch\",version=\"1\"}"),
+            1);
+  EXPECT_EQ(MetricValue(metrics,
+                        "precompile_frame_calls_total{frame=\"forward\",model=\"branch\","
+                        "outcome=\"eager_fallback\",version=\"1\"}"),
+            2);
+  EXPECT_EQ(MetricValue(metrics,
+                        "precompile_requests_total{model=\"branch\",outcome=\"eager_fallback\","
+                        "version=\"1\"}"),
+            2);
+}
+
+TEST_F(ServerTest, RefusesAnUnflaggedMissWithTheRuntimesExplanation) {
+  inference::ModelInferResponse response;
+  grpc::Status status = Infer(RequestFor("mlp", Reference("mlp", "batch1")), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(),
+              AllOf(HasSubstr("no captured variant matches this call of frame 'forward'"),
+                    HasSubstr("x.size(0)")));
+  EXPECT_GE(MetricValue(Metrics(), "precompile_requests_total{model=\"mlp\",outcome=\"refused\","
+                                   "version=\"1\"}"),
+            1);
+  InferAndCompare("mlp", "batch8");  // still serving
+}
+
+TEST_F(ServerTest, ACalleesRefusalNamesTheCallee) {
+  EXPECT_EQ(Outcome(InferAndCompare("nested", "k1")), "eager_fallback");
+  inference::ModelInferResponse response;
+  grpc::Status status = Infer(RequestFor("nested", Reference("nested", "wide_k1")), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("no captured variant matches this call of frame 'encoder'"));
+
+  grpc::ClientContext context;
+  precompile::v1::ModelRequest request;
+  request.set_name("nested");
+  precompile::v1::CoverageResponse coverage;
+  ASSERT_TRUE(admin_->GetCoverage(&context, request, &coverage).ok());
+  bool saw_encoder = false;
+  for (const auto& frame : coverage.frames()) {
+    if (frame.frame() != "encoder") continue;
+    saw_encoder = true;
+    EXPECT_GE(frame.variant_calls(), 1u);
+    EXPECT_EQ(frame.refused_calls(), 1u);
+    EXPECT_GE(frame.variant_hits().at("encoder#0"), 1u);
+  }
+  EXPECT_TRUE(saw_encoder);
+}
+
+TEST_F(ServerTest, LeavesArgumentsToTheirDefaults) {
+  ReferenceCall ref = Reference("loop", "n0");
+  inference::ModelInferRequest request = RequestFor("loop", ref);
+  request.clear_parameters();  // n left to its recorded default, 0
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(request, &response).ok());
+  EXPECT_EQ(Variant(response), "forward#0");
+  EXPECT_TRUE(at::allclose(OutputTensor(response, 0), ref.expected[0], 1e-4, 1e-5));
+}
+
+TEST_F(ServerTest, RejectsMalformedRequestsAndKeepsServing) {
+  const ReferenceCall ref = Reference("loop", "n1");
+  struct Case {
+    std::string what;
+    std::function<void(inference::ModelInferRequest&)> edit;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"unknown model", [](auto& r) { r.set_model_name("nope"); },
+       grpc::StatusCode::NOT_FOUND, "unknown model 'nope'"},
+      {"unknown version", [](auto& r) { r.set_model_version("7"); },
+       grpc::StatusCode::NOT_FOUND, "version '7' of model 'loop' is not served"},
+      {"bad datatype", [](auto& r) { r.mutable_inputs(0)->set_datatype("FP8"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "datatype 'FP8'"},
+      {"shape and bytes disagree", [](auto& r) { r.mutable_inputs(0)->set_shape(0, 9); },
+       grpc::StatusCode::INVALID_ARGUMENT, "has 128 bytes but shape [9, 4] of FP32 needs 144"},
+      {"negative dimension", [](auto& r) { r.mutable_inputs(0)->set_shape(0, -8); },
+       grpc::StatusCode::INVALID_ARGUMENT, "negative dimension"},
+      {"enormous shape",
+       [](auto& r) {
+         r.mutable_inputs(0)->set_shape(0, int64_t{1} << 40);
+         r.mutable_inputs(0)->set_shape(1, int64_t{1} << 40);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "more elements than any request can carry"},
+      {"unknown input", [](auto& r) { r.mutable_inputs(0)->set_name("y"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "has no input 'y'"},
+      {"missing input",
+       [](auto& r) {
+         r.clear_inputs();
+         r.clear_raw_input_contents();
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "missing argument 'x'"},
+      {"duplicated input",
+       [](auto& r) {
+         *r.add_inputs() = r.inputs(0);
+         r.add_raw_input_contents(r.raw_input_contents(0));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "input 'x' appears more than once"},
+      {"raw contents missing for an input", [](auto& r) { r.add_raw_input_contents("x"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "raw_input_contents"},
+      {"wrong parameter type",
+       [](auto& r) { (*r.mutable_parameters())["n"].set_string_param("one"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "argument 'n' must be an int, got a string"},
+      {"unknown parameter",
+       [](auto& r) { (*r.mutable_parameters())["bogus"].set_bool_param(true); },
+       grpc::StatusCode::INVALID_ARGUMENT, "has no argument 'bogus'"},
+      {"tensor as parameter",
+       [](auto& r) { (*r.mutable_parameters())["x"].set_int64_param(1); },
+       grpc::StatusCode::INVALID_ARGUMENT, "argument 'x' is a tensor"},
+      {"unknown output", [](auto& r) { r.add_outputs()->set_name("logits"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "has no output 'logits'"},
+  };
+  for (const Case& c : cases) {
+    inference::ModelInferRequest request = RequestFor("loop", ref);
+    c.edit(request);
+    inference::ModelInferResponse response;
+    grpc::Status status = Infer(request, &response);
+    EXPECT_EQ(status.error_code(), c.code) << c.what << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(c.message)) << c.what;
+  }
+  EXPECT_EQ(Outcome(InferAndCompare("loop", "n1")), "eager_fallback");
+}
+
+TEST_F(ServerTest, ReportsSummaryFramesAndStatistics) {
+  grpc::ClientContext c1;
+  precompile::v1::ModelRequest request;
+  request.set_name("loop");
+  precompile::v1::SummaryResponse summary;
+  ASSERT_TRUE(admin_->GetSummary(&c1, request, &summary).ok());
+  EXPECT_TRUE(summary.complete());
+  EXPECT_THAT(summary.eager_fallbacks(), ElementsAre(HasSubstr("forward")));
+  EXPECT_TRUE(summary.uncovered_frames().empty());
+  EXPECT_EQ(summary.entry_frame(), "forward");
+
+  grpc::ClientContext c2;
+  precompile::v1::FramesResponse frames;
+  ASSERT_TRUE(admin_->GetFrames(&c2, request, &frames).ok());
+  EXPECT_THAT(frames.frames(), HasSubstr("# eager fallback"));
+
+  InferAndCompare("loop", "n0");
+  grpc::ClientContext c3;
+  inference::ModelStatisticsRequest stats_request;
+  stats_request.set_name("loop");
+  inference::ModelStatisticsResponse stats;
+  ASSERT_TRUE(inference_->ModelStatistics(&c3, stats_request, &stats).ok());
+  ASSERT_EQ(stats.model_stats_size(), 1);
+  EXPECT_GE(stats.model_stats(0).inference_stats().success().count(), 1u);
+  EXPECT_GT(stats.model_stats(0).inference_stats().compute_infer().ns(), 0u);
+  EXPECT_GT(stats.model_stats(0).last_inference(), 0u);
+
+  const std::string metrics = Metrics();
+  EXPECT_EQ(MetricValue(metrics, "precompile_model_complete{model=\"loop\",version=\"1\"}"), 1);
+  EXPECT_EQ(MetricValue(metrics,
+                        "precompile_model_eager_fallback_frames{model=\"loop\",version=\"1\"}"),
+            1);
+  EXPECT_EQ(MetricValue(metrics, "precompile_model_variants{model=\"nested\",version=\"1\"}"), 3);
+  EXPECT_EQ(MetricValue(metrics, "precompile_models_loaded"), 4);
+  EXPECT_THAT(metrics, HasSubstr("precompile_request_duration_seconds_bucket{model=\"loop\","));
+  EXPECT_THAT(metrics, HasSubstr("precompile_guard_dispatch_duration_seconds_bucket{frame="));
+}
+
+}  // namespace
+}  // namespace precompile
