@@ -1,0 +1,230 @@
+// The server binary as an operator runs it: started as a process, stopped
+// with SIGTERM while a request is running. It must turn NOT_SERVING at once,
+// finish the running request, and exit 0; or, past its drain deadline, exit
+// non-zero and say what was still running.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/inference.grpc.pb.h"
+#include "tests/testing/artifacts.h"
+
+extern char** environ;
+
+namespace precompile {
+namespace {
+
+using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::HasSubstr;
+
+std::string ServerBinary() {
+  return std::string(std::getenv("TEST_SRCDIR")) + "/" + std::getenv("TEST_WORKSPACE") +
+         "/server/precompile_server";
+}
+
+// A server process whose output is collected as it runs.
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> flags) {
+    int out[2];
+    EXPECT_EQ(pipe(out), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 2);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    std::vector<std::string> args = {ServerBinary()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    reader_ = std::thread([this, fd = out[0]] {
+      char buffer[4096];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof(buffer))) > 0) {
+        absl::MutexLock lock(&mu_);
+        output_.append(buffer, n);
+      }
+      close(fd);
+    });
+  }
+
+  ~ServerProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+
+  // Waits until the output matches `pattern`; returns the first group.
+  std::string AwaitOutput(const std::string& pattern, absl::Duration timeout) {
+    const std::regex re(pattern);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      {
+        absl::MutexLock lock(&mu_);
+        std::smatch m;
+        if (std::regex_search(output_, m, re)) return m.size() > 1 ? m[1].str() : m[0].str();
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ADD_FAILURE() << "no '" << pattern << "' in the server's output:\n" << output();
+    return "";
+  }
+
+  std::string output() {
+    absl::MutexLock lock(&mu_);
+    return output_;
+  }
+
+  void Signal(int signal) { kill(pid_, signal); }
+
+  // The exit status, or -1 if it did not exit in time.
+  int Wait(absl::Duration timeout = absl::Seconds(60)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        if (reader_.joinable()) reader_.join();
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::thread reader_;
+  absl::Mutex mu_;
+  std::string output_ ABSL_GUARDED_BY(mu_);
+};
+
+// A loop call with `n` eager iterations: slow enough to be in flight.
+inference::ModelInferRequest SlowLoopRequest(int64_t n) {
+  inference::ModelInferRequest request;
+  request.set_model_name("loop");
+  auto* input = request.add_inputs();
+  input->set_name("x");
+  input->set_datatype("FP32");
+  input->add_shape(8);
+  input->add_shape(4);
+  request.add_raw_input_contents(std::string(8 * 4 * sizeof(float), '\0'));
+  (*request.mutable_parameters())["n"].set_int64_param(n);
+  return request;
+}
+
+struct Clients {
+  explicit Clients(const std::string& port) {
+    auto channel =
+        grpc::CreateChannel("127.0.0.1:" + port, grpc::InsecureChannelCredentials());
+    inference = inference::GRPCInferenceService::NewStub(channel);
+    health = grpc::health::v1::Health::NewStub(channel);
+  }
+  HealthCheckResponse::ServingStatus Health() {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    HealthCheckResponse response;
+    grpc::Status status = health->Check(&context, {}, &response);
+    return status.ok() ? response.status() : HealthCheckResponse::UNKNOWN;
+  }
+  std::unique_ptr<inference::GRPCInferenceService::Stub> inference;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+};
+
+std::vector<std::string> Flags(const std::string& repository, int drain_timeout_seconds,
+                               int shutdown_delay_seconds) {
+  return {"--model_repository=" + repository,
+          "--listen_address=127.0.0.1",
+          "--grpc_port=0",
+          "--metrics_port=-1",
+          "--drain_timeout_seconds=" + std::to_string(drain_timeout_seconds),
+          "--shutdown_delay_seconds=" + std::to_string(shutdown_delay_seconds)};
+}
+
+TEST(ServerProcess, SigtermTurnsNotServingAtOnceDrainsAndExitsZero) {
+  const std::string repository = testing::ExampleRepository({"loop"});
+  ServerProcess server(Flags(repository, 30, 1));
+  const std::string port = server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60));
+  ASSERT_FALSE(port.empty());
+  server.AwaitOutput("event=ready", absl::Seconds(60));
+  Clients clients(port);
+  ASSERT_EQ(clients.Health(), HealthCheckResponse::SERVING);
+
+  grpc::Status slow_status;
+  absl::Duration slow_time;
+  std::thread slow([&] {
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    const absl::Time start = absl::Now();
+    slow_status = clients.inference->ModelInfer(&context, SlowLoopRequest(300000), &response);
+    slow_time = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  server.Signal(SIGTERM);
+  server.AwaitOutput("event=draining", absl::Seconds(5));
+  // During the shutdown delay the server still answers, and says it is going.
+  EXPECT_EQ(clients.Health(), HealthCheckResponse::NOT_SERVING);
+  grpc::ClientContext ready_context;
+  inference::ServerReadyResponse ready;
+  ASSERT_TRUE(clients.inference->ServerReady(&ready_context, {}, &ready).ok());
+  EXPECT_FALSE(ready.ready());
+
+  slow.join();
+  EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
+  EXPECT_GT(slow_time, absl::Milliseconds(300)) << "the request was not in flight";
+  EXPECT_EQ(server.Wait(), 0) << server.output();
+  EXPECT_THAT(server.output(), HasSubstr("event=stopped"));
+}
+
+TEST(ServerProcess, ExitsNonZeroNamingWhatRanPastTheDrainDeadline) {
+  const std::string repository = testing::ExampleRepository({"loop"});
+  ServerProcess server(Flags(repository, 1, 0));
+  const std::string port = server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60));
+  ASSERT_FALSE(port.empty());
+  server.AwaitOutput("event=ready", absl::Seconds(60));
+  Clients clients(port);
+  std::thread stuck([&] {
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    clients.inference->ModelInfer(&context, SlowLoopRequest(5000000), &response);
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 1) << server.output();
+  EXPECT_THAT(server.output(), HasSubstr("event=drain_incomplete"));
+  EXPECT_THAT(server.output(), HasSubstr("still running after the drain timeout"));
+  EXPECT_THAT(server.output(), HasSubstr("loop: 1"));
+  stuck.join();
+}
+
+TEST(ServerProcess, RefusesToStartWithoutARepository) {
+  ServerProcess server({"--model_repository=/nonexistent", "--grpc_port=0", "--metrics_port=-1"});
+  EXPECT_EQ(server.Wait(), 2);
+  EXPECT_THAT(server.output(), HasSubstr("'/nonexistent' is not a directory"));
+}
+
+}  // namespace
+}  // namespace precompile

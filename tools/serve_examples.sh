@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sets up the machine (tools/setup.sh), builds the server and the bundled
+# example artifacts, and serves them: gRPC (KServe v2, admin, health,
+# reflection) on port 8001, Prometheus metrics on http://localhost:8002/metrics.
+# Extra arguments go to the server (see `precompile_server --help`).
+# Ctrl-C or SIGTERM drains and stops it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tools/setup.sh
+echo "[serve] bazel build //server:precompile_server //examples:artifacts"
+bazel build //server:precompile_server //examples:artifacts
+
+# A model repository of plain copies: <repository>/<model>/1/.
+repository=.serve/repository
+rm -rf "$repository"
+mkdir -p "$repository"
+for artifact in bazel-bin/examples/*/; do
+  [[ -f $artifact/MANIFEST.pb ]] || continue
+  name=$(basename "$artifact")
+  mkdir -p "$repository/$name"
+  cp -rL "$artifact" "$repository/$name/1"
+done
+if [[ -z $(ls "$repository") ]]; then
+  echo "[serve] no example artifacts yet"
+fi
+echo "[serve] serving $(ls "$repository" | tr '\n' ' ')from $repository"
+exec bazel-bin/server/precompile_server --model_repository="$repository" "$@"
