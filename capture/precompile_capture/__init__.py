@@ -1,0 +1,34 @@
+"""precompile_capture: capture a PyTorch program into a precompile artifact.
+
+    cap = precompile_capture.capture(model, name="mlp", frames=["encoder"])
+    cap(x)            # runs the program, recording what Dynamo does
+    cap.summary()     # PrecompileSummary
+    cap.save("out/")  # the artifact directory, or PrecompileError
+
+See capture.capture() for the arguments and DESIGN.md section 1 for the
+semantics of eager fallbacks, coverage and the summary.
+"""
+
+import warnings as _warnings
+
+__version__ = "0.1.0"
+
+# TorchScript (the eager programs) warns that it is deprecated on every use.
+_warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
+
+from .capture import Capture, capture  # noqa: E402
+from .errors import PrecompileError  # noqa: E402
+from .frames import FrameInfo, Kind  # noqa: E402
+from .ops import register_frame  # noqa: E402
+from .summary import FallbackCause, PrecompileSummary  # noqa: E402
+
+__all__ = [
+    "Capture",
+    "FallbackCause",
+    "FrameInfo",
+    "Kind",
+    "PrecompileError",
+    "PrecompileSummary",
+    "capture",
+    "register_frame",
+]

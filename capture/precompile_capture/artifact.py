@@ -1,0 +1,294 @@
+"""Writing a capture as an artifact directory (the contract with the runtime).
+
+Layout (every path relative and '/'-separated):
+
+    MANIFEST.pb                  binary precompile.artifact.v1.Manifest
+    FRAMES                       the readable list of frames and variants
+    frames/<frame>/eager.pt      the frame's eager program (TorchScript)
+    frames/<frame>/<n>.pt2       the AOTInductor package of variant n
+
+`<frame>` is the frame name with every character outside [A-Za-z0-9_-]
+replaced by '_' (made unique). The manifest lists every other file with its
+SHA-256 and size. The directory is written beside the target and renamed into
+place; an existing target is replaced only if it is empty or an artifact.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any, Dict, List
+
+import torch
+
+from proto import artifact_pb2 as pb
+
+from . import __version__
+from .eager import build_eager_programs
+from .errors import PrecompileError
+from .frames import Frame, Kind
+from .guards import GuardSet
+
+if TYPE_CHECKING:
+    from .capture import Capture
+
+MANIFEST = "MANIFEST.pb"
+FRAMES = "FRAMES"
+
+_DTYPES = {
+    torch.bool: pb.DTYPE_BOOL,
+    torch.uint8: pb.DTYPE_UINT8,
+    torch.int8: pb.DTYPE_INT8,
+    torch.int16: pb.DTYPE_INT16,
+    torch.int32: pb.DTYPE_INT32,
+    torch.int64: pb.DTYPE_INT64,
+    torch.float16: pb.DTYPE_FLOAT16,
+    torch.bfloat16: pb.DTYPE_BFLOAT16,
+    torch.float32: pb.DTYPE_FLOAT32,
+    torch.float64: pb.DTYPE_FLOAT64,
+}
+_KINDS = {
+    Kind.TENSOR: pb.Parameter.TENSOR,
+    Kind.INT: pb.Parameter.INT,
+    Kind.FLOAT: pb.Parameter.FLOAT,
+    Kind.BOOL: pb.Parameter.BOOL,
+    Kind.STRING: pb.Parameter.STRING,
+    Kind.OPTIONAL_TENSOR: pb.Parameter.OPTIONAL_TENSOR,
+}
+
+
+def dtype_to_proto(dtype: torch.dtype) -> int:
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise PrecompileError(f"dtype {dtype} has no name in the artifact format") from None
+
+
+def scalar(value: Any, kind: Kind) -> pb.Scalar:
+    s = pb.Scalar()
+    if value is None:
+        s.none = True
+    elif isinstance(value, bool):
+        s.bool_value = value
+    elif kind is Kind.FLOAT and isinstance(value, (int, float)):
+        s.float_value = float(value)
+    elif isinstance(value, int):
+        s.int_value = value
+    elif isinstance(value, float):
+        s.float_value = value
+    elif isinstance(value, str):
+        s.string_value = value
+    else:
+        raise PrecompileError(f"{value!r} is not a scalar the artifact format can record")
+    return s
+
+
+def frame_dir_names(frames: List[Frame]) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    used = set()
+    for frame in frames:
+        base = re.sub(r"[^A-Za-z0-9_-]", "_", frame.name) or "frame"
+        name, n = base, 2
+        while name in used:
+            name, n = f"{base}_{n}", n + 1
+        used.add(name)
+        out[frame.name] = name
+    return out
+
+
+def _guards_proto(variant_proto: pb.Variant, guards: GuardSet, frame: Frame) -> None:
+    for g in guards.args:
+        ag = variant_proto.guards.add()
+        ag.parameter = g.parameter
+        kind = frame.params[g.parameter].final_kind()
+        if g.tensor is not None:
+            ag.tensor.dtype = dtype_to_proto(g.tensor.dtype)
+            ag.tensor.device = g.tensor.device
+            for dim in g.tensor.dims:
+                d = ag.tensor.dims.add()
+                if dim.symbol is None:
+                    d.static_size = dim.static
+                else:
+                    d.symbol = dim.symbol
+        elif g.is_none:
+            if kind.is_tensor:
+                ag.tensor.is_none = True
+            else:
+                ag.equals.CopyFrom(scalar(None, kind))
+        else:
+            ag.equals.CopyFrom(scalar(g.value, kind))
+    for s in guards.symbols:
+        r = variant_proto.symbols.add()
+        r.symbol = s.symbol
+        r.min = s.min
+        if s.max is not None:
+            r.max = s.max
+        r.name = s.name
+    variant_proto.global_state.grad_enabled = guards.grad_enabled
+    variant_proto.global_state.default_dtype = dtype_to_proto(guards.default_dtype)
+
+
+def frames_text(capture: "Capture") -> str:
+    """The readable FRAMES list."""
+    lines = [
+        f"# precompile artifact: model {capture.name}, torch {torch.__version__}, "
+        f"device {capture.device}, cpu isa {torch.backends.cpu.get_cpu_capability()}"
+    ]
+    for frame in capture._frames.values():
+        n = len(frame.variants)
+        row = f"{frame.name}: {n} variant{'' if n == 1 else 's'}"
+        if frame.eager_fallback:
+            assert frame.fallback_cause is not None
+            short = frame.fallback_detail.splitlines()[0] if frame.fallback_detail else ""
+            if len(short) > 120:
+                short = short[:117] + "..."
+            row += f" # eager fallback ({frame.fallback_cause.value}: {short})"
+            if frame.variantless_entry_fallback:
+                row += " # variantless entry: nothing to dispatch to"
+        elif not frame.variants:
+            if frame.compile_error:
+                row += " # uncovered (compile error suppressed)"
+            else:
+                row += " # uncovered (no variant)"
+        if frame.truncated:
+            row += f" # truncated (recompile limit {capture.recompile_limit} hit)"
+        lines.append(row)
+        names = [p.name for p in frame.params]
+        for v in frame.variants:
+            lines.append(f"  {v.id}: {v.guards.describe(names, capture.device)}")
+    return "\n".join(lines) + "\n"
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def build_manifest(capture: "Capture", root: str, structures: Dict[str, Any], dirs: Dict[str, str]) -> pb.Manifest:
+    m = pb.Manifest()
+    m.format_version = pb.FORMAT_VERSION_1
+    m.torch_version = torch.__version__
+    m.device = capture.device
+    m.cpu_isa = torch.backends.cpu.get_cpu_capability()
+    m.model_name = capture.name
+    m.entry_frame = capture.entry.name
+    for frame in capture._frames.values():
+        f = m.frames.add()
+        f.name = frame.name
+        for p in frame.params:
+            pp = f.parameters.add()
+            pp.name = p.name
+            kind = p.final_kind()
+            pp.kind = _KINDS[kind]
+            if p.has_default:
+                pp.default_value.CopyFrom(scalar(p.default, kind))
+            if p.example_dtype is not None:
+                pp.example_dtype = dtype_to_proto(p.example_dtype)
+        is_tuple, n = structures[frame.name]
+        f.outputs.is_tuple = is_tuple
+        f.outputs.num_tensors = n
+        for v in frame.variants:
+            vp = f.variants.add()
+            vp.id = v.id
+            vp.package_path = f"frames/{dirs[frame.name]}/{v.index}.pt2"
+            _guards_proto(vp, v.guards, frame)
+            vp.tensor_inputs.extend(v.tensor_inputs)
+            vp.num_outputs = v.num_outputs
+            for dtype, shape in v.outputs:
+                out = vp.outputs.add()
+                out.dtype = dtype_to_proto(dtype)
+                out.shape.extend(shape)
+            vp.captured_from = v.captured_from
+        f.eager_fallback = frame.eager_fallback
+        if frame.fallback_cause is not None:
+            f.fallback_cause = pb.FallbackCause.Value(frame.fallback_cause.value)
+        f.fallback_detail = frame.fallback_detail
+        f.eager_program_path = f"frames/{dirs[frame.name]}/eager.pt"
+        f.truncated = frame.truncated
+        f.variantless_entry_fallback = frame.variantless_entry_fallback
+    s = capture.summary()
+    m.summary.frames.extend(s.frames)
+    for name, count in s.variants_per_frame.items():
+        m.summary.variants_per_frame[name] = count
+    m.summary.eager_fallbacks.extend(s.eager_fallbacks)
+    m.summary.uncovered_frames.extend(s.uncovered_frames)
+    m.summary.truncated = s.truncated
+    m.summary.complete = s.complete
+    for rel in sorted(_files(root)):
+        if rel == MANIFEST:
+            continue
+        path = os.path.join(root, *rel.split("/"))
+        fd = m.files.add()
+        fd.path = rel
+        fd.sha256 = _sha256(path)
+        fd.size_bytes = os.path.getsize(path)
+    m.created_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    m.capture_version = __version__
+    return m
+
+
+def _files(root: str) -> List[str]:
+    out = []
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            out.append(rel.replace(os.sep, "/"))
+    return out
+
+
+def _check_target(target: str) -> None:
+    if os.path.lexists(target):
+        if not os.path.isdir(target) or os.path.islink(target):
+            raise PrecompileError(f"cannot write the artifact to {target}: it exists and is not a directory")
+        if os.listdir(target) and not os.path.isfile(os.path.join(target, MANIFEST)):
+            raise PrecompileError(
+                f"cannot write the artifact to {target}: the directory is not empty and holds no "
+                f"{MANIFEST} (not a previous artifact); refusing to overwrite it"
+            )
+
+
+def write_artifact(capture: "Capture", directory: str) -> str:
+    target = os.path.abspath(directory)
+    _check_target(target)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
+    try:
+        frames = list(capture._frames.values())
+        dirs = frame_dir_names(frames)
+        eager_paths = {}
+        for frame in frames:
+            frame_dir = os.path.join(tmp, "frames", dirs[frame.name])
+            os.makedirs(frame_dir, exist_ok=True)
+            eager_paths[frame.name] = os.path.join(frame_dir, "eager.pt")
+            for v in frame.variants:
+                shutil.copyfile(v.package, os.path.join(frame_dir, f"{v.index}.pt2"))
+        structures = build_eager_programs(capture, eager_paths)
+        with open(os.path.join(tmp, FRAMES), "w") as f:
+            f.write(frames_text(capture))
+        manifest = build_manifest(capture, tmp, structures, dirs)
+        with open(os.path.join(tmp, MANIFEST), "wb") as f:
+            f.write(manifest.SerializeToString())
+        for dirpath, dirnames, filenames in os.walk(tmp):
+            os.chmod(dirpath, 0o755)
+            for name in filenames:
+                os.chmod(os.path.join(dirpath, name), 0o644)
+        _check_target(target)
+        if os.path.isdir(target) and os.listdir(target):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=parent)
+            os.rename(target, os.path.join(old, "artifact"))
+            os.rename(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)  # Replaces an empty directory too.
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

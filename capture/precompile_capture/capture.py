@@ -1,0 +1,690 @@
+"""Capturing a program: run it on example calls and record what Dynamo does.
+
+Every call of a frame is handled as Dynamo would handle it (with strict
+torch.export as the tracer and AOTInductor as the backend):
+
+- a frame Dynamo gave up on (flagged `eager_fallback`), or one whose compile
+  error `suppress_errors` swallowed, runs eagerly; the capture records nothing
+  more for it, but the frames it calls are still captured on their own;
+- a call an existing variant's guards hold for runs eagerly without seeing the
+  frames it calls (the compiled variant inlines them);
+- any other call is a miss: past the recompile limit the frame is truncated,
+  otherwise it is exported (static on the first capture, dimensions that
+  changed since become dynamic), its guards are read off the exported program
+  and AOTInductor compiles it into a new variant; a failure Dynamo falls back
+  on flags the frame, and the call then runs eagerly, seeing its callees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import io
+import itertools
+import os
+import shutil
+import tempfile
+import time
+import warnings
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch._dynamo.exc as dynamo_exc
+from torch.export import Dim as ExportDim
+
+from . import ops
+from .errors import PrecompileError
+from .frames import Frame, FrameInfo, Variant
+from .guards import (
+    DTYPE_NAMES,
+    GuardExtractionError,
+    NotPlainSymbol,
+    extract_guards,
+    output_specs,
+    output_structure,
+)
+from .summary import ALL_CAUSES_IN_WORDS, FallbackCause, PrecompileSummary
+
+DEVICES = ("cpu", "cuda")
+_DETAIL_LINES = 6
+_DETAIL_CHARS = 1500
+
+
+class _Fallback(Exception):
+    """Dynamo gives up on the frame for `cause`."""
+
+    def __init__(self, cause: FallbackCause, detail: str, error: Optional[BaseException] = None) -> None:
+        super().__init__(detail)
+        self.cause = cause
+        self.detail = detail
+        self.error_type = (
+            f"{type(error).__module__}.{type(error).__qualname__}" if error is not None else ""
+        )
+
+
+class _CompileError(Exception):
+    """Exporting or compiling failed for a reason Dynamo does not fall back on."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(f"{stage} failed: {type(error).__name__}: {_first_lines(str(error), 4)}")
+        self.stage = stage
+        self.error = error
+
+
+def _first_lines(text: str, n: int = _DETAIL_LINES) -> str:
+    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
+    out = "\n".join(lines[:n])
+    return out[:_DETAIL_CHARS]
+
+
+def _cause_chain(error: BaseException) -> Iterator[BaseException]:
+    seen = set()
+    e: Optional[BaseException] = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+class _ExportWrapper(torch.nn.Module):
+    """The module torch.export traces for a frame: its code, positionally."""
+
+    def __init__(self, frame: Frame) -> None:
+        super().__init__()
+        self.frame_module = frame.module
+        self._function = frame.function
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.frame_module is not None:
+            return self.frame_module.forward(*args, **kwargs)
+        return self._function(*args, **kwargs)
+
+
+def _is_skip_frame_call(error: BaseException) -> bool:
+    gb_type = getattr(error, "gb_type", "") or ""
+    return "skip_frame()" in gb_type
+
+
+def _describe_call(values: Sequence[Any], frame: Frame) -> str:
+    parts = []
+    for p, v in zip(frame.params, values):
+        if isinstance(v, torch.Tensor):
+            dims = ", ".join(str(s) for s in v.shape)
+            where = "" if v.device.type == "cpu" else f" on {v.device.type}"
+            parts.append(f"{p.name}={DTYPE_NAMES.get(v.dtype, str(v.dtype))}[{dims}]{where}")
+        else:
+            parts.append(f"{p.name}={v!r}")
+    return f"{frame.name}({', '.join(parts)})"
+
+
+class _Interceptor:
+    """Routes calls of sub-frames through the capture while frames run eagerly.
+
+    Installed only while a frame runs eagerly with interception: a wrapper as
+    each captured sub-module's instance `forward`, and in place of each
+    captured function in the globals of the code that calls it. Never
+    installed while exporting, compiling or running a frame that a variant
+    covers.
+    """
+
+    def __init__(self, capture: "Capture") -> None:
+        self._capture = capture
+        self.active = False
+        self._restore: List[Callable[[], None]] = []
+
+    def _install(self) -> None:
+        restore: List[Callable[[], None]] = []
+        for frame in self._capture._frames.values():
+            if frame.is_entry:
+                continue
+            wrapper = self._capture._wrapper_for(frame)
+            if frame.module is not None:
+                module = frame.module
+                had = "forward" in module.__dict__
+                previous = module.__dict__.get("forward")
+                module.__dict__["forward"] = wrapper
+
+                def undo(module=module, had=had, previous=previous) -> None:
+                    if had:
+                        module.__dict__["forward"] = previous
+                    else:
+                        module.__dict__.pop("forward", None)
+
+                restore.append(undo)
+            else:
+                for g in self._capture._globals_sites(frame):
+                    original = g[frame.function.__name__]
+                    g[frame.function.__name__] = wrapper
+                    restore.append(lambda g=g, original=original, name=frame.function.__name__: g.__setitem__(name, original))
+        self._restore = restore
+
+    def _uninstall(self) -> None:
+        for undo in reversed(self._restore):
+            undo()
+        self._restore = []
+
+    def set(self, active: bool) -> None:
+        if active == self.active:
+            return
+        if active:
+            self._install()
+        else:
+            self._uninstall()
+        self.active = active
+
+    @contextlib.contextmanager
+    def state(self, active: bool) -> Iterator[None]:
+        previous = self.active
+        self.set(active)
+        try:
+            yield
+        finally:
+            self.set(previous)
+
+
+class Capture:
+    """A program under capture. See `capture()`."""
+
+    def __init__(
+        self,
+        model_or_fn: Union[torch.nn.Module, Callable[..., Any]],
+        *,
+        name: str,
+        device: str = "cpu",
+        frames: Sequence[Union[str, Callable[..., Any], torch.nn.Module]] = (),
+        recompile_limit: int = 8,
+        suppress_errors: bool = False,
+        decline: Optional[Callable[[torch.export.ExportedProgram], Any]] = None,
+    ) -> None:
+        if not name or not isinstance(name, str):
+            raise PrecompileError("a capture needs a model name")
+        if device not in DEVICES:
+            raise PrecompileError(f"device must be one of {DEVICES}, not {device!r}")
+        if recompile_limit < 1:
+            raise PrecompileError(f"recompile_limit must be at least 1, not {recompile_limit}")
+        ops.ensure_registered()
+        self.name = name
+        self.device = device
+        self.recompile_limit = recompile_limit
+        self.suppress_errors = suppress_errors
+        self.decline = decline
+        self.model = model_or_fn
+        self._frames: Dict[str, Frame] = {}
+        self._wrappers: Dict[str, Callable[..., Any]] = {}
+        self._code_globals_cache: Optional[List[Dict[str, Any]]] = None
+        if isinstance(model_or_fn, torch.nn.Module):
+            entry = Frame("forward", is_entry=True, module=model_or_fn)
+        elif callable(model_or_fn) and hasattr(model_or_fn, "__name__") and hasattr(model_or_fn, "__code__"):
+            entry = Frame(model_or_fn.__name__, is_entry=True, function=model_or_fn)
+        else:
+            raise PrecompileError(
+                f"capture() takes an nn.Module or a Python function, not {type(model_or_fn).__name__}"
+            )
+        self.entry = entry
+        self._frames[entry.name] = entry
+        for spec in frames:
+            frame = self._make_subframe(spec)
+            if frame.name in self._frames:
+                raise PrecompileError(f"two frames are named '{frame.name}'; frame names must be unique")
+            self._frames[frame.name] = frame
+        for frame in self._frames.values():
+            if frame.function is not None and not frame.is_entry and not self._globals_sites(frame):
+                raise PrecompileError(
+                    f"function frame '{frame.name}' is not called by name from the code of the "
+                    "model (no global of that name refers to it), so its calls cannot be captured"
+                )
+        self._interceptor = _Interceptor(self)
+        self._workdir = tempfile.mkdtemp(prefix="precompile-capture-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._workdir, True)
+        self._call_counter = itertools.count(1)
+        # Compile statistics: (frame, variant id, seconds).
+        self.compile_log: List[Tuple[str, str, float]] = []
+        self.export_count = 0
+        for frame in self._frames.values():
+            ops.register_frame(frame.name, frame.call_original)
+
+    # -- frames ------------------------------------------------------------------
+
+    def _make_subframe(self, spec: Any) -> Frame:
+        if isinstance(spec, str):
+            if not isinstance(self.model, torch.nn.Module):
+                raise PrecompileError(
+                    f"sub-frame '{spec}' names a sub-module, but the entry is a function"
+                )
+            if not spec:
+                raise PrecompileError("a sub-frame path is empty (the entry frame is captured anyway)")
+            try:
+                module = self.model.get_submodule(spec)
+            except AttributeError as e:
+                raise PrecompileError(f"sub-frame '{spec}': the model has no such sub-module ({e})") from e
+            return Frame(spec, is_entry=False, module=module, module_path=spec)
+        if isinstance(spec, torch.nn.Module):
+            if not isinstance(self.model, torch.nn.Module):
+                raise PrecompileError("a sub-module frame needs a module entry")
+            for path, module in self.model.named_modules():
+                if module is spec and path:
+                    return Frame(path, is_entry=False, module=module, module_path=path)
+            raise PrecompileError(f"sub-frame {type(spec).__name__} is not a sub-module of the model")
+        if inspect.isfunction(spec):
+            return Frame(spec.__name__, is_entry=False, function=spec)
+        raise PrecompileError(
+            f"a sub-frame is a sub-module path or a Python function, not {type(spec).__name__}"
+        )
+
+    def _code_globals(self) -> List[Dict[str, Any]]:
+        """The globals of every piece of code that may call a function frame."""
+        if self._code_globals_cache is not None:
+            return self._code_globals_cache
+        sites: List[Dict[str, Any]] = []
+        seen: set = set()
+
+        def add(fn: Any) -> None:
+            fn = inspect.unwrap(fn) if callable(fn) else fn
+            g = getattr(fn, "__globals__", None)
+            if g is not None and id(g) not in seen:
+                seen.add(id(g))
+                sites.append(g)
+
+        if isinstance(self.model, torch.nn.Module):
+            for module in self.model.modules():
+                add(type(module).forward)
+        for frame in self._frames.values():
+            if frame.function is not None:
+                add(frame.function)
+        self._code_globals_cache = sites
+        return sites
+
+    def _globals_sites(self, frame: Frame) -> List[Dict[str, Any]]:
+        """Globals dicts in which `frame`'s function is bound to its own name."""
+        name = frame.function.__name__
+        wrapper = self._wrappers.get(frame.name)
+        out = []
+        for g in self._code_globals():
+            current = g.get(name)
+            if current is not None and (current is frame.function or current is wrapper):
+                out.append(g)
+        return out
+
+    def _wrapper_for(self, frame: Frame) -> Callable[..., Any]:
+        wrapper = self._wrappers.get(frame.name)
+        if wrapper is None:
+            capture_ref = weakref.ref(self)
+
+            @functools.wraps(frame.code)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                cap = capture_ref()
+                if cap is None:  # The capture is gone: behave as the original.
+                    return frame.call_original(*args, **kwargs)
+                return cap._dispatch(frame, args, kwargs)
+
+            self._wrappers[frame.name] = wrapper
+        return wrapper
+
+    # -- calls ---------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the program as the user would (under no_grad), capturing it."""
+        with torch.no_grad():
+            return self._dispatch(self.entry, args, kwargs)
+
+    def _run_eager(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any], intercept: bool) -> Any:
+        with self._interceptor.state(intercept):
+            result = frame.call_original(*args, **kwargs)
+        frame.observe_result(result)
+        return result
+
+    def _dispatch(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        values = frame.bind(args, kwargs)
+        frame.observe(values)
+        frame.calls += 1
+        call_number = next(self._call_counter)
+        if frame.skipped:
+            return self._run_eager(frame, args, kwargs, intercept=True)
+        for variant in frame.variants:
+            if variant.guards.holds(values):
+                return self._run_eager(frame, args, kwargs, intercept=False)
+        if len(frame.variants) >= self.recompile_limit:
+            frame.truncated = True
+            return self._run_eager(frame, args, kwargs, intercept=True)
+        self._check_devices(frame, values)
+        try:
+            self._compile(frame, values, call_number)
+        except _Fallback as fb:
+            frame.flag(fb.cause, fb.detail, fb.error_type)
+        except _CompileError as e:
+            if not self.suppress_errors:
+                raise PrecompileError(
+                    f"frame '{frame.name}': {e} (capturing {_describe_call(values, frame)}; "
+                    "pass suppress_errors=True to run such calls eagerly and leave the frame uncovered)"
+                ) from e.error
+            frame.compile_error = str(e)
+            warnings.warn(
+                f"precompile capture: frame '{frame.name}': {e}; suppressed, the frame runs "
+                "eagerly and stays uncovered unless an earlier variant covers a call",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        else:
+            return self._run_eager(frame, args, kwargs, intercept=False)
+        return self._run_eager(frame, args, kwargs, intercept=True)
+
+    def _check_devices(self, frame: Frame, values: List[Any]) -> None:
+        for p, v in zip(frame.params, values):
+            if isinstance(v, torch.Tensor) and v.device.type != self.device:
+                raise PrecompileError(
+                    f"frame '{frame.name}', parameter '{p.name}': a {v.device.type} tensor in a "
+                    f"capture for device '{self.device}'; move the model and its inputs to "
+                    f"{self.device}"
+                )
+
+    # -- compile -------------------------------------------------------------------
+
+    def _dynamic_dims(self, frame: Frame, values: List[Any]) -> Dict[int, List[int]]:
+        """Dynamo's automatic dynamic: dimensions that changed since earlier captures."""
+        dynamic: Dict[int, List[int]] = {}
+        for i, v in enumerate(values):
+            if not isinstance(v, torch.Tensor):
+                continue
+            seen = frame.seen_sizes.get(i)
+            if seen is None or len(seen) != v.dim():
+                frame.seen_sizes[i] = [int(s) for s in v.shape]
+                continue
+            for d, size in enumerate(v.shape):
+                if seen[d] is not None and seen[d] != size:
+                    seen[d] = None
+            dims = [d for d, s in enumerate(seen) if s is None]
+            if dims:
+                dynamic[i] = dims
+        return dynamic
+
+    def _export(self, frame: Frame, values: List[Any], dynamic: Dict[int, List[int]]) -> torch.export.ExportedProgram:
+        # The guards cannot say that two arguments are one tensor: export copies.
+        seen_ids: set = set()
+        export_values = []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                if id(v) in seen_ids:
+                    v = v.clone()
+                seen_ids.add(id(v))
+            export_values.append(v)
+        args, kwargs = frame.split(export_values)
+        dynamic_shapes = None
+        if dynamic:
+            positional = [p for p in frame.params if not p.keyword_only]
+            keyword = [p for p in frame.params if p.keyword_only]
+            index = {p.name: i for i, p in enumerate(frame.params)}
+
+            def spec(p: Any) -> Any:
+                dims = dynamic.get(index[p.name])
+                return {d: ExportDim.AUTO for d in dims} if dims else None
+
+            # Keyed by the wrapper's parameters; "kwargs" only when it has some.
+            dynamic_shapes = {"args": tuple(spec(p) for p in positional)}
+            if keyword:
+                dynamic_shapes["kwargs"] = {p.name: spec(p) for p in keyword}
+        wrapper = _ExportWrapper(frame)
+        self.export_count += 1
+        with self._interceptor.state(False), _quiet():
+            return torch.export.export(wrapper, tuple(args), kwargs, dynamic_shapes=dynamic_shapes, strict=True)
+
+    def _trace(self, frame: Frame, values: List[Any], call_number: int) -> Tuple[torch.export.ExportedProgram, Any, List[int]]:
+        if frame.is_generator:
+            raise _Fallback(
+                FallbackCause.GENERATOR,
+                f"'{frame.name}' is a generator function: Dynamo does not trace generator frames",
+            )
+        dynamic = self._dynamic_dims(frame, values)
+        for _ in range(4):
+            try:
+                ep = self._export(frame, values, dynamic)
+            except dynamo_exc.UserError as e:
+                if e.error_type is dynamo_exc.UserErrorType.INVALID_INPUT:
+                    # The inputs or dynamic shapes the capture passed: not the program's doing.
+                    raise _CompileError("torch.export", e) from e
+                raise _Fallback(FallbackCause.USER_ERROR, _first_lines(str(e)), e) from e
+            except dynamo_exc.Unsupported as e:
+                cause = FallbackCause.SKIP_FRAME if _is_skip_frame_call(e) else FallbackCause.GRAPH_BREAK
+                raise _Fallback(cause, _first_lines(str(e)), e) from e
+            except dynamo_exc.SkipFrame as e:
+                raise _Fallback(FallbackCause.BACKEND_SKIP, _first_lines(f"Dynamo skipped the frame: {e}"), e) from e
+            except PrecompileError:
+                raise
+            except Exception as e:  # noqa: BLE001 - every other failure is a compile error
+                raise _CompileError("torch.export", e) from e
+            try:
+                guards, tensor_inputs = extract_guards(ep, values)
+            except NotPlainSymbol as e:
+                # A size that is an expression of symbols: capture those dims static.
+                for i, d in e.dims:
+                    dims = [x for x in dynamic.get(i, []) if x != d]
+                    if dims:
+                        dynamic[i] = dims
+                    else:
+                        dynamic.pop(i, None)
+                continue
+            except GuardExtractionError as e:
+                raise _CompileError("reading the guards", e) from e
+            return ep, guards, tensor_inputs
+        raise _CompileError("reading the guards", RuntimeError("sizes stayed symbolic expressions after re-exporting static"))
+
+    def _compile(self, frame: Frame, values: List[Any], call_number: int) -> None:
+        ep, guards, tensor_inputs = self._trace(frame, values, call_number)
+        try:
+            structure = output_structure(ep)
+        except GuardExtractionError as e:
+            raise PrecompileError(
+                f"frame '{frame.name}': {e}; a frame must return a tensor or a tuple of tensors"
+            ) from e
+        if frame.outputs is not None and frame.outputs != structure:
+            raise PrecompileError(
+                f"frame '{frame.name}': the exported program returns {structure} (is_tuple, "
+                f"tensors) but the frame returned {frame.outputs} before"
+            )
+        frame.outputs = structure
+        if self.decline is not None:
+            try:
+                with self._interceptor.state(False):
+                    self.decline(ep)
+            except dynamo_exc.SkipFrame as e:
+                raise _Fallback(FallbackCause.BACKEND_SKIP, _first_lines(f"the backend declined the graph: {e}"), e) from e
+            except Exception as e:  # noqa: BLE001
+                raise _CompileError("the backend's decline hook", e) from e
+        index = len(frame.variants)
+        variant_id = f"{frame.name}#{index}"
+        package = os.path.join(self._workdir, f"{len(self.compile_log)}-{index}.pt2")
+        start = time.monotonic()
+        try:
+            with self._interceptor.state(False), _quiet():
+                torch._inductor.aoti_compile_and_package(ep, package_path=package)
+        except Exception as e:  # noqa: BLE001
+            for inner in _cause_chain(e):
+                if isinstance(inner, dynamo_exc.SkipFrame):
+                    raise _Fallback(
+                        FallbackCause.BACKEND_SKIP, _first_lines(f"the backend declined the graph: {inner}"), inner
+                    ) from e
+                if isinstance(inner, dynamo_exc.exceptions_allowed_to_be_fallback):
+                    raise _Fallback(
+                        FallbackCause.GRAPH_BREAK,
+                        _first_lines(
+                            f"the backend failed with {type(inner).__name__}, an error Dynamo "
+                            f"falls back on: {inner}"
+                        ),
+                        inner,
+                    ) from e
+            raise _CompileError("AOTInductor compile", e) from e
+        seconds = time.monotonic() - start
+        variant = Variant(
+            index=index,
+            id=variant_id,
+            package=package,
+            guards=guards,
+            tensor_inputs=tensor_inputs,
+            num_outputs=structure[1],
+            outputs=output_specs(ep),
+            captured_from=f"call {call_number}: {_describe_call(values, frame)}",
+            compile_seconds=seconds,
+        )
+        frame.variants.append(variant)
+        self.compile_log.append((frame.name, variant_id, seconds))
+
+    # -- results ---------------------------------------------------------------------
+
+    @property
+    def frame_names(self) -> Tuple[str, ...]:
+        return tuple(self._frames)
+
+    def frame(self, name: str) -> FrameInfo:
+        f = self._frames[name]
+        names = [p.name for p in f.params]
+        return FrameInfo(
+            name=f.name,
+            is_entry=f.is_entry,
+            parameters=tuple((p.name, p.final_kind().value) for p in f.params),
+            variants=tuple((v.id, v.guards.describe(names, self.device)) for v in f.variants),
+            eager_fallback=f.eager_fallback,
+            fallback_cause=f.fallback_cause,
+            fallback_detail=f.fallback_detail,
+            fallback_exception=f.fallback_exception,
+            truncated=f.truncated,
+            variantless_entry_fallback=f.variantless_entry_fallback,
+            compile_error=f.compile_error,
+            calls=f.calls,
+        )
+
+    def summary(self) -> PrecompileSummary:
+        frames = list(self._frames.values())
+        eager = tuple(f.name for f in frames if f.eager_fallback and not f.variantless_entry_fallback)
+        uncovered = tuple(
+            f.name for f in frames if not f.variants and (not f.eager_fallback or f.variantless_entry_fallback)
+        )
+        truncated = any(f.truncated for f in frames)
+        return PrecompileSummary(
+            frames=tuple(f.name for f in frames),
+            variants_per_frame={f.name: len(f.variants) for f in frames},
+            eager_fallbacks=eager,
+            uncovered_frames=uncovered,
+            truncated=truncated,
+            complete=not uncovered and not truncated,
+        )
+
+    def variantless_entry_message(self) -> Optional[str]:
+        entry = self.entry
+        if not entry.variantless_entry_fallback:
+            return None
+        assert entry.fallback_cause is not None
+        detail = entry.fallback_detail.splitlines()[0] if entry.fallback_detail else ""
+        return (
+            f"model '{self.name}': the entry frame '{entry.name}' fell back to eager on its first "
+            f"call ({entry.fallback_cause.value}: {entry.fallback_cause.describe()}: {detail}) and "
+            "has no compiled variant to dispatch to, so no artifact can be built from this capture; "
+            "this is refused whatever require_complete says (require_complete=False does not get "
+            "past it). Causes of such a fallback: " + ALL_CAUSES_IN_WORDS + ". Make the entry's "
+            "first example call compile (fix what made Dynamo give up), or capture a smaller entry "
+            "frame."
+        )
+
+    def incompleteness_message(self) -> Optional[str]:
+        s = self.summary()
+        if s.complete:
+            return None
+        problems = []
+        if s.uncovered_frames:
+            reasons = []
+            for name in s.uncovered_frames:
+                f = self._frames[name]
+                if f.compile_error:
+                    reasons.append(f"'{name}' (compile error suppressed: {f.compile_error.splitlines()[0]})")
+                elif f.calls == 0:
+                    reasons.append(f"'{name}' (never called by the example calls)")
+                else:
+                    reasons.append(f"'{name}' (no captured variant)")
+            problems.append("uncovered frames: " + ", ".join(reasons))
+        if s.truncated:
+            names = [f.name for f in self._frames.values() if f.truncated]
+            problems.append(
+                f"truncated: frames {names} hit recompile_limit={self.recompile_limit}, so later "
+                "calls were not captured"
+            )
+        return (
+            f"capture of model '{self.name}' is incomplete: " + "; ".join(problems) +
+            ". Add example calls that cover them or raise recompile_limit, or pass "
+            "require_complete=False to save it anyway."
+        )
+
+    def frames_text(self) -> str:
+        from .artifact import frames_text  # noqa: PLC0415 - the protos load only when needed
+
+        return frames_text(self)
+
+    def save(self, directory: Union[str, "os.PathLike[str]"], require_complete: bool = True) -> str:
+        """Writes the artifact into `directory` (atomically) and returns its path."""
+        from .artifact import write_artifact  # noqa: PLC0415
+
+        message = self.variantless_entry_message()
+        if message is not None:
+            raise PrecompileError(message)
+        if require_complete:
+            message = self.incompleteness_message()
+            if message is not None:
+                raise PrecompileError(message)
+        return write_artifact(self, os.fspath(directory))
+
+    def close(self) -> None:
+        """Deletes the compiled packages kept for save() (also done at exit)."""
+        self._cleanup()
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keeps torch's own prints (graphs of failed traces) off the user's stdout."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+def capture(
+    model_or_fn: Union[torch.nn.Module, Callable[..., Any]],
+    *,
+    name: str,
+    device: str = "cpu",
+    frames: Sequence[Union[str, Callable[..., Any], torch.nn.Module]] = (),
+    recompile_limit: int = 8,
+    suppress_errors: bool = False,
+    decline: Optional[Callable[[torch.export.ExportedProgram], Any]] = None,
+) -> Capture:
+    """Starts capturing `model_or_fn`.
+
+    Call the returned object as you would call the program; every call runs
+    (eagerly, under torch.no_grad()) and is recorded as Dynamo would record it.
+    Then `summary()` says what is covered and `save(directory)` writes the
+    artifact.
+
+    Args:
+      model_or_fn: an nn.Module (entry frame "forward") or a Python function
+        (entry frame named by its __name__).
+      name: the model's name in the artifact.
+      device: "cpu" or "cuda"; the device the variants are compiled for (the
+        model and inputs must be on it).
+      frames: sub-frames: a sub-module path ("encoder", "blocks.0"), a
+        sub-module, or a function (frame named by its __name__, which must be
+        unique and bound to that name in the calling code's globals).
+      recompile_limit: variants per frame; a miss beyond it truncates the frame.
+      suppress_errors: a compile error runs the call eagerly and leaves the
+        frame uncovered instead of raising PrecompileError.
+      decline: called with each exported program before it is compiled; raising
+        torch._dynamo.exc.SkipFrame declines it (the frame falls back to eager,
+        cause BACKEND_SKIP); any other exception is a compile error.
+    """
+    return Capture(
+        model_or_fn,
+        name=name,
+        device=device,
+        frames=frames,
+        recompile_limit=recompile_limit,
+        suppress_errors=suppress_errors,
+        decline=decline,
+    )

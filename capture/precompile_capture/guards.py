@@ -1,0 +1,274 @@
+"""Guards: when a captured variant is valid for a call.
+
+Read off a strict torch.export program: per parameter in signature order, a
+tensor's dtype, device type, rank and sizes (static, or a size symbol with a
+range; dimensions sharing a symbol must be equal), the specialized value of a
+non-tensor argument, and the global state the compiled code assumed. The same
+guards are evaluated here in Python, so the capture dispatches exactly as the
+runtime will.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import sympy
+import torch
+from torch.export.graph_signature import InputKind, TensorArgument
+from torch.utils._sympy.numbers import IntInfinity
+
+DTYPE_NAMES = {
+    torch.bool: "bool",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Dim:
+    static: Optional[int] = None
+    symbol: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    dtype: torch.dtype
+    device: str
+    dims: Tuple[Dim, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgGuard:
+    parameter: int
+    # Exactly one of: a tensor spec, None (`is_none`), or a specialized scalar.
+    tensor: Optional[TensorSpec] = None
+    is_none: bool = False
+    has_value: bool = False
+    value: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SymbolRange:
+    symbol: int
+    min: int
+    max: Optional[int]
+    name: str  # The exported program's name for it.
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardSet:
+    args: Tuple[ArgGuard, ...]
+    symbols: Tuple[SymbolRange, ...]
+    grad_enabled: bool
+    default_dtype: torch.dtype
+
+    def holds(self, values: Sequence[Any]) -> bool:
+        if torch.is_grad_enabled() != self.grad_enabled:
+            return False
+        if torch.get_default_dtype() != self.default_dtype:
+            return False
+        ranges = {s.symbol: s for s in self.symbols}
+        bound: Dict[int, int] = {}
+        for g in self.args:
+            v = values[g.parameter]
+            if g.is_none:
+                if v is not None:
+                    return False
+            elif g.tensor is not None:
+                t = g.tensor
+                if not isinstance(v, torch.Tensor):
+                    return False
+                if v.dtype != t.dtype or v.device.type != t.device or v.dim() != len(t.dims):
+                    return False
+                for d, dim in enumerate(t.dims):
+                    size = v.shape[d]
+                    if dim.symbol is None:
+                        if size != dim.static:
+                            return False
+                    elif dim.symbol in bound:
+                        if size != bound[dim.symbol]:
+                            return False
+                    else:
+                        r = ranges[dim.symbol]
+                        if size < r.min or (r.max is not None and size > r.max):
+                            return False
+                        bound[dim.symbol] = size
+            elif not same_scalar(g.value, v):
+                return False
+        return True
+
+    def describe(self, names: Sequence[str], device: str = "cpu") -> str:
+        """The guards in words: `x: float32[s0 in [2, inf), 4], n == 0`."""
+        ranges = {s.symbol: s for s in self.symbols}
+        seen: set = set()
+        parts = []
+        for g in self.args:
+            name = names[g.parameter]
+            if g.is_none:
+                parts.append(f"{name} is None")
+            elif g.tensor is not None:
+                dims = []
+                for dim in g.tensor.dims:
+                    if dim.symbol is None:
+                        dims.append(str(dim.static))
+                    elif dim.symbol in seen:
+                        dims.append(f"s{dim.symbol}")
+                    else:
+                        seen.add(dim.symbol)
+                        r = ranges[dim.symbol]
+                        upper = f"{r.max}]" if r.max is not None else "inf)"
+                        dims.append(f"s{dim.symbol} in [{r.min}, {upper}")
+                where = "" if g.tensor.device == device else f" on {g.tensor.device}"
+                parts.append(
+                    f"{name}: {DTYPE_NAMES[g.tensor.dtype]}[{', '.join(dims)}]{where}"
+                )
+            else:
+                parts.append(f"{name} == {g.value!r}")
+        return ", ".join(parts) if parts else "(no arguments)"
+
+
+def same_scalar(expected: Any, actual: Any) -> bool:
+    if expected is None or actual is None:
+        return expected is None and actual is None
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return isinstance(expected, bool) and isinstance(actual, bool) and expected == actual
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
+        if isinstance(expected, float) and math.isnan(expected):
+            return isinstance(actual, float) and math.isnan(actual)
+        return expected == actual
+    if isinstance(expected, str) and isinstance(actual, str):
+        return expected == actual
+    return False
+
+
+class NotPlainSymbol(Exception):
+    """Some dimensions are expressions of symbols, not plain symbols."""
+
+    def __init__(self, dims: List[Tuple[int, int]]) -> None:
+        super().__init__(f"dimensions {dims} are not plain size symbols")
+        self.dims = dims
+
+
+class GuardExtractionError(Exception):
+    pass
+
+
+def _int_bound(value: Any) -> Optional[int]:
+    if isinstance(value, IntInfinity) or value in (sympy.oo, -sympy.oo):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> Tuple[GuardSet, List[int]]:
+    """The guards of `ep`, captured from a call with `values` (signature order).
+
+    Returns the guard set and the parameters whose tensors the compiled program
+    takes, in order. Raises NotPlainSymbol when a size is an expression.
+    """
+    user_specs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    if len(user_specs) != len(values):
+        raise GuardExtractionError(
+            f"the exported program has {len(user_specs)} user inputs for {len(values)} arguments"
+        )
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    symbol_ids: Dict[sympy.Symbol, int] = {}
+    not_plain: List[Tuple[int, int]] = []
+    args: List[ArgGuard] = []
+    tensor_inputs: List[int] = []
+    for i, (spec, value) in enumerate(zip(user_specs, values)):
+        if isinstance(spec.arg, TensorArgument):
+            if not isinstance(value, torch.Tensor):
+                raise GuardExtractionError(f"argument {i} is a tensor input but got {type(value)}")
+            fake = placeholders[spec.arg.name].meta["val"]
+            dims: List[Dim] = []
+            for d, size in enumerate(fake.shape):
+                if isinstance(size, int):
+                    dims.append(Dim(static=size))
+                    continue
+                expr = size.node.expr
+                if expr.is_Integer:
+                    dims.append(Dim(static=int(expr)))
+                elif isinstance(expr, sympy.Symbol):
+                    sid = symbol_ids.setdefault(expr, len(symbol_ids))
+                    dims.append(Dim(symbol=sid))
+                else:
+                    not_plain.append((i, d))
+                    dims.append(Dim(static=int(value.shape[d])))
+            args.append(
+                ArgGuard(
+                    parameter=i,
+                    tensor=TensorSpec(dtype=value.dtype, device=value.device.type, dims=tuple(dims)),
+                )
+            )
+            tensor_inputs.append(i)
+        elif value is None:
+            args.append(ArgGuard(parameter=i, is_none=True))
+        elif isinstance(value, torch.Tensor):
+            raise GuardExtractionError(f"tensor argument {i} became a constant in the exported program")
+        else:
+            args.append(ArgGuard(parameter=i, has_value=True, value=value))
+    if not_plain:
+        raise NotPlainSymbol(not_plain)
+    symbols = []
+    for sym, sid in symbol_ids.items():
+        vr = ep.range_constraints.get(sym)
+        lower = _int_bound(vr.lower) if vr is not None else None
+        upper = _int_bound(vr.upper) if vr is not None else None
+        symbols.append(SymbolRange(symbol=sid, min=lower if lower is not None else 0, max=upper, name=str(sym)))
+    guards = GuardSet(
+        args=tuple(args),
+        symbols=tuple(symbols),
+        grad_enabled=torch.is_grad_enabled(),
+        default_dtype=torch.get_default_dtype(),
+    )
+    return guards, tensor_inputs
+
+
+def output_specs(ep: torch.export.ExportedProgram) -> List[Tuple[torch.dtype, List[int]]]:
+    """(dtype, shape) of each output tensor; -1 for a dimension that is symbolic."""
+    nodes = {n.name: n for n in ep.graph.nodes}
+    specs: List[Tuple[torch.dtype, List[int]]] = []
+    for s in ep.graph_signature.output_specs:
+        if s.kind.name != "USER_OUTPUT" or not isinstance(s.arg, TensorArgument):
+            continue
+        fake = nodes[s.arg.name].meta["val"]
+        shape = []
+        for size in fake.shape:
+            if isinstance(size, int):
+                shape.append(size)
+            elif size.node.expr.is_Integer:
+                shape.append(int(size.node.expr))
+            else:
+                shape.append(-1)
+        specs.append((fake.dtype, shape))
+    return specs
+
+
+def output_structure(ep: torch.export.ExportedProgram) -> Tuple[bool, int]:
+    """(is_tuple, number of tensors) of the exported program's outputs."""
+    spec = ep.call_spec.out_spec
+    user_outputs = [
+        s for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"
+    ]
+    for s in user_outputs:
+        if not isinstance(s.arg, TensorArgument):
+            raise GuardExtractionError(
+                f"an output is {type(s.arg).__name__} ({getattr(s.arg, 'value', '?')}), not a tensor"
+            )
+    if spec is None or spec.is_leaf():
+        return False, len(user_outputs)
+    if spec.type is tuple and all(c.is_leaf() for c in spec.children()):
+        return True, len(user_outputs)
+    raise GuardExtractionError(f"the outputs are structured as {spec}, not a tensor or a tuple of tensors")

@@ -1,0 +1,252 @@
+"""How each cause is detected, the two exclusions, and the refusal of an entry
+that fell back on its first call. No AOTInductor compile happens here."""
+
+import os
+import warnings
+
+import pytest
+import torch
+import torch._dynamo.exc as dynamo_exc
+
+import precompile_capture
+from precompile_capture import FallbackCause, PrecompileError
+import proto.artifact_pb2 as pb
+from conftest import frame_proto, read_manifest
+from models_for_tests import DataDependent, DataDependentBranch, Generator, Loop, Plain, SkipsFrame
+
+
+def _variantless(model, *args, **kw):
+    cap = precompile_capture.capture(model, name="m", **kw)
+    result = cap(*args)
+    return cap, result
+
+
+def _assert_variantless_entry(cap, cause):
+    info = cap.frame("forward")
+    assert info.eager_fallback and info.fallback_cause is cause
+    assert info.variantless_entry_fallback
+    assert info.variants == ()
+    s = cap.summary()
+    assert s.uncovered_frames == ("forward",)
+    assert s.eager_fallbacks == ()
+    assert s.complete is False
+    assert s.truncated is False
+
+
+def _assert_refused(cap, tmp_path, cause_words):
+    for require_complete in (True, False):
+        target = tmp_path / f"out-{require_complete}"
+        with pytest.raises(PrecompileError) as e:
+            cap.save(target, require_complete=require_complete)
+        msg = str(e.value)
+        assert "the entry frame 'forward' fell back to eager on its first call" in msg
+        assert cause_words in msg
+        assert "has no compiled variant to dispatch to" in msg
+        assert "require_complete=False does not get past it" in msg
+        assert not target.exists()
+
+
+def test_generator_entry(tmp_path):
+    x = torch.randn(3)
+    cap, result = _variantless(Generator(), x)
+    assert torch.equal(next(result), x * 2)
+    _assert_variantless_entry(cap, FallbackCause.GENERATOR)
+    assert "generator function" in cap.frame("forward").fallback_detail
+    _assert_refused(cap, tmp_path, "GENERATOR: a frame Dynamo refuses to trace (a generator)")
+
+
+def test_skip_frame_entry(tmp_path):
+    x = torch.randn(3)
+    cap, result = _variantless(SkipsFrame(), x)
+    assert torch.equal(result, x + 1)
+    _assert_variantless_entry(cap, FallbackCause.SKIP_FRAME)
+    assert cap.frame("forward").fallback_exception == "torch._dynamo.exc.Unsupported"
+    _assert_refused(cap, tmp_path, "SKIP_FRAME: a torch._dynamo.skip_frame() call")
+
+
+def test_data_dependent_control_flow_is_a_suppressed_user_error(tmp_path):
+    x = torch.tensor([1.0, 0.0, 2.0, 3.0])
+    cap, result = _variantless(DataDependent(), x, True)
+    assert torch.equal(result, x * 2)
+    _assert_variantless_entry(cap, FallbackCause.USER_ERROR)
+    info = cap.frame("forward")
+    # The flagged exception really is a UserError (a subclass of Unsupported).
+    assert info.fallback_exception == "torch._dynamo.exc.UserError"
+    assert "Could not guard on data-dependent expression" in info.fallback_detail
+    _assert_refused(cap, tmp_path, "USER_ERROR: a UserError Dynamo suppressed")
+
+
+def test_graph_break_on_the_first_call(tmp_path):
+    x = torch.randn(3)
+    cap, result = _variantless(Loop(), x, 1)
+    assert torch.allclose(result, x * 2 + 1)
+    _assert_variantless_entry(cap, FallbackCause.GRAPH_BREAK)
+    _assert_refused(cap, tmp_path, "GRAPH_BREAK: a graph break Dynamo cannot resume from")
+
+
+def test_data_dependent_branching_is_a_graph_break():
+    x = torch.ones(3)
+    cap, result = _variantless(DataDependentBranch(), x)
+    assert torch.equal(result, x * 2)
+    info = cap.frame("forward")
+    assert info.fallback_cause is FallbackCause.GRAPH_BREAK
+    assert info.fallback_detail.startswith("Data-dependent branching")
+
+
+def test_backend_skip_frame_via_decline(tmp_path):
+    seen = []
+
+    def decline(ep):
+        seen.append(ep)
+        raise dynamo_exc.SkipFrame("bf16 is not supported here")
+
+    x = torch.randn(3)
+    cap, result = _variantless(Plain(), x, decline=decline)
+    assert torch.equal(result, x * 3 + 1)
+    assert len(seen) == 1 and isinstance(seen[0], torch.export.ExportedProgram)
+    _assert_variantless_entry(cap, FallbackCause.BACKEND_SKIP)
+    assert "bf16 is not supported here" in cap.frame("forward").fallback_detail
+    _assert_refused(cap, tmp_path, "BACKEND_SKIP: the backend declined the graph (SkipFrame)")
+    cap(x)
+    assert len(seen) == 1  # the frame is skipped from then on
+
+
+def test_compile_error_raises_unless_suppressed():
+    def decline(ep):
+        raise RuntimeError("no backend today")
+
+    cap = precompile_capture.capture(Plain(), name="m", decline=decline)
+    with pytest.raises(PrecompileError) as e:
+        cap(torch.randn(3))
+    msg = str(e.value)
+    assert "frame 'forward'" in msg
+    assert "the backend's decline hook failed: RuntimeError: no backend today" in msg
+    assert "suppress_errors=True" in msg
+
+
+@pytest.fixture(scope="module")
+def suppressed():
+    attempts = []
+
+    def decline(ep):
+        attempts.append(ep)
+        raise RuntimeError("no backend today")
+
+    cap = precompile_capture.capture(Plain(), name="plain", suppress_errors=True, decline=decline)
+    x = torch.randn(3)
+    with pytest.warns(RuntimeWarning, match="no backend today"):
+        first = cap(x)
+    second = cap(x)
+    yield cap, x, first, second, attempts
+    cap.close()
+
+
+def test_suppressed_compile_error_is_not_an_eager_fallback(suppressed):
+    cap, x, first, second, attempts = suppressed
+    assert torch.equal(first, x * 3 + 1) and torch.equal(second, x * 3 + 1)
+    assert len(attempts) == 1  # Dynamo skips the frame after the error
+    info = cap.frame("forward")
+    assert not info.eager_fallback and info.fallback_cause is None
+    assert not info.variantless_entry_fallback
+    assert "no backend today" in info.compile_error
+    assert cap.summary() == precompile_capture.PrecompileSummary(
+        frames=("forward",),
+        variants_per_frame={"forward": 0},
+        eager_fallbacks=(),
+        uncovered_frames=("forward",),
+        truncated=False,
+        complete=False,
+    )
+
+
+def test_suppressed_compile_error_save(suppressed, tmp_path):
+    cap = suppressed[0]
+    with pytest.raises(PrecompileError) as e:
+        cap.save(tmp_path / "strict")
+    assert "uncovered frames: 'forward' (compile error suppressed: " in str(e.value)
+    assert "no backend today" in str(e.value)
+    path = cap.save(tmp_path / "lenient", require_complete=False)
+    m = read_manifest(path)
+    f = frame_proto(m, "forward")
+    assert not f.eager_fallback and f.fallback_cause == pb.FALLBACK_CAUSE_UNSPECIFIED
+    assert len(f.variants) == 0
+    assert list(m.summary.uncovered_frames) == ["forward"] and not m.summary.complete
+    with open(os.path.join(path, "FRAMES")) as fh:
+        assert fh.read().splitlines()[1] == "forward: 0 variants # uncovered (compile error suppressed)"
+
+
+def test_warnings_are_quiet_on_a_plain_run(suppressed):
+    cap, x = suppressed[0], suppressed[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cap(x)
+
+
+def _uncompiled_capture(model):
+    """A capture whose only frame stays uncovered (its compile error is suppressed)."""
+
+    def decline(ep):
+        raise RuntimeError("not compiling in this test")
+
+    return precompile_capture.capture(model, name="m", suppress_errors=True, decline=decline)
+
+
+def test_a_frame_torchscript_cannot_compile_is_an_error_naming_it(tmp_path):
+    from models_for_tests import UsesLambda
+
+    cap = _uncompiled_capture(UsesLambda())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert torch.equal(cap(torch.zeros(2)), torch.ones(2))
+    with pytest.raises(PrecompileError) as e:
+        cap.save(tmp_path / "out", require_complete=False)
+    msg = str(e.value)
+    assert msg.startswith("frame 'forward' cannot be scripted for its eager program: ")
+    assert "Lambda" in msg or "lambda" in msg
+    assert os.listdir(tmp_path) == []  # nothing half-written is left
+
+
+def test_a_parameter_torchscript_types_differently_is_an_error(tmp_path):
+    from models_for_tests import UnannotatedInt
+
+    cap = _uncompiled_capture(UnannotatedInt())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        cap(torch.ones(2), 3)
+    assert cap.frame("forward").parameters == (("x", "TENSOR"), ("n", "INT"))
+    with pytest.raises(PrecompileError) as e:
+        cap.save(tmp_path / "out", require_complete=False)
+    assert str(e.value).startswith(
+        "frame 'forward': TorchScript types parameter 'n' as Tensor but the capture saw INT; annotate it"
+    )
+
+
+def test_a_frame_no_call_reached_is_uncovered_and_still_gets_an_eager_program(tmp_path):
+    from models_for_tests import Nested, picky, scale
+
+    model = Nested().eval()
+
+    def decline(ep):
+        raise RuntimeError("not compiling in this test")
+
+    cap = precompile_capture.capture(
+        model, name="n", frames=["encoder", scale, picky], suppress_errors=True, decline=decline
+    )
+    x = torch.randn(8, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        cap(x, 0)  # forward's compile error is suppressed: it runs eagerly, seeing its callees
+    assert [cap.frame(n).calls for n in cap.frame_names] == [1, 1, 1, 0]
+    s = cap.summary()
+    assert s.uncovered_frames == ("forward", "encoder", "scale", "picky")
+    with pytest.raises(PrecompileError) as e:
+        cap.save(tmp_path / "strict")
+    assert "'picky' (never called by the example calls)" in str(e.value)
+    assert "'encoder' (compile error suppressed: " in str(e.value)
+    path = cap.save(tmp_path / "lenient", require_complete=False)
+    m = read_manifest(path)
+    pk = frame_proto(m, "picky")
+    assert (pk.outputs.is_tuple, pk.outputs.num_tensors) == (False, 1)  # learned from TorchScript
+    assert [p.kind for p in pk.parameters] == [pb.Parameter.TENSOR]
+    fwd = frame_proto(m, "forward")
+    assert (fwd.outputs.is_tuple, fwd.outputs.num_tensors) == (True, 2)

@@ -1,0 +1,102 @@
+"""Automatic dynamic (static first, then a dynamic batch) and the recompile limit.
+
+Two AOTInductor compiles.
+"""
+
+import os
+
+import pytest
+import torch
+
+import precompile_capture
+import proto.artifact_pb2 as pb
+from conftest import frame_proto, read_manifest
+from models_for_tests import MLP
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    model = MLP().eval()
+    cap = precompile_capture.capture(model, name="mlp", recompile_limit=2)
+    xs = {b: torch.randn(b, 4) for b in (8, 16, 32)}
+    cap(xs[8])  # static variant
+    after_first = cap.frame("forward").variants
+    cap(xs[16])  # batch changed: dynamic batch variant
+    cap(xs[32])  # covered by the dynamic variant
+    compiles_before_miss = len(cap.compile_log)
+    cap(torch.randn(2, 8, 4))  # rank 3: a miss past the limit
+    yield cap, model, xs, after_first, compiles_before_miss
+    cap.close()
+
+
+def test_first_capture_is_static_then_the_changed_dim_is_dynamic(mlp):
+    cap, _, _, after_first, compiles_before_miss = mlp
+    assert after_first == (("forward#0", "x: float32[8, 4]"),)
+    assert cap.frame("forward").variants == (
+        ("forward#0", "x: float32[8, 4]"),
+        ("forward#1", "x: float32[s0 in [2, inf), 4]"),
+    )
+    assert compiles_before_miss == 2  # batch 32 hit the dynamic variant
+
+
+def test_recompile_limit_hit_truncates_and_does_not_flag(mlp):
+    cap = mlp[0]
+    info = cap.frame("forward")
+    assert info.truncated
+    assert not info.eager_fallback and info.fallback_cause is None
+    s = cap.summary()
+    assert s.truncated
+    assert s.eager_fallbacks == ()
+    assert s.uncovered_frames == ()
+    assert s.complete is False
+    assert len(cap.compile_log) == 2
+
+
+def test_save_requires_complete_names_the_truncation(mlp, tmp_path):
+    cap = mlp[0]
+    with pytest.raises(precompile_capture.PrecompileError) as e:
+        cap.save(tmp_path / "a")
+    msg = str(e.value)
+    assert "model 'mlp' is incomplete" in msg
+    assert "truncated: frames ['forward'] hit recompile_limit=2" in msg
+    assert "require_complete=False" in msg
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.fixture(scope="module")
+def mlp_artifact(mlp, tmp_path_factory):
+    return mlp[0].save(tmp_path_factory.mktemp("mlp") / "mlp", require_complete=False)
+
+
+def test_incomplete_artifact_records_truncation_and_symbols(mlp_artifact):
+    m = read_manifest(mlp_artifact)
+    assert m.summary.truncated and not m.summary.complete
+    f = frame_proto(m, "forward")
+    assert f.truncated and not f.eager_fallback
+    assert f.fallback_cause == pb.FALLBACK_CAUSE_UNSPECIFIED
+    v0, v1 = f.variants
+    assert [d.static_size for d in v0.guards[0].tensor.dims] == [8, 4]
+    dims = v1.guards[0].tensor.dims
+    assert dims[0].WhichOneof("size") == "symbol"
+    assert dims[1].WhichOneof("size") == "static_size" and dims[1].static_size == 4
+    (sym,) = v1.symbols
+    assert sym.symbol == dims[0].symbol
+    assert sym.min == 2 and not sym.HasField("max")
+    assert sym.name.startswith("s")
+    # The batch of the dynamic variant's output is symbolic too.
+    assert [list(o.shape) for o in v0.outputs] == [[8, 3]]
+    assert [list(o.shape) for o in v1.outputs] == [[-1, 3]]
+    with open(os.path.join(mlp_artifact, "FRAMES")) as fh:
+        rows = fh.read().splitlines()
+    assert rows[1] == "forward: 2 variants # truncated (recompile limit 2 hit)"
+    assert rows[3] == "  forward#1: x: float32[s0 in [2, inf), 4]"
+
+
+def test_saved_variants_run_through_aoti_and_match_eager(mlp, mlp_artifact):
+    model, xs = mlp[1], mlp[2]
+    static = torch._inductor.aoti_load_package(os.path.join(mlp_artifact, "frames/forward/0.pt2"))
+    dynamic = torch._inductor.aoti_load_package(os.path.join(mlp_artifact, "frames/forward/1.pt2"))
+    with torch.no_grad():
+        torch.testing.assert_close(static(xs[8]), model(xs[8]))
+        torch.testing.assert_close(dynamic(xs[32]), model(xs[32]))
+        torch.testing.assert_close(dynamic(torch.ones(5, 4)), model(torch.ones(5, 4)))

@@ -1,0 +1,1 @@
+"""Bundled example models for precompile-serve (see models.py)."""

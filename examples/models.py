@@ -1,0 +1,101 @@
+"""Small, deterministic example models, captured at build time (BUILD.bazel).
+
+Each factory seeds torch before creating parameters, so the weights of a
+model are the same in every process. Each model shows one behaviour of the
+precompile workflow (DESIGN.md section 1):
+
+- mlp:    a plain MLP; a batch-8 call then a batch-16 call give a static
+          variant and a dynamic-batch variant (automatic dynamic).
+- loop:   a disabled helper called in a loop: n=0 compiles, n=1 is a graph
+          break Dynamo cannot resume from, so `forward` is flagged eager
+          fallback (GRAPH_BREAK) and keeps its n=0 variant.
+- branch: data-dependent control flow when `check` is True: a UserError in
+          strict export, so `forward` is flagged (USER_ERROR) and keeps its
+          check=False variant.
+- nested: `forward` compiles on its first call (k=0), falls back on a later
+          one (k=1), and during that eager run its callees, the sub-module
+          `encoder` and the function `scale`, are captured on their own with
+          static shapes.
+"""
+
+import torch
+
+
+@torch._dynamo.disable
+def opaque(y: torch.Tensor) -> torch.Tensor:
+    """A helper Dynamo must not trace: a graph break wherever it is called."""
+    return y * 0.5 + 1.0
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def make_mlp() -> MLP:
+    torch.manual_seed(0)
+    return MLP().eval()
+
+
+class Loop(torch.nn.Module):
+    def forward(self, x: torch.Tensor, n: int = 0) -> torch.Tensor:
+        y = x
+        for _ in range(n):
+            y = opaque(y)
+        return y.sin()
+
+
+def make_loop() -> Loop:
+    torch.manual_seed(0)
+    return Loop().eval()
+
+
+class Branch(torch.nn.Module):
+    def forward(self, x: torch.Tensor, check: bool = False) -> torch.Tensor:
+        if check:
+            # Data-dependent control flow: strict export cannot guard on it.
+            if x.nonzero().size(0) > 2:
+                return x * 2.0
+        return x + 1.0
+
+
+def make_branch() -> Branch:
+    torch.manual_seed(0)
+    return Branch().eval()
+
+
+def scale(y: torch.Tensor, factor: float = 2.0) -> torch.Tensor:
+    return torch.tanh(y) * factor
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.proj(x))
+
+
+class Nested(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Encoder()
+        self.head = torch.nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor, k: int = 0) -> torch.Tensor:
+        y = self.encoder(x)
+        for _ in range(k):
+            y = opaque(y)
+        return self.head(scale(y, 2.0))
+
+
+def make_nested() -> Nested:
+    torch.manual_seed(0)
+    return Nested().eval()
