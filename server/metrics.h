@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -130,6 +131,9 @@ class ServerMetrics {
   // The port /metrics listens on; 0 before StartHttp.
   int http_port() const;
 
+  // The metrics of a model version. A version loaded again while its
+  // previous load is still referenced continues the same series (Prometheus
+  // series are identified by their labels, so two owners could not coexist).
   std::shared_ptr<ModelMetrics> ForModel(const std::string& model, int64_t version,
                                          const Model& loaded);
   // Tracks the models being served.
@@ -161,8 +165,10 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& dispatch_duration_;
   prometheus::Family<prometheus::Histogram>& execution_duration_;
   prometheus::Gauge& loaded_gauge_;
-  absl::Mutex ready_mu_;
-  absl::flat_hash_set<std::string> ready_models_ ABSL_GUARDED_BY(ready_mu_);
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> ready_models_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<std::string, int64_t>, std::weak_ptr<ModelMetrics>>
+      model_metrics_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace precompile::server

@@ -127,6 +127,8 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
   }
   std::string newest_failure;
   for (const auto& [version, directory] : versions) {
+    // Down to the version already served: keep it rather than reload it.
+    if (previous_model && version == previous.version && !newest_failure.empty()) break;
     const absl::Time start = absl::Now();
     ModelOptions model_options = options_.model_options;
     model_options.name = name;

@@ -1,0 +1,299 @@
+// The model repository under a running server: new versions replace old ones
+// without failing requests in flight, broken models are reported and do not
+// stop the others, and the concurrency limit answers RESOURCE_EXHAUSTED.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "proto/admin.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/inference.grpc.pb.h"
+#include "server/server.h"
+#include "tests/testing/artifacts.h"
+#include "tests/testing/http.h"
+
+namespace precompile {
+namespace {
+
+namespace fs = std::filesystem;
+using ::precompile::testing::CopyTree;
+using ::precompile::testing::ExampleArtifact;
+using ::precompile::testing::ExampleRepository;
+using ::precompile::testing::HttpGet;
+using ::precompile::testing::MetricValue;
+using ::testing::HasSubstr;
+
+inference::ModelInferRequest MlpRequest() {
+  inference::ModelInferRequest request;
+  request.set_model_name("mlp");
+  auto* input = request.add_inputs();
+  input->set_name("x");
+  input->set_datatype("FP32");
+  input->add_shape(8);
+  input->add_shape(4);
+  request.add_raw_input_contents(std::string(8 * 4 * sizeof(float), '\0'));
+  return request;
+}
+
+inference::ModelInferRequest SlowLoopRequest(int64_t n) {
+  inference::ModelInferRequest request;
+  request.set_model_name("loop");
+  auto* input = request.add_inputs();
+  input->set_name("x");
+  input->set_datatype("FP32");
+  input->add_shape(8);
+  input->add_shape(4);
+  request.add_raw_input_contents(std::string(8 * 4 * sizeof(float), '\0'));
+  (*request.mutable_parameters())["n"].set_int64_param(n);
+  return request;
+}
+
+class Harness {
+ public:
+  explicit Harness(const std::string& repository, int max_concurrent_requests = 128) {
+    server::ServerOptions options;
+    options.model_repository = repository;
+    options.grpc_address = "127.0.0.1:0";
+    options.metrics_address = "127.0.0.1:0";
+    options.max_concurrent_requests = max_concurrent_requests;
+    auto started = server::Server::Start(options);
+    EXPECT_TRUE(started.ok()) << started.status();
+    server = *std::move(started);
+    channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server->grpc_port()),
+                                  grpc::InsecureChannelCredentials());
+    inference = inference::GRPCInferenceService::NewStub(channel);
+    admin = precompile::v1::PrecompileAdmin::NewStub(channel);
+  }
+
+  grpc::Status Infer(const inference::ModelInferRequest& request,
+                     inference::ModelInferResponse* response) {
+    grpc::ClientContext context;
+    return inference->ModelInfer(&context, request, response);
+  }
+
+  std::map<std::string, inference::RepositoryIndexResponse::ModelIndex> Index() {
+    grpc::ClientContext context;
+    inference::RepositoryIndexResponse index;
+    EXPECT_TRUE(inference->RepositoryIndex(&context, {}, &index).ok());
+    std::map<std::string, inference::RepositoryIndexResponse::ModelIndex> by_name;
+    for (const auto& m : index.models()) by_name[m.name()] = m;
+    return by_name;
+  }
+
+  void Rescan() {
+    grpc::ClientContext context;
+    precompile::v1::RescanResponse response;
+    ASSERT_TRUE(admin->Rescan(&context, {}, &response).ok());
+  }
+
+  std::unique_ptr<server::Server> server;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<inference::GRPCInferenceService::Stub> inference;
+  std::unique_ptr<precompile::v1::PrecompileAdmin::Stub> admin;
+};
+
+// Clients that call `mlp` in a loop and count what they get back.
+class Load {
+ public:
+  Load(Harness& harness, int threads) {
+    for (int t = 0; t < threads; ++t) {
+      workers_.emplace_back([this, &harness] {
+        const inference::ModelInferRequest request = MlpRequest();
+        while (!stop_) {
+          inference::ModelInferResponse response;
+          grpc::Status status = harness.Infer(request, &response);
+          std::lock_guard<std::mutex> lock(mu_);
+          if (status.ok()) {
+            ++versions_[response.model_version()];
+          } else {
+            ++errors_[status.error_code()];
+            last_error_ = status.error_message();
+          }
+        }
+      });
+    }
+  }
+  void Stop() {
+    stop_ = true;
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+  }
+  ~Load() { Stop(); }
+
+  std::mutex mu_;
+  std::map<std::string, int> versions_;
+  std::map<grpc::StatusCode, int> errors_;
+  std::string last_error_;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> workers_;
+};
+
+TEST(ServerRepository, ANewVersionReplacesTheOldWithoutFailingARequest) {
+  const std::string repository = ExampleRepository({"mlp"});
+  Harness harness(repository);
+  Load load(harness, 4);
+  absl::SleepFor(absl::Milliseconds(300));
+
+  CopyTree(ExampleArtifact("mlp"), repository + "/mlp/2");
+  harness.Rescan();
+  EXPECT_EQ(harness.Index()["mlp"].version(), "2");
+  absl::SleepFor(absl::Milliseconds(300));
+  load.Stop();
+
+  EXPECT_TRUE(load.errors_.empty()) << "first error: " << load.last_error_;
+  EXPECT_GT(load.versions_["1"], 0);
+  EXPECT_GT(load.versions_["2"], 0);
+  // Version 1's series went with it.
+  const std::string metrics = HttpGet(harness.server->metrics_port(), "/metrics");
+  EXPECT_GT(MetricValue(metrics, "precompile_requests_total{model=\"mlp\",outcome=\"variant\","
+                                 "version=\"2\"}"),
+            0);
+  EXPECT_EQ(MetricValue(metrics, "precompile_requests_total{model=\"mlp\",outcome=\"variant\","
+                                 "version=\"1\"}"),
+            -1);
+}
+
+TEST(ServerRepository, UnloadingUnderLoadFailsOnlyLaterRequestsWithNotFound) {
+  const std::string repository = ExampleRepository({"mlp"});
+  Harness harness(repository);
+  Load load(harness, 4);
+  absl::SleepFor(absl::Milliseconds(200));
+  grpc::ClientContext context;
+  inference::RepositoryModelUnloadRequest unload;
+  unload.set_model_name("mlp");
+  inference::RepositoryModelUnloadResponse unloaded;
+  ASSERT_TRUE(harness.inference->RepositoryModelUnload(&context, unload, &unloaded).ok());
+  absl::SleepFor(absl::Milliseconds(200));
+  load.Stop();
+  for (const auto& [code, count] : load.errors_) {
+    EXPECT_EQ(code, grpc::StatusCode::NOT_FOUND) << count << " calls failed: " << load.last_error_;
+  }
+  EXPECT_THAT(load.last_error_, HasSubstr("model 'mlp' is unloaded"));
+  EXPECT_EQ(harness.Index()["mlp"].state(), "UNAVAILABLE");
+  // A rescan leaves a model unloaded on request alone; a load brings it back.
+  harness.Rescan();
+  EXPECT_EQ(harness.Index()["mlp"].state(), "UNAVAILABLE");
+  grpc::ClientContext load_context;
+  inference::RepositoryModelLoadRequest load_request;
+  load_request.set_model_name("mlp");
+  inference::RepositoryModelLoadResponse load_response;
+  ASSERT_TRUE(harness.inference->RepositoryModelLoad(&load_context, load_request, &load_response)
+                  .ok());
+  inference::ModelInferResponse response;
+  EXPECT_TRUE(harness.Infer(MlpRequest(), &response).ok());
+}
+
+TEST(ServerRepository, ABrokenModelIsReportedAndDoesNotStopTheOthers) {
+  const std::string repository = ExampleRepository({"mlp"});
+  CopyTree(ExampleArtifact("loop"), repository + "/broken/1");
+  fs::resize_file(repository + "/broken/1/MANIFEST.pb", 7);
+  Harness harness(repository);
+  auto index = harness.Index();
+  EXPECT_EQ(index["mlp"].state(), "READY");
+  EXPECT_EQ(index["broken"].state(), "UNAVAILABLE");
+  EXPECT_THAT(index["broken"].reason(),
+              HasSubstr("version 1 failed to load"));
+  EXPECT_THAT(index["broken"].reason(), HasSubstr("MANIFEST.pb is not a valid manifest"));
+
+  inference::ModelInferResponse response;
+  grpc::Status status = harness.Infer(SlowLoopRequest(1), &response);  // "loop" is unknown here
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  inference::ModelInferRequest broken = MlpRequest();
+  broken.set_model_name("broken");
+  status = harness.Infer(broken, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("MANIFEST.pb is not a valid manifest"));
+  EXPECT_TRUE(harness.Infer(MlpRequest(), &response).ok());
+
+  // A broken newer version of a served model: the older one keeps serving.
+  CopyTree(ExampleArtifact("mlp"), repository + "/mlp/3");
+  fs::remove(repository + "/mlp/3/FRAMES");
+  harness.Rescan();
+  index = harness.Index();
+  EXPECT_EQ(index["mlp"].state(), "READY");
+  EXPECT_EQ(index["mlp"].version(), "1");
+  EXPECT_THAT(index["mlp"].reason(), HasSubstr("version 3 failed to load"));
+  EXPECT_TRUE(harness.Infer(MlpRequest(), &response).ok());
+
+  const std::string metrics = HttpGet(harness.server->metrics_port(), "/metrics");
+  EXPECT_EQ(MetricValue(metrics, "precompile_model_load_failures_total{model=\"broken\"}"), 1);
+  EXPECT_EQ(MetricValue(metrics, "precompile_model_load_failures_total{model=\"mlp\"}"), 1);
+  EXPECT_EQ(MetricValue(metrics, "precompile_models_loaded"), 1);
+}
+
+TEST(ServerRepository, RequestsBeyondTheConcurrencyLimitGetResourceExhausted) {
+  const std::string repository = ExampleRepository({"loop"});
+  Harness harness(repository, /*max_concurrent_requests=*/1);
+  grpc::Status slow_status;
+  std::thread slow([&] {
+    inference::ModelInferResponse response;
+    slow_status = harness.Infer(SlowLoopRequest(300000), &response);
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  inference::ModelInferResponse response;
+  grpc::Status status = harness.Infer(SlowLoopRequest(0), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("limit of 1 concurrent inference requests"));
+  slow.join();
+  EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
+  EXPECT_TRUE(harness.Infer(SlowLoopRequest(0), &response).ok());
+}
+
+TEST(ServerRepository, AdminAndRepositoryCallsNeedTheTokenWhenOneIsSet) {
+  const std::string repository = ExampleRepository({"mlp"});
+  server::ServerOptions options;
+  options.model_repository = repository;
+  options.grpc_address = "127.0.0.1:0";
+  options.metrics_address = "";
+  options.admin_token = "s3cret";
+  auto server = server::Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->grpc_port()),
+                                     grpc::InsecureChannelCredentials());
+  auto admin = precompile::v1::PrecompileAdmin::NewStub(channel);
+  auto inference = inference::GRPCInferenceService::NewStub(channel);
+  precompile::v1::ModelRequest request;
+  request.set_name("mlp");
+  precompile::v1::SummaryResponse summary;
+  {
+    grpc::ClientContext context;
+    grpc::Status status = admin->GetSummary(&context, request, &summary);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer wrong!");
+    EXPECT_EQ(admin->GetSummary(&context, request, &summary).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer s3cret");
+    EXPECT_TRUE(admin->GetSummary(&context, request, &summary).ok());
+  }
+  {
+    grpc::ClientContext context;
+    inference::RepositoryModelUnloadRequest unload;
+    unload.set_model_name("mlp");
+    inference::RepositoryModelUnloadResponse unloaded;
+    EXPECT_EQ(inference->RepositoryModelUnload(&context, unload, &unloaded).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // Inference itself needs no token.
+  grpc::ClientContext context;
+  inference::ModelInferResponse response;
+  EXPECT_TRUE(inference->ModelInfer(&context, MlpRequest(), &response).ok());
+}
+
+}  // namespace
+}  // namespace precompile
