@@ -348,7 +348,8 @@ void Model::Impl::WarnEagerMiss(FrameState& frame,
       "Dynamo give up (TORCH_LOGS=graph_breaks shows it). Recompile logs "
       "(TORCH_LOGS=recompiles) will not report this miss. Logged once per "
       "frame; later eager misses are only counted.");
-  spdlog::warn("{}", message);
+  spdlog::warn("event=eager_fallback model={} frame={} message=\"{}\"", options.name, f.name(),
+               message);
   {
     absl::MutexLock lock(&mu);
     warnings.push_back({f.name(), message, absl::Now()});

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -371,6 +372,7 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext*,
   if (!status.ok()) {
     outcome = OutcomeOfStatus(status);
     response->Clear();
+    LogFailure(request->model_name(), status);
   }
   if (handle.metrics) {
     timing.queue = admitted - start;
@@ -378,6 +380,24 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext*,
     handle.metrics->RecordRequest(outcome, timing);
   }
   return ToGrpcStatus(status);
+}
+
+void InferenceService::LogFailure(const std::string& model, const absl::Status& status) {
+  const std::string code = absl::StatusCodeToString(status.code());
+  {
+    absl::MutexLock lock(&log_mu_);
+    // Bounded: only models the server knows get their own key.
+    const std::string key =
+        absl::StrCat(status.code() == absl::StatusCode::kNotFound ? "" : model, "/", code);
+    absl::Time& last = last_logged_[key];
+    const absl::Time now = absl::Now();
+    if (now - last < absl::Minutes(1)) return;
+    last = now;
+  }
+  spdlog::warn(
+      "event=request_failed model={} code={} message=\"{}\" note=\"logged once a minute per "
+      "model and code; precompile_requests_total counts every one\"",
+      absl::CHexEscape(model), code, absl::CHexEscape(status.message()));
 }
 
 grpc::Status InferenceService::ModelStatistics(

@@ -16,6 +16,9 @@
 #include <atomic>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/inference.grpc.pb.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
@@ -63,10 +66,17 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
                      inference::ModelInferResponse* response, RequestOutcome* outcome,
                      ModelRepository::Handle* handle, RequestTiming* timing);
 
+  // Logs a failed request, at most once a minute per model and status code:
+  // one line per class of failure, the rest are counted in the metrics.
+  void LogFailure(const std::string& model, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(log_mu_);
+
   ModelRepository& repository_;
   ServerMetrics* const metrics_;
   ServingState& state_;
   const std::string admin_token_;
+  absl::Mutex log_mu_;
+  absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 };
 
 }  // namespace precompile::server
