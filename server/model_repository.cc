@@ -39,6 +39,21 @@ std::vector<std::pair<int64_t, std::string>> Versions(const fs::path& model_dir)
   return versions;
 }
 
+// What a version directory looks like: its files' count, total size and
+// newest modification time.
+std::string Fingerprint(const std::string& directory) {
+  std::error_code ec;
+  uint64_t files = 0, bytes = 0;
+  fs::file_time_type newest{};
+  for (const auto& entry : fs::recursive_directory_iterator(directory, ec)) {
+    if (!entry.is_regular_file(ec)) continue;
+    ++files;
+    bytes += entry.file_size(ec);
+    newest = std::max(newest, entry.last_write_time(ec));
+  }
+  return absl::StrCat(files, "/", bytes, "/", newest.time_since_epoch().count());
+}
+
 }  // namespace
 
 ModelRepository::ModelRepository(RepositoryOptions options,
@@ -123,6 +138,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
     absl::MutexLock lock(&mu_);
     Entry& entry = models_[name];
     entry.attempted_version = versions.front().first;
+    entry.attempted_fingerprint = Fingerprint(versions.front().second);
     entry.unloaded = false;
   }
   std::string newest_failure;
@@ -217,12 +233,14 @@ std::vector<ModelState> ModelRepository::Rescan() {
   for (const std::string& name : found) {
     const auto versions = Versions(fs::path(options_.root) / name);
     if (versions.empty()) continue;
+    const std::string fingerprint = Fingerprint(versions.front().second);
     {
       absl::MutexLock lock(&mu_);
       auto it = models_.find(name);
       if (it != models_.end() &&
           (it->second.unloaded ||
-           it->second.attempted_version == versions.front().first)) {
+           (it->second.attempted_version == versions.front().first &&
+            it->second.attempted_fingerprint == fingerprint))) {
         continue;
       }
     }

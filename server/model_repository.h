@@ -67,7 +67,7 @@ class ModelRepository {
   // Loads models found under the root that are not served yet and newer
   // versions of served ones; unloads models whose directory is gone. A model
   // unloaded on request stays unloaded, and a version that failed to load is
-  // not retried until a newer one appears.
+  // retried only when its files change.
   // Returns every model's state afterwards.
   std::vector<ModelState> Rescan();
 
@@ -98,9 +98,11 @@ class ModelRepository {
     ModelState state;
     std::shared_ptr<Model> model;
     std::shared_ptr<ModelMetrics> metrics;
-    // The newest version a load tried, so that a rescan does not retry a
-    // version that failed.
+    // The newest version a load tried and what its files looked like, so
+    // that a rescan retries a version that failed only once its files
+    // change (it may have been read while still being copied in).
     int64_t attempted_version = 0;
+    std::string attempted_fingerprint;
     // Unloaded on request: stays unloaded until loaded on request.
     bool unloaded = false;
   };

@@ -3,6 +3,7 @@
 // with metrics scraped over HTTP.
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -396,6 +397,44 @@ TEST_F(ServerTest, ReportsSummaryFramesAndStatistics) {
   EXPECT_EQ(MetricValue(metrics, "precompile_models_loaded"), 4);
   EXPECT_THAT(metrics, HasSubstr("precompile_request_duration_seconds_bucket{model=\"loop\","));
   EXPECT_THAT(metrics, HasSubstr("precompile_guard_dispatch_duration_seconds_bucket{frame="));
+}
+
+// Server reflection, spoken as a client tool would, through a generic stub:
+// a ServerReflectionRequest{list_services: ""} is the bytes 0x3a 0x00.
+TEST_F(ServerTest, ListsItsServicesThroughReflection) {
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->grpc_port()),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  void* tag;
+  bool ok;
+  auto call = stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                               &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  const char list_services[] = {0x3a, 0x00};
+  grpc::Slice slice(list_services, sizeof(list_services));
+  call->Write(grpc::ByteBuffer(&slice, 1), reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  grpc::ByteBuffer reply;
+  call->Read(&reply, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  call->WritesDone(reinterpret_cast<void*>(4));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(reply.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_THAT(bytes, HasSubstr("inference.GRPCInferenceService"));
+  EXPECT_THAT(bytes, HasSubstr("precompile.v1.PrecompileAdmin"));
+  EXPECT_THAT(bytes, HasSubstr("grpc.health.v1.Health"));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 }  // namespace

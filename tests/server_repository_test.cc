@@ -58,9 +58,11 @@ inference::ModelInferRequest SlowLoopRequest(int64_t n) {
 
 class Harness {
  public:
-  explicit Harness(const std::string& repository, int max_concurrent_requests = 128) {
+  explicit Harness(const std::string& repository, int max_concurrent_requests = 128,
+                   absl::Duration poll_interval = absl::ZeroDuration()) {
     server::ServerOptions options;
     options.model_repository = repository;
+    options.repository_poll_interval = poll_interval;
     options.grpc_address = "127.0.0.1:0";
     options.metrics_address = "127.0.0.1:0";
     options.max_concurrent_requests = max_concurrent_requests;
@@ -161,6 +163,27 @@ TEST(ServerRepository, ANewVersionReplacesTheOldWithoutFailingARequest) {
   EXPECT_EQ(MetricValue(metrics, "precompile_requests_total{model=\"mlp\",outcome=\"variant\","
                                  "version=\"1\"}"),
             -1);
+}
+
+TEST(ServerRepository, PollingPicksUpNewModelsAndVersions) {
+  const std::string repository = ExampleRepository({"mlp"});
+  Harness harness(repository, 128, absl::Milliseconds(100));
+  CopyTree(ExampleArtifact("mlp"), repository + "/mlp/2");
+  CopyTree(ExampleArtifact("loop"), repository + "/loop/1");
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline && (harness.Index()["mlp"].version() != "2" ||
+                                    harness.Index()["loop"].state() != "READY")) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(harness.Index()["mlp"].version(), "2");
+  EXPECT_EQ(harness.Index()["loop"].state(), "READY");
+  // A model whose directory goes away is unloaded.
+  fs::remove_all(repository + "/loop");
+  while (absl::Now() < deadline && harness.Index()["loop"].state() == "READY") {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(harness.Index()["loop"].state(), "UNAVAILABLE");
+  EXPECT_THAT(harness.Index()["loop"].reason(), HasSubstr("directory was removed"));
 }
 
 TEST(ServerRepository, UnloadingUnderLoadFailsOnlyLaterRequestsWithNotFound) {
