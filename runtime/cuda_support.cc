@@ -14,7 +14,9 @@ namespace {
 // The directory of the libtorch this process runs, from one of its symbols.
 std::string TorchLibraryDirectory() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&at::hasCUDA), &info) == 0 ||
+  // at::globalContext is defined in libtorch_cpu (at::hasCUDA is inline: it
+  // would name this binary).
+  if (dladdr(reinterpret_cast<void*>(&at::globalContext), &info) == 0 ||
       info.dli_fname == nullptr) {
     return "";
   }
