@@ -207,6 +207,9 @@ class Model::Impl final : public FrameCaller {
                                        std::vector<c10::IValue> args,
                                        bool is_entry);
 
+  // The running call's cancellation check, for the frames it calls.
+  static thread_local const std::function<bool()>* cancelled;
+
   absl::StatusOr<std::vector<at::Tensor>> CallFrame(
       absl::string_view name, std::vector<c10::IValue> args) override;
 
@@ -221,6 +224,8 @@ class Model::Impl final : public FrameCaller {
   void Report(FrameState& frame, bool is_entry, Outcome outcome,
               int variant, absl::Duration dispatch, absl::Duration run);
 };
+
+thread_local const std::function<bool()>* Model::Impl::cancelled = nullptr;
 
 absl::Status Model::Impl::LoadFrames() {
   const auto& m = artifact.manifest;
@@ -391,6 +396,10 @@ absl::StatusOr<Model::Impl::FrameResult> Model::Impl::Dispatch(
     ~DepthScope() { --depth; }
   } depth_scope;
 
+  if (cancelled != nullptr && *cancelled && (*cancelled)()) {
+    return absl::CancelledError(absl::StrCat(
+        "the call was cancelled before frame '", frame.proto->name(), "' ran"));
+  }
   const absl::Time start = absl::Now();
   absl::InlinedVector<ArgView, 8> views;
   if (absl::Status s = Views(frame, args, views); !s.ok()) {
@@ -527,6 +536,11 @@ absl::StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& directory,
 }
 
 absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args) {
+  return Call(args, nullptr);
+}
+
+absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args,
+                                       const std::function<bool()>& cancelled) {
   Impl& impl = *impl_;
   {
     absl::MutexLock lock(&impl.mu);
@@ -583,8 +597,12 @@ absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args) {
   }
 
   c10::InferenceMode inference_mode;
-  ASSIGN_OR_RETURN(Impl::FrameResult result,
-                   impl.Dispatch(*impl.entry, std::move(positional), true));
+  const std::function<bool()>* previous_cancelled = Impl::cancelled;
+  Impl::cancelled = &cancelled;
+  absl::StatusOr<Impl::FrameResult> dispatched =
+      impl.Dispatch(*impl.entry, std::move(positional), true);
+  Impl::cancelled = previous_cancelled;
+  ASSIGN_OR_RETURN(Impl::FrameResult result, std::move(dispatched));
 
   CallResult call_result;
   call_result.outcome = result.outcome;

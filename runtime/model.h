@@ -27,6 +27,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,8 +102,16 @@ class Model {
   //                        (also when a frame called by an eager program is
   //                        refused: the message names that frame)
   //   UNAVAILABLE          the model was closed
+  //   CANCELLED            the caller cancelled it (see below)
   //   INTERNAL             the compiled code or eager program failed
   absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args);
+
+  // As above; `cancelled` (may be empty) is polled before each frame runs,
+  // including frames an eager program calls, and a true answer ends the call
+  // with CANCELLED. A compiled variant or an eager program that has started
+  // runs to its end (neither can be interrupted).
+  absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args,
+                                  const std::function<bool()>& cancelled);
 
   // Sends every frame call and eager-fallback warning of this model to
   // `observer` (null: none). REQUIRES: no call has started yet, i.e. the

@@ -132,6 +132,8 @@ RequestOutcome OutcomeOfStatus(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition: return RequestOutcome::kRefused;
     case absl::StatusCode::kInvalidArgument: return RequestOutcome::kInvalid;
     case absl::StatusCode::kResourceExhausted: return RequestOutcome::kOverloaded;
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded: return RequestOutcome::kCancelled;
     default: return RequestOutcome::kError;
   }
 }
@@ -248,7 +250,8 @@ grpc::Status InferenceService::ModelConfig(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-absl::Status InferenceService::Infer(const inference::ModelInferRequest& request,
+absl::Status InferenceService::Infer(grpc::ServerContext* context,
+                                     const inference::ModelInferRequest& request,
                                      inference::ModelInferResponse* response,
                                      RequestOutcome* outcome,
                                      ModelRepository::Handle* handle,
@@ -331,10 +334,16 @@ absl::Status InferenceService::Infer(const inference::ModelInferRequest& request
 
   const absl::Time decoded = absl::Now();
   timing->input = decoded - start;
-  absl::StatusOr<CallResult> result = handle->model->Call(args);
+  // Polled before each frame runs: a request whose client has gone (or whose
+  // deadline passed) stops before the next frame instead of running on.
+  const std::function<bool()> cancelled = [context] { return context->IsCancelled(); };
+  absl::StatusOr<CallResult> result = handle->model->Call(args, cancelled);
   const absl::Time called = absl::Now();
   timing->infer = called - decoded;
   if (!result.ok()) return result.status();
+  if (context->IsCancelled()) {
+    return absl::CancelledError("the client cancelled the request or its deadline passed");
+  }
 
   *outcome = result->outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
                                                         : RequestOutcome::kVariant;
@@ -352,7 +361,7 @@ absl::Status InferenceService::Infer(const inference::ModelInferRequest& request
   return absl::OkStatus();
 }
 
-grpc::Status InferenceService::ModelInfer(grpc::ServerContext*,
+grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
                                           const inference::ModelInferRequest* request,
                                           inference::ModelInferResponse* response) {
   const absl::Time start = absl::Now();
@@ -366,7 +375,7 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext*,
   RequestOutcome outcome = RequestOutcome::kError;
   ModelRepository::Handle handle;
   RequestTiming timing;
-  absl::Status status = Infer(*request, response, &outcome, &handle, &timing);
+  absl::Status status = Infer(context, *request, response, &outcome, &handle, &timing);
   state_.Release();
   const absl::Time done = absl::Now();
   if (!status.ok()) {

@@ -62,7 +62,7 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
                                      inference::RepositoryModelUnloadResponse*) override;
 
  private:
-  absl::Status Infer(const inference::ModelInferRequest& request,
+  absl::Status Infer(grpc::ServerContext* context, const inference::ModelInferRequest& request,
                      inference::ModelInferResponse* response, RequestOutcome* outcome,
                      ModelRepository::Handle* handle, RequestTiming* timing);
 

@@ -34,6 +34,7 @@ const char* RequestOutcomeName(RequestOutcome outcome) {
     case RequestOutcome::kRefused: return "refused";
     case RequestOutcome::kInvalid: return "invalid";
     case RequestOutcome::kOverloaded: return "overloaded";
+    case RequestOutcome::kCancelled: return "cancelled";
     case RequestOutcome::kError: return "error";
   }
   return "unknown";

@@ -48,9 +48,10 @@ enum class RequestOutcome : uint8_t {
   kRefused,         // FAILED_PRECONDITION: no variant and not flagged.
   kInvalid,         // INVALID_ARGUMENT: a malformed request.
   kOverloaded,      // RESOURCE_EXHAUSTED: over the concurrency limit.
+  kCancelled,       // The client cancelled it or its deadline passed.
   kError,           // Anything else.
 };
-constexpr int kNumRequestOutcomes = 6;
+constexpr int kNumRequestOutcomes = 7;
 const char* RequestOutcomeName(RequestOutcome outcome);
 
 class ServerMetrics;

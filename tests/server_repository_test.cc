@@ -272,6 +272,47 @@ TEST(ServerRepository, RequestsBeyondTheConcurrencyLimitGetResourceExhausted) {
   EXPECT_TRUE(harness.Infer(SlowLoopRequest(0), &response).ok());
 }
 
+TEST(ServerRepository, ACancelledRequestStopsBeforeItsNextFrame) {
+  const std::string repository = ExampleRepository({"nested"});
+  Harness harness(repository);
+  // nested(k): encoder, then k disabled calls in a loop (slow, eager), then
+  // scale. The deadline passes during the loop: scale must not run.
+  inference::ModelInferRequest request;
+  request.set_model_name("nested");
+  auto* input = request.add_inputs();
+  input->set_name("x");
+  input->set_datatype("FP32");
+  input->add_shape(8);
+  input->add_shape(4);
+  request.add_raw_input_contents(std::string(8 * 4 * sizeof(float), '\0'));
+  (*request.mutable_parameters())["k"].set_int64_param(300000);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  inference::ModelInferResponse response;
+  const absl::Time start = absl::Now();
+  grpc::Status status = harness.inference->ModelInfer(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "the client waited for the run";
+
+  // The server notices once the loop ends, before calling scale.
+  const std::string cancelled =
+      "precompile_requests_total{model=\"nested\",outcome=\"cancelled\",version=\"1\"}";
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  std::string metrics;
+  while (absl::Now() < deadline) {
+    metrics = HttpGet(harness.server->metrics_port(), "/metrics");
+    if (MetricValue(metrics, cancelled) == 1) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(MetricValue(metrics, cancelled), 1);
+  EXPECT_EQ(MetricValue(metrics, "precompile_variant_hits_total{frame=\"encoder\",model=\"nested\","
+                                 "variant=\"encoder#0\",version=\"1\"}"),
+            1);
+  EXPECT_EQ(MetricValue(metrics, "precompile_variant_hits_total{frame=\"scale\",model=\"nested\","
+                                 "variant=\"scale#0\",version=\"1\"}"),
+            0);
+}
+
 TEST(ServerRepository, AdminAndRepositoryCallsNeedTheTokenWhenOneIsSet) {
   const std::string repository = ExampleRepository({"mlp"});
   server::ServerOptions options;

@@ -1,0 +1,83 @@
+// The checks behind the fuzz targets, shared by the libFuzzer entry points
+// (request_decoding_fuzzer.cc, guard_fuzzer.cc, manifest_fuzzer.cc, built by
+// run_fuzzers.sh with clang) and by fuzz_regression_test.cc, which replays
+// the committed corpus and every saved crash with the ordinary Bazel build.
+//
+// Each check takes arbitrary bytes, drives one input-facing component with
+// them and returns OK unless an invariant of that component is violated: a
+// malformed input that the component refuses with a status is fine. Memory
+// errors are left to the sanitizers (ASan, UBSan) the fuzzers are built with.
+//
+// Thread safety: CheckRequestDecoding and CheckGuards have no shared state.
+// CheckManifest writes into one fixture directory per process (see below):
+// call it from one thread at a time.
+#ifndef PRECOMPILE_TESTS_FUZZ_FUZZ_CHECKS_H_
+#define PRECOMPILE_TESTS_FUZZ_FUZZ_CHECKS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/artifact_reader.h"
+
+namespace precompile::fuzz {
+
+// Parses `data` as an inference::ModelInferRequest and decodes every input
+// with server::DecodeInput. For each input decoded, checks that its dtype and
+// shape are the request's, that nbytes == product(shape) * element size
+// (computed without overflow), that data is non-null when nbytes > 0, that
+// [data, data + nbytes) lies inside the input's raw_input_contents or inside
+// the decoding storage, that typed contents round-trip, and that EncodeOutput
+// writes the same bytes back. Every refusal must be INVALID_ARGUMENT with a
+// message. INTERNAL names the violated invariant.
+absl::Status CheckRequestDecoding(const uint8_t* data, size_t size);
+
+// `data` is a little-endian uint16 length L, L bytes of a serialized
+// artifact::v1::Frame, then a call (see EncodeGuardCall in make_seeds.py):
+//   state: u8 flags (bit 0: grad enabled), u8 default dtype (mod 10)
+//   per parameter of the frame: u8 kind (mod 6: None, tensor, bool, int,
+//     float, string), then for a tensor u8 dtype (mod 10), u8 device (mod 2),
+//     u8 rank (mod 9) and rank int64 sizes; a bool u8; an int int64; a float
+//     float64; a string u8 length and its bytes.
+// Missing bytes read as zero. Compiles every variant of the frame with
+// GuardProgram::Compile against the frame's parameter names and evaluates the
+// compiled ones on the call: Matches() must equal !ExplainMismatch(), a
+// mismatch must name a check in range with a reason, and a FrameDispatcher of
+// them must agree (Match() returns a variant that matches, or -1 only when
+// none does, and then ExplainMiss() names the variant that got furthest).
+// Each tensor's sizes live in an allocation of exactly `rank` elements, so a
+// read past the rank is an ASan report. Frames with more than
+// kMaxFuzzParameters parameters are skipped.
+inline constexpr int kMaxFuzzParameters = 64;
+absl::Status CheckGuards(const uint8_t* data, size_t size);
+
+// Writes `data` as MANIFEST.pb into the fixture artifact directory (created
+// once per process, see ManifestFixtureFiles()) and calls ReadArtifact with
+// FuzzReaderOptions(). Any status is fine; an accepted artifact must have
+// listed only files that resolve inside the directory, FRAMES among them,
+// and an entry frame that exists; then every variant's guards are compiled
+// as the runtime would.
+absl::Status CheckManifest(const uint8_t* data, size_t size);
+
+// What CheckManifest calls ReadArtifact with on `data` (for tests that want
+// the reader's own status, e.g. that the committed seeds are accepted).
+absl::StatusOr<Artifact> ReadFuzzArtifact(const uint8_t* data, size_t size);
+
+// The fixture artifact's files besides MANIFEST.pb: FRAMES and, for each of
+// the frames "forward", "encoder" and "scale", frames/<frame>/0.pt2, 1.pt2
+// and eager.pt. Each file's content is "fuzz fixture: <path>\n"; make_seeds.py
+// computes the same digests. The directory also holds a subdirectory "dir"
+// and two symbolic links: "inside" -> FRAMES and "escape" -> "..".
+std::vector<std::string> ManifestFixtureFiles();
+
+// The torch version and CPU ISA predicate the manifest check reads with:
+// torch "2.11.0", and only the ISAs "", "DEFAULT" and "AVX2" are supported
+// (fixed, so that results do not depend on the machine).
+ArtifactReaderOptions FuzzReaderOptions();
+
+}  // namespace precompile::fuzz
+
+#endif  // PRECOMPILE_TESTS_FUZZ_FUZZ_CHECKS_H_
