@@ -1,0 +1,42 @@
+// Sanitizer suppressions, compiled into every binary of the asan and tsan
+// configurations (.bazelrc links this library through --custom_malloc, the
+// one hook Bazel has for a library every binary links).
+//
+// Only what lies inside libraries we do not build with the sanitizer is
+// suppressed; each entry says why.
+
+extern "C" {
+
+const char* __lsan_default_suppressions() {
+  return
+      // libtorch keeps process-lifetime singletons (operator registry, thread
+      // pools, the TorchScript compilation unit) that it never frees.
+      "leak:libtorch_cpu.so\n"
+      "leak:libc10.so\n"
+      // AOTInductor's compiled model libraries are dlopen'ed and hold their
+      // constants until process exit.
+      "leak:aotinductor\n"
+      // gRPC's and protobuf's process-wide state (the completion-queue
+      // executor, descriptor pools) lives until exit by design.
+      "leak:libgrpc.so\n"
+      "leak:libgrpc++.so\n"
+      "leak:libprotobuf.so\n";
+}
+
+const char* __tsan_default_suppressions() {
+  return
+      // libtorch is not built with ThreadSanitizer: its intra-op thread pool
+      // and lazily initialised globals synchronise through code TSan cannot
+      // see, so every access inside it looks unsynchronised.
+      "race:libtorch_cpu.so\n"
+      "race:libc10.so\n"
+      "race:libgomp.so\n"
+      "called_from_lib:libtorch_cpu.so\n"
+      // Debian's gRPC is not instrumented either; its internal
+      // synchronisation (atomics in absl/gpr) is invisible to TSan.
+      "race:libgrpc.so\n"
+      "race:libgpr.so\n"
+      "called_from_lib:libgrpc.so\n";
+}
+
+}  // extern "C"
