@@ -10,6 +10,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -36,6 +38,12 @@ ABSL_FLAG(int, runners_per_variant, 2,
           "Instances of each compiled variant that run at once");
 ABSL_FLAG(int, repository_poll_seconds, 0,
           "Re-scan the repository this often for new models and versions (0: never)");
+ABSL_FLAG(bool, strict_readiness, true,
+          "Ready (ServerReady, health \"\") only while every model of the repository is "
+          "served; false: ready once the repository has been scanned");
+ABSL_FLAG(int, max_connection_age_seconds, 0,
+          "Ask clients to reconnect after this long (0: never), so that new replicas "
+          "get a share of long-lived connections");
 ABSL_FLAG(int, drain_timeout_seconds, 30,
           "On SIGTERM, how long running requests may take before the server exits non-zero");
 ABSL_FLAG(int, shutdown_delay_seconds, 0,
@@ -63,6 +71,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves precompile artifacts over gRPC.\n"
       "  precompile_server --model_repository=DIR [--grpc_port=8001] [--metrics_port=8002]");
+  // --help lists the flags of this file (absl's default looks for a file
+  // named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
@@ -100,6 +115,9 @@ int main(int argc, char** argv) {
   options.repository_poll_interval =
       absl::Seconds(absl::GetFlag(FLAGS_repository_poll_seconds));
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));
+  options.strict_readiness = absl::GetFlag(FLAGS_strict_readiness);
+  options.max_connection_age =
+      absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_seconds));
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

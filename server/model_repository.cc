@@ -129,6 +129,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
     if (!previous_model) {
       state.phase = ModelState::Phase::kUnavailable;
       state.reason = reason;
+      state.failed = true;
       Publish(state, nullptr);
     }
     spdlog::warn("event=model_load_failed model={} reason=\"{}\"", name, reason);
@@ -195,6 +196,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
   } else {
     state.phase = ModelState::Phase::kUnavailable;
     state.reason = newest_failure;
+    state.failed = true;
     Publish(state, nullptr);
   }
   return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", newest_failure));

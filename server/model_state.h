@@ -15,6 +15,8 @@ struct ModelState {
   Phase phase = Phase::kUnavailable;
   std::string reason;  // Why the last load failed, or why it is not served.
   std::string directory;
+  // Its last load failed and no version of it is served.
+  bool failed = false;
 };
 
 inline const char* PhaseName(ModelState::Phase phase) {

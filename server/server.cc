@@ -58,7 +58,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
 }  // namespace
 
 Server::Server(ServerOptions options)
-    : options_(std::move(options)), state_(options_.max_concurrent_requests) {}
+    : options_(std::move(options)), state_(options_.max_concurrent_requests) {
+  state_.SetStrict(options_.strict_readiness);
+}
 
 Server::~Server() {
   if (!stop_polling_.HasBeenNotified()) stop_polling_.Notify();
@@ -111,9 +113,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
                  o.model_repository);
   }
   server->state_.SetReady();
-  server->grpc_server_->GetHealthCheckService()->SetServingStatus("", true);
-  spdlog::info("event=ready models_ready={} models_failed={}", ready,
-               states.size() - ready);
+  server->UpdateReadiness();
+  spdlog::info("event={} models_ready={} models_failed={}",
+               server->state_.ready() ? "ready" : "not_ready", ready, states.size() - ready);
 
   if (o.repository_poll_interval > absl::ZeroDuration()) {
     Server* raw = server.get();
@@ -135,6 +137,15 @@ absl::Status Server::Listen() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  if (options_.max_connection_age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(
+                                   options_.max_connection_age)));
+    // Calls running when the age is reached get this long to finish.
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(
+                                   options_.drain_timeout)));
+  }
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
   if (options_.grpc_threads > 0) {
     grpc::ResourceQuota quota("precompile-serve");
@@ -158,6 +169,18 @@ void Server::OnModelState(const ModelState& state, const std::shared_ptr<Model>&
   if (grpc_server_ && !state_.draining()) {
     grpc_server_->GetHealthCheckService()->SetServingStatus(
         state.name, state.phase == ModelState::Phase::kReady);
+  }
+  if (repository_) UpdateReadiness();
+}
+
+void Server::UpdateReadiness() {
+  bool ok = true;
+  for (const ModelState& s : repository_->List()) {
+    if (s.failed || s.phase == ModelState::Phase::kLoading) ok = false;
+  }
+  state_.SetModelsOk(ok);
+  if (grpc_server_ && !state_.draining()) {
+    grpc_server_->GetHealthCheckService()->SetServingStatus("", state_.ready());
   }
 }
 

@@ -51,6 +51,13 @@ struct ServerOptions {
   std::string device = "cpu";
   // Re-scan the repository this often; zero: only on request.
   absl::Duration repository_poll_interval = absl::ZeroDuration();
+  // The server is ready (ServerReady, health "") only while every model of
+  // the repository is served: none is loading and none failed to load. When
+  // false, ready as soon as the first scan is done. Default: true.
+  bool strict_readiness = true;
+  // Clients reconnect after this long (zero: never), so that new replicas
+  // behind a Service get their share of long-lived connections.
+  absl::Duration max_connection_age = absl::ZeroDuration();
   // How long Stop() waits for running calls.
   absl::Duration drain_timeout = absl::Seconds(30);
   // When non-empty, admin and repository-control calls need the metadata
@@ -69,6 +76,7 @@ class Server final : public RepositoryListener {
   ~Server() override;
 
   void BeginDrain();
+  bool ready() const { return state_.ready(); }
   // OK if every call finished within the drain timeout; otherwise
   // DEADLINE_EXCEEDED naming what was still running.
   absl::Status Stop();
@@ -84,6 +92,8 @@ class Server final : public RepositoryListener {
  private:
   explicit Server(ServerOptions options);
   absl::Status Listen();
+  // Recomputes readiness from the repository and tells the health service.
+  void UpdateReadiness();
 
   const ServerOptions options_;
   ServingState state_;

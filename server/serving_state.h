@@ -16,9 +16,15 @@ class ServingState {
   // `max_in_flight`: inference requests admitted at once; 0 means no limit.
   explicit ServingState(int max_in_flight) : max_in_flight_(max_in_flight) {}
 
-  bool ready() const { return ready_.load() && !draining_.load(); }
+  // Ready: the repository's first scan is done, the server is not draining,
+  // and (with strict readiness) no model is loading or failed to load.
+  bool ready() const {
+    return ready_.load() && !draining_.load() && (!strict_ || models_ok_.load());
+  }
   bool draining() const { return draining_.load(); }
   void SetReady() { ready_.store(true); }
+  void SetStrict(bool strict) { strict_ = strict; }
+  void SetModelsOk(bool ok) { models_ok_.store(ok); }
   void BeginDrain() { draining_.store(true); }
 
   // Admits one request, or returns false if the limit is reached. A true
@@ -37,7 +43,9 @@ class ServingState {
 
  private:
   const int max_in_flight_;
+  bool strict_ = true;
   std::atomic<bool> ready_{false};
+  std::atomic<bool> models_ok_{true};
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};
 };

@@ -224,6 +224,9 @@ TEST(ServerRepository, ABrokenModelIsReportedAndDoesNotStopTheOthers) {
   auto index = harness.Index();
   EXPECT_EQ(index["mlp"].state(), "READY");
   EXPECT_EQ(index["broken"].state(), "UNAVAILABLE");
+  // Strict readiness (the default): a model that failed to load keeps the
+  // server out of a load balancer's rotation, while it serves what it has.
+  EXPECT_FALSE(harness.server->ready());
   EXPECT_THAT(index["broken"].reason(),
               HasSubstr("version 1 failed to load"));
   EXPECT_THAT(index["broken"].reason(), HasSubstr("MANIFEST.pb is not a valid manifest"));
@@ -252,6 +255,13 @@ TEST(ServerRepository, ABrokenModelIsReportedAndDoesNotStopTheOthers) {
   EXPECT_EQ(MetricValue(metrics, "precompile_model_load_failures_total{model=\"broken\"}"), 1);
   EXPECT_EQ(MetricValue(metrics, "precompile_model_load_failures_total{model=\"mlp\"}"), 1);
   EXPECT_EQ(MetricValue(metrics, "precompile_models_loaded"), 1);
+
+  // Once the broken model is fixed, the server is ready again.
+  fs::remove_all(repository + "/broken/1");
+  CopyTree(ExampleArtifact("loop"), repository + "/broken/1");
+  harness.Rescan();
+  EXPECT_EQ(harness.Index()["broken"].state(), "READY");
+  EXPECT_TRUE(harness.server->ready());
 }
 
 TEST(ServerRepository, RequestsBeyondTheConcurrencyLimitGetResourceExhausted) {
@@ -311,6 +321,28 @@ TEST(ServerRepository, ACancelledRequestStopsBeforeItsNextFrame) {
   EXPECT_EQ(MetricValue(metrics, "precompile_variant_hits_total{frame=\"scale\",model=\"nested\","
                                  "variant=\"scale#0\",version=\"1\"}"),
             0);
+}
+
+TEST(ServerRepository, RefusesMessagesOverTheSizeLimit) {
+  server::ServerOptions options;
+  options.model_repository = ExampleRepository({"mlp"});
+  options.grpc_address = "127.0.0.1:0";
+  options.metrics_address = "";
+  options.max_message_bytes = 4096;
+  auto server = server::Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->grpc_port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = inference::GRPCInferenceService::NewStub(channel);
+  inference::ModelInferRequest big = MlpRequest();
+  big.mutable_inputs(0)->set_shape(0, 1024);
+  big.set_raw_input_contents(0, std::string(1024 * 4 * sizeof(float), '\0'));
+  grpc::ClientContext context;
+  inference::ModelInferResponse response;
+  grpc::Status status = stub->ModelInfer(&context, big, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  grpc::ClientContext small_context;
+  EXPECT_TRUE(stub->ModelInfer(&small_context, MlpRequest(), &response).ok());
 }
 
 TEST(ServerRepository, AdminAndRepositoryCallsNeedTheTokenWhenOneIsSet) {

