@@ -15,7 +15,8 @@ precompile workflow (DESIGN.md section 1):
 - nested: `forward` compiles on its first call (k=0), falls back on a later
           one (k=1), and during that eager run its callees, the sub-module
           `encoder` and the function `scale`, are captured on their own with
-          static shapes.
+          static shapes; its callee `wobble` is a graph break on its first
+          call, so it is flagged with no variant and always runs eagerly.
 """
 
 import torch
@@ -74,6 +75,11 @@ def scale(y: torch.Tensor, factor: float = 2.0) -> torch.Tensor:
     return torch.tanh(y) * factor
 
 
+def wobble(y: torch.Tensor) -> torch.Tensor:
+    # A graph break on its first call: flagged, with nothing compiled to lose.
+    return opaque(y) - 0.25
+
+
 class Encoder(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -92,7 +98,7 @@ class Nested(torch.nn.Module):
     def forward(self, x: torch.Tensor, k: int = 0) -> torch.Tensor:
         y = self.encoder(x)
         for _ in range(k):
-            y = opaque(y)
+            y = wobble(y)
         return self.head(scale(y, 2.0))
 
 

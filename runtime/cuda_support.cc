@@ -3,9 +3,9 @@
 #include <ATen/Context.h>
 #include <dlfcn.h>
 
+#include <mutex>
 #include <string>
 
-#include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 
 namespace precompile {
@@ -27,9 +27,9 @@ std::string TorchLibraryDirectory() {
 }  // namespace
 
 absl::Status LoadCudaSupport() {
-  static absl::once_flag once;
+  static std::once_flag once;
   static std::string* error = new std::string;
-  absl::call_once(once, [] {
+  std::call_once(once, [] {
     const std::string dir = TorchLibraryDirectory();
     const std::string library = dir.empty() ? "libtorch_cuda.so" : dir + "/libtorch_cuda.so";
     if (dlopen(library.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {

@@ -9,6 +9,8 @@
 #include <torch/headeronly/version.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -16,7 +18,6 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "runtime/artifact_reader.h"
 #include "runtime/cuda_support.h"
 #include "runtime/eager_program.h"
@@ -195,7 +196,9 @@ class Model::Impl final : public FrameCaller {
   absl::flat_hash_map<std::string, FrameState*> frames_by_name;
   FrameState* entry = nullptr;
 
-  mutable absl::Mutex mu;
+  // std::mutex, not absl::Mutex: see runtime/notification.h.
+  mutable std::mutex mu;
+  std::condition_variable idle;
   bool closed ABSL_GUARDED_BY(mu) = false;
   int in_flight ABSL_GUARDED_BY(mu) = 0;
   std::vector<EagerFallbackWarning> warnings ABSL_GUARDED_BY(mu);
@@ -356,7 +359,7 @@ void Model::Impl::WarnEagerMiss(FrameState& frame,
   spdlog::warn("event=eager_fallback model={} frame={} message=\"{}\"", options.name, f.name(),
                message);
   {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     warnings.push_back({f.name(), message, absl::Now()});
   }
   if (observer) {
@@ -543,7 +546,7 @@ absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args,
                                        const std::function<bool()>& cancelled) {
   Impl& impl = *impl_;
   {
-    absl::MutexLock lock(&impl.mu);
+    std::lock_guard<std::mutex> lock(impl.mu);
     if (impl.closed) {
       return absl::UnavailableError(
           absl::StrCat("model '", impl.options.name, "' is unloaded"));
@@ -553,8 +556,11 @@ absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args,
   struct InFlight {
     Impl& impl;
     ~InFlight() {
-      absl::MutexLock lock(&impl.mu);
-      --impl.in_flight;
+      {
+        std::lock_guard<std::mutex> lock(impl.mu);
+        --impl.in_flight;
+      }
+      impl.idle.notify_all();
     }
   } in_flight{impl};
 
@@ -644,7 +650,7 @@ void Model::SetObserver(std::shared_ptr<CallObserver> observer) {
 }
 
 void Model::Close() {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   if (!impl_->closed) {
     impl_->closed = true;
     spdlog::info("model '{}' closed; {} calls still running", impl_->options.name,
@@ -653,15 +659,13 @@ void Model::Close() {
 }
 
 bool Model::AwaitIdle(absl::Duration timeout) {
-  absl::MutexLock lock(&impl_->mu);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mu) {
-    return impl_->in_flight == 0;
-  };
-  return impl_->mu.AwaitWithTimeout(absl::Condition(&idle), timeout);
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  return impl_->idle.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                              [this] { return impl_->in_flight == 0; });
 }
 
 int Model::calls_in_flight() const {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->in_flight;
 }
 
@@ -695,7 +699,7 @@ std::vector<FrameCoverage> Model::Coverage() const {
 }
 
 std::vector<EagerFallbackWarning> Model::Warnings() const {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->warnings;
 }
 

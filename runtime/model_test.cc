@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
+#include "runtime/notification.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/reference.h"
 
@@ -178,6 +178,11 @@ TEST(Model, AnEagerFramesCalleesKeepTheirVariantsAndRefuseTheirOwnMisses) {
   EXPECT_EQ(Hits(*model, "encoder#0"), 2u);
   EXPECT_EQ(Hits(*model, "scale#0"), 2u);
   EXPECT_EQ(Calls(*model, "encoder", Outcome::kEagerFallback), 0u);
+  // wobble is flagged with no variant: served eagerly from the start, and
+  // with nothing compiled to lose it warns nothing; only forward warned.
+  EXPECT_EQ(Calls(*model, "wobble", Outcome::kEagerFallback), 3u);
+  ASSERT_EQ(model->Warnings().size(), 1u);
+  EXPECT_EQ(model->Warnings()[0].frame, "forward");
 
   // Batch 16: the entry runs eagerly, and its callee `encoder` (captured only
   // at batch 8, not flagged) refuses the call, naming itself.
@@ -269,7 +274,7 @@ TEST(Model, ReportsEveryFrameCallToItsObserver) {
   model->SetObserver(observer);
   CallAndCompare(*model, "nested", "k0");
   CallAndCompare(*model, "nested", "k1");
-  ASSERT_EQ(observer->events.size(), 4u);
+  ASSERT_EQ(observer->events.size(), 5u);
   EXPECT_EQ(observer->events[0].frame, "forward");
   EXPECT_TRUE(observer->events[0].is_entry);
   EXPECT_EQ(observer->events[0].variant, "forward#0");
@@ -277,9 +282,11 @@ TEST(Model, ReportsEveryFrameCallToItsObserver) {
   EXPECT_EQ(observer->events[1].frame, "encoder");
   EXPECT_FALSE(observer->events[1].is_entry);
   EXPECT_EQ(observer->events[1].outcome, Outcome::kVariant);
-  EXPECT_EQ(observer->events[2].frame, "scale");
-  EXPECT_EQ(observer->events[3].frame, "forward");
-  EXPECT_EQ(observer->events[3].outcome, Outcome::kEagerFallback);
+  EXPECT_EQ(observer->events[2].frame, "wobble");
+  EXPECT_EQ(observer->events[2].outcome, Outcome::kEagerFallback);
+  EXPECT_EQ(observer->events[3].frame, "scale");
+  EXPECT_EQ(observer->events[4].frame, "forward");
+  EXPECT_EQ(observer->events[4].outcome, Outcome::kEagerFallback);
   EXPECT_EQ(observer->warnings, std::vector<std::string>{"forward"});
 }
 
@@ -319,8 +326,8 @@ class BlockingObserver : public CallObserver {
   }
   void OnEagerFallbackWarning(absl::string_view, absl::string_view,
                               absl::string_view) override {}
-  absl::Notification entered;
-  absl::Notification release;
+  Notification entered;
+  Notification release;
 };
 
 TEST(Model, ACallInFlightFinishesAfterCloseAndNewCallsAreRefused) {

@@ -2,11 +2,10 @@
 
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
+#include <mutex>
 #include <utility>
 
-#include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "runtime/torch_errors.h"
 
 namespace precompile {
@@ -14,7 +13,7 @@ namespace {
 
 // AOTIModelPackageLoader's constructor unpacks into a temporary directory
 // and registers global state without locking: load packages one at a time.
-ABSL_CONST_INIT absl::Mutex loader_mutex(absl::kConstInit);
+std::mutex loader_mutex;
 
 }  // namespace
 
@@ -27,7 +26,7 @@ Variant::~Variant() = default;
 absl::StatusOr<std::unique_ptr<Variant>> Variant::Load(
     const std::string& id, const std::string& package_path,
     const VariantOptions& options) {
-  absl::MutexLock lock(&loader_mutex);
+  std::lock_guard<std::mutex> lock(loader_mutex);
   auto loader = CallTorch(absl::StrCat("loading variant ", id), [&] {
     return std::make_unique<torch::inductor::AOTIModelPackageLoader>(
         package_path, "model", /*run_single_threaded=*/false,

@@ -394,7 +394,7 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
 void InferenceService::LogFailure(const std::string& model, const absl::Status& status) {
   const std::string code = absl::StatusCodeToString(status.code());
   {
-    absl::MutexLock lock(&log_mu_);
+    std::lock_guard<std::mutex> lock(log_mu_);
     // Bounded: only models the server knows get their own key.
     const std::string key =
         absl::StrCat(status.code() == absl::StatusCode::kNotFound ? "" : model, "/", code);

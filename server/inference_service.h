@@ -14,10 +14,10 @@
 #define PRECOMPILE_SERVER_INFERENCE_SERVICE_H_
 
 #include <atomic>
+#include <mutex>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/inference.grpc.pb.h"
 #include "server/metrics.h"
@@ -75,7 +75,7 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
   ServerMetrics* const metrics_;
   ServingState& state_;
   const std::string admin_token_;
-  absl::Mutex log_mu_;
+  std::mutex log_mu_;
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 };
 

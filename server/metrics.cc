@@ -129,7 +129,7 @@ int ServerMetrics::http_port() const {
 std::shared_ptr<ModelMetrics> ServerMetrics::ForModel(const std::string& model,
                                                       int64_t version,
                                                       const Model& loaded) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::weak_ptr<ModelMetrics>& slot = model_metrics_[{model, version}];
   if (std::shared_ptr<ModelMetrics> live = slot.lock()) return live;
   auto metrics = std::make_shared<ModelMetrics>(*this, model, version, loaded);
@@ -138,7 +138,7 @@ std::shared_ptr<ModelMetrics> ServerMetrics::ForModel(const std::string& model,
 }
 
 void ServerMetrics::OnModelState(const ModelState& state) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (state.phase == ModelState::Phase::kReady) {
     ready_models_.insert(state.name);
   } else {

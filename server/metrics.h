@@ -27,13 +27,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/model.h"
 #include "runtime/observer.h"
@@ -166,7 +166,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& dispatch_duration_;
   prometheus::Family<prometheus::Histogram>& execution_duration_;
   prometheus::Gauge& loaded_gauge_;
-  absl::Mutex mu_;
+  std::mutex mu_;
   absl::flat_hash_set<std::string> ready_models_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<std::string, int64_t>, std::weak_ptr<ModelMetrics>>
       model_metrics_ ABSL_GUARDED_BY(mu_);

@@ -64,7 +64,7 @@ void ModelRepository::Publish(const ModelState& state,
                               const std::shared_ptr<Model>& model,
                               std::shared_ptr<ModelMetrics> metrics) {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = models_[state.name];
     entry.state = state;
     entry.model = model;
@@ -79,7 +79,7 @@ std::optional<ModelState> ModelRepository::Retire(const std::string& name,
   std::shared_ptr<Model> model;
   ModelState state;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = models_.find(name);
     if (it == models_.end() || !it->second.model) return std::nullopt;
     model = std::move(it->second.model);
@@ -109,7 +109,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
   ModelState previous;
   std::shared_ptr<Model> previous_model;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (auto it = models_.find(name); it != models_.end()) {
       previous = it->second.state;
       previous_model = it->second.model;
@@ -136,7 +136,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
     return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", reason));
   }
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = models_[name];
     entry.attempted_version = versions.front().first;
     entry.attempted_fingerprint = Fingerprint(versions.front().second);
@@ -188,7 +188,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
   if (previous_model) {
     std::shared_ptr<ModelMetrics> previous_metrics;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       previous_metrics = models_[name].metrics;
     }
     previous.reason = newest_failure;
@@ -203,12 +203,12 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
 }
 
 absl::StatusOr<ModelState> ModelRepository::Load(const std::string& name) {
-  absl::MutexLock load_lock(&load_mu_);
+  std::lock_guard<std::mutex> load_lock(load_mu_);
   return LoadLocked(name);
 }
 
 absl::StatusOr<ModelState> ModelRepository::Unload(const std::string& name) {
-  absl::MutexLock load_lock(&load_mu_);
+  std::lock_guard<std::mutex> load_lock(load_mu_);
   std::optional<ModelState> served = Retire(name, "unloaded on request", true);
   if (!served) {
     return absl::NotFoundError(absl::StrCat("model '", name, "' is not loaded"));
@@ -220,7 +220,7 @@ absl::StatusOr<ModelState> ModelRepository::Unload(const std::string& name) {
 }
 
 std::vector<ModelState> ModelRepository::Rescan() {
-  absl::MutexLock load_lock(&load_mu_);
+  std::lock_guard<std::mutex> load_lock(load_mu_);
   std::error_code ec;
   std::vector<std::string> found;
   for (const auto& entry : fs::directory_iterator(options_.root, ec)) {
@@ -237,7 +237,7 @@ std::vector<ModelState> ModelRepository::Rescan() {
     if (versions.empty()) continue;
     const std::string fingerprint = Fingerprint(versions.front().second);
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       auto it = models_.find(name);
       if (it != models_.end() &&
           (it->second.unloaded ||
@@ -250,7 +250,7 @@ std::vector<ModelState> ModelRepository::Rescan() {
   }
   std::vector<std::string> gone;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [name, entry] : models_) {
       if (entry.model && !std::binary_search(found.begin(), found.end(), name)) {
         gone.push_back(name);
@@ -265,7 +265,7 @@ std::vector<ModelState> ModelRepository::Rescan() {
 
 absl::StatusOr<ModelRepository::Handle> ModelRepository::Get(
     absl::string_view name, absl::string_view version) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = models_.find(name);
   if (it == models_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
@@ -293,7 +293,7 @@ absl::StatusOr<ModelRepository::Handle> ModelRepository::Get(
 }
 
 std::vector<ModelState> ModelRepository::List() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<ModelState> states;
   for (const auto& [name, entry] : models_) states.push_back(entry.state);
   std::sort(states.begin(), states.end(),
@@ -303,7 +303,7 @@ std::vector<ModelState> ModelRepository::List() const {
 
 std::vector<std::pair<ModelState, std::shared_ptr<Model>>> ModelRepository::Served()
     const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<ModelState, std::shared_ptr<Model>>> served;
   for (const auto& [name, entry] : models_) {
     if (entry.model) served.emplace_back(entry.state, entry.model);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,7 +24,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "runtime/model.h"
 #include "server/metrics.h"
 #include "server/model_state.h"
@@ -117,8 +117,9 @@ class ModelRepository {
 
   const RepositoryOptions options_;
   RepositoryListener* const listener_;
-  absl::Mutex load_mu_;  // Held while a load, unload or rescan runs.
-  mutable absl::Mutex mu_;
+  // std::mutex, not absl::Mutex: see runtime/notification.h.
+  std::mutex load_mu_;  // Held while a load, unload or rescan runs.
+  mutable std::mutex mu_;
   absl::flat_hash_map<std::string, Entry> models_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -20,8 +20,8 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "runtime/notification.h"
 #include "server/admin_service.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
@@ -103,7 +103,7 @@ class Server final : public RepositoryListener {
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int grpc_port_ = 0;
-  absl::Notification stop_polling_;
+  Notification stop_polling_;
   std::thread poller_;
 };
 

@@ -19,7 +19,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/inference.grpc.pb.h"
@@ -61,7 +60,7 @@ class ServerProcess {
       char buffer[4096];
       ssize_t n;
       while ((n = read(fd, buffer, sizeof(buffer))) > 0) {
-        absl::MutexLock lock(&mu_);
+        std::lock_guard<std::mutex> lock(mu_);
         output_.append(buffer, n);
       }
       close(fd);
@@ -82,7 +81,7 @@ class ServerProcess {
     const absl::Time deadline = absl::Now() + timeout;
     while (absl::Now() < deadline) {
       {
-        absl::MutexLock lock(&mu_);
+        std::lock_guard<std::mutex> lock(mu_);
         std::smatch m;
         if (std::regex_search(output_, m, re)) return m.size() > 1 ? m[1].str() : m[0].str();
       }
@@ -93,7 +92,7 @@ class ServerProcess {
   }
 
   std::string output() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return output_;
   }
 
@@ -118,7 +117,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   bool exited_ = false;
   std::thread reader_;
-  absl::Mutex mu_;
+  std::mutex mu_;
   std::string output_ ABSL_GUARDED_BY(mu_);
 };
 

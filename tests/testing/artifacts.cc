@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <map>
 
-#include "absl/synchronization/mutex.h"
+#include <mutex>
 
 namespace precompile::testing {
 namespace {
@@ -15,9 +15,9 @@ namespace fs = std::filesystem;
 }  // namespace
 
 std::string ExampleArtifact(const std::string& name) {
-  static absl::Mutex mu(absl::kConstInit);
+  static std::mutex mu;
   static auto* copies = new std::map<std::string, std::string>;
-  absl::MutexLock lock(&mu);
+  std::lock_guard<std::mutex> lock(mu);
   if (auto it = copies->find(name); it != copies->end()) return it->second;
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
