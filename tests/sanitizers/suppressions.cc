@@ -32,9 +32,16 @@ const char* __tsan_default_suppressions() {
       "race:libc10.so\n"
       "race:libgomp.so\n"
       "called_from_lib:libtorch_cpu.so\n"
+      // libtorch's operator registry takes a lock in uninstrumented code and
+      // releases it in a deregistration callback inlined into our binary (at
+      // exit), and libtorch_cuda's static initialisers do the same at load:
+      // TSan sees an unlock without the lock.
+      "mutex:c10::RegistrationHandleRAII\n"
+      "mutex:libtorch_cuda.so\n"
       // Debian's gRPC is not instrumented either; its internal
       // synchronisation (atomics in absl/gpr) is invisible to TSan.
       "race:libgrpc.so\n"
+      "race:libgrpc++.so\n"
       "race:libgpr.so\n"
       "called_from_lib:libgrpc.so\n"
       // Debian's abseil is not instrumented: gRPC's use of absl::Mutex (and
