@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -127,6 +128,17 @@ absl::StatusOr<Value> ParameterValue(const std::string& name,
   }
 }
 
+// A recorded default as Python would print it: 0, 2.5, True, 'mean', None.
+std::string ScalarText(const artifact::v1::Scalar& s) {
+  switch (s.value_case()) {
+    case artifact::v1::Scalar::kBoolValue: return s.bool_value() ? "True" : "False";
+    case artifact::v1::Scalar::kIntValue: return absl::StrCat(s.int_value());
+    case artifact::v1::Scalar::kFloatValue: return absl::StrCat(s.float_value());
+    case artifact::v1::Scalar::kStringValue: return absl::StrCat("'", s.string_value(), "'");
+    default: return "None";
+  }
+}
+
 RequestOutcome OutcomeOfStatus(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kFailedPrecondition: return RequestOutcome::kRefused;
@@ -238,9 +250,10 @@ grpc::Status InferenceService::ModelConfig(grpc::ServerContext*,
   auto& params = *config->mutable_parameters();
   for (const Parameter& p : entry.parameters()) {
     if (IsTensorKind(p.kind())) continue;
+    std::string kind = absl::AsciiStrToLower(Parameter::Kind_Name(p.kind()));
     params[absl::StrCat("argument:", p.name())].set_string_value(
-        absl::StrCat(Parameter::Kind_Name(p.kind()),
-                     p.has_default_value() ? absl::StrCat(" default ", p.default_value().ShortDebugString()) : ""));
+        p.has_default_value() ? absl::StrCat(kind, ", default ", ScalarText(p.default_value()))
+                              : kind);
   }
   params["entry_frame"].set_string_value(entry.name());
   params["complete"].set_string_value(manifest.summary().complete() ? "true" : "false");

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -191,8 +193,7 @@ TEST_F(ServerTest, DescribesAModelsInputsAndOutputsFromItsArtifact) {
   EXPECT_EQ(config.config().max_batch_size(), 0);
   ASSERT_EQ(config.config().input_size(), 1);
   EXPECT_EQ(config.config().input(0).data_type(), inference::TYPE_FP32);
-  EXPECT_THAT(config.config().parameters().at("argument:n").string_value(),
-              HasSubstr("INT"));
+  EXPECT_EQ(config.config().parameters().at("argument:n").string_value(), "int, default 0");
 }
 
 TEST_F(ServerTest, ServesVariantsAndSaysWhichOne) {
@@ -359,6 +360,22 @@ TEST_F(ServerTest, RejectsMalformedRequestsAndKeepsServing) {
     EXPECT_THAT(status.error_message(), HasSubstr(c.message)) << c.what;
   }
   EXPECT_EQ(Outcome(InferAndCompare("loop", "n1")), "eager_fallback");
+}
+
+TEST_F(ServerTest, PassesNanAndInfThroughLikeTheModelWould) {
+  ReferenceCall ref = Reference("loop", "n0");
+  at::Tensor x = ref.tensors[0].clone();
+  x[0][0] = std::numeric_limits<float>::quiet_NaN();
+  x[0][1] = std::numeric_limits<float>::infinity();
+  inference::ModelInferRequest request = RequestFor("loop", ref);
+  request.set_raw_input_contents(0, std::string(static_cast<const char*>(x.data_ptr()),
+                                                x.nbytes()));
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(request, &response).ok());
+  at::Tensor y = OutputTensor(response, 0);
+  EXPECT_TRUE(std::isnan(y[0][0].item<float>()));
+  EXPECT_TRUE(std::isnan(y[0][1].item<float>()));  // sin(inf)
+  EXPECT_TRUE(at::allclose(y.slice(0, 1), ref.expected[0].slice(0, 1), 1e-4, 1e-5));
 }
 
 TEST_F(ServerTest, ReportsSummaryFramesAndStatistics) {

@@ -1,25 +1,46 @@
 #!/usr/bin/env bash
 # Sets up the machine (tools/setup.sh), builds everything and runs every test:
-# the C++ tests with `bazel test`, then the capture tool's tests with pytest.
-# Ends with each runner's summary: "bazel: N passed, N failed, N skipped" for
-# the C++ test cases, then pytest's own line.
+#   1. bazel test //...      C++ unit, end-to-end and process tests, client
+#                            tests, deploy tests, fuzz regressions
+#   2. the runtime, server and end-to-end tests again under AddressSanitizer
+#      (with leak checking) and ThreadSanitizer
+#   3. the libFuzzer fuzzers, each for a bounded time
+#   4. pytest: the capture tool and the Python client example
+# Each stage ends with its own summary line ("bazel: N passed, N failed, ..."),
+# pytest's last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh || exit 1
+failed=0
+
+# Prints "<label>: N passed, N failed, N skipped" for the tests Bazel ran.
+summarize() {
+  local label=$1 config=$2
+  shift 2
+  local testlogs
+  testlogs=$(bazel info $config bazel-testlogs 2>/dev/null)
+  .venv/bin/python3 tools/test_summary.py --label "$label" "$testlogs" "$@" || failed=1
+}
 
 echo "[test] bazel test //... (the first run builds libtorch-heavy code and captures the example artifacts: several minutes)"
-bazel test //... --keep_going
-bazel_status=$?
+bazel test //... --keep_going || failed=1
+summarize bazel "" $(bazel query 'tests(//...)' 2>/dev/null)
 
-targets=$(bazel query 'tests(//...)' 2>/dev/null)
-.venv/bin/python3 tools/test_summary.py "$(bazel info bazel-testlogs 2>/dev/null)" $targets
-summary_status=$?
+sanitized=(//runtime/... //server/... //client/... //tests/...)
+echo "[test] AddressSanitizer: bazel test --config=asan ${sanitized[*]}"
+bazel test --config=asan "${sanitized[@]}" --keep_going || failed=1
+summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]}))" 2>/dev/null)
 
-echo "[test] pytest capture/tests"
-.venv/bin/python3 -m pytest capture/tests -q -p no:cacheprovider
-pytest_status=$?
+# ThreadSanitizer slows everything down ~10x: the tests that exercise threads
+# (concurrent calls, reloads under load, the gRPC server), not the process ones.
+tsan=(//runtime/... //server/... //client/... //tests:server_e2e_test //tests:server_repository_test
+      //tests:torch_grpc_coexistence_test)
+echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
+bazel test --config=tsan "${tsan[@]}" --keep_going || failed=1
+summarize tsan --config=tsan $(bazel query "tests(set(${tsan[*]}))" 2>/dev/null)
 
-if ((bazel_status || summary_status || pytest_status)); then
-  exit 1
-fi
+echo "[test] pytest capture/tests client/python"
+.venv/bin/python3 -m pytest capture/tests client/python -q -p no:cacheprovider || failed=1
+
+exit $failed

@@ -1,8 +1,9 @@
 """Counts the C++ test cases Bazel ran, from each test target's JUnit XML.
 
-Usage: test_summary.py BAZEL_TESTLOGS //pkg:target...
-Prints "bazel: N passed, N failed, N skipped" (a target that crashed before
-writing its results counts as one failed case) and exits 1 if any failed.
+Usage: test_summary.py [--label LABEL] BAZEL_TESTLOGS //pkg:target...
+Prints "LABEL: N passed, N failed, N skipped" (LABEL defaults to "bazel"; a
+target that crashed before writing its results counts as one failed case) and
+exits 1 if any failed.
 """
 
 import os
@@ -35,14 +36,18 @@ def count(testlogs: str, target: str):
     return passed, failed, skipped
 
 
-def main(testlogs: str, targets) -> int:
+def main(label: str, testlogs: str, targets) -> int:
     totals = [0, 0, 0]
     for target in targets:
         for i, n in enumerate(count(testlogs, target)):
             totals[i] += n
-    print(f"bazel: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
+    print(f"{label}: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
     return 1 if totals[1] else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2:]))
+    args = sys.argv[1:]
+    label = "bazel"
+    if args[:1] == ["--label"]:
+        label, args = args[1], args[2:]
+    sys.exit(main(label, args[0], args[1:]))

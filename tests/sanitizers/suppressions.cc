@@ -47,7 +47,11 @@ const char* __tsan_default_suppressions() {
       // Debian's abseil is not instrumented: gRPC's use of absl::Mutex (and
       // its deadlock-detection graph) synchronises invisibly to TSan. Our own
       // code uses std::mutex for that reason (runtime/notification.h).
-      "race:libabsl_\n";
+      "race:libabsl_\n"
+      // Nor are Debian's OpenSSL libraries, which gRPC's TLS uses from its
+      // own threads.
+      "race:libcrypto.so\n"
+      "race:libssl.so\n";
 }
 
 }  // extern "C"

@@ -1,0 +1,552 @@
+#include "client/cli.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/admin_client.h"
+#include "client/flags.h"
+#include "client/infer_request.h"
+#include "client/inference_client.h"
+#include "client/json.h"
+#include "client/npy.h"
+#include "client/proto_json.h"
+#include "client/tensor.h"
+#include "client/tensor_json.h"
+
+namespace precompile::client {
+namespace {
+
+struct Options {
+  ConnectionFlags connection;
+  bool json = false;
+  bool help = false;
+  std::vector<std::string> inputs;
+  std::vector<std::string> params;
+  std::vector<std::string> outputs;
+  std::string output_dir;
+  std::string model_version;
+  std::string id;
+  int64_t max_values = 16;
+};
+
+void AddFlags(FlagParser& parser, Options* options) {
+  AddConnectionFlags(parser, &options->connection);
+  parser.Bool("json", &options->json, "print JSON (stable keys) instead of text");
+  parser.Strings("input", &options->inputs,
+                 "infer: a tensor argument, NAME=FILE.npy or NAME={JSON spec} (repeatable)");
+  parser.Strings("param", &options->params,
+                 "infer: a non-tensor argument NAME=VALUE: true/false, an int, a float, "
+                 "or a string (\"quoted\" to keep digits a string) (repeatable)");
+  parser.Strings("output", &options->outputs,
+                 "infer: return only this output, e.g. output0 (repeatable)");
+  parser.String("output_dir", &options->output_dir, "infer: save each output as DIR/<output>.npy");
+  parser.String("model_version", &options->model_version,
+                "infer, metadata, config: the version to call (default: the served one)");
+  parser.String("id", &options->id, "infer: request id, echoed in the response");
+  parser.Int("max_values", &options->max_values,
+             "infer: values printed per output in text output (0: all)");
+  parser.Bool("help", &options->help, "print this help");
+}
+
+struct Command {
+  const char* name;
+  const char* args;
+  const char* help;
+  int min_args;
+  int max_args;
+};
+
+constexpr Command kCommands[] = {
+    {"infer", "MODEL", "run one inference call (see --input, --param, --output_dir)", 1, 1},
+    {"metadata", "MODEL", "the model's inputs and outputs (KServe ModelMetadata)", 1, 1},
+    {"config", "MODEL", "the model's configuration (Triton ModelConfig)", 1, 1},
+    {"summary", "MODEL", "the artifact's precompile summary [admin]", 1, 1},
+    {"frames", "MODEL", "the artifact's FRAMES list [admin]", 1, 1},
+    {"coverage", "MODEL", "calls per frame and outcome since the model loaded [admin]", 1, 1},
+    {"warnings", "MODEL", "eager-fallback warnings since the model loaded [admin]", 1, 1},
+    {"models", "", "the repository's models and their state [admin]", 0, 0},
+    {"load", "MODEL", "load (or reload) a model from the repository [admin]", 1, 1},
+    {"unload", "MODEL", "unload a model [admin]", 1, 1},
+    {"rescan", "", "load new models and versions, unload removed ones [admin]", 0, 0},
+    {"health", "[MODEL]",
+     "liveness, readiness and grpc.health status of the server or a model "
+     "(exit 1 unless SERVING)",
+     0, 1},
+};
+
+std::string Pad(const std::string& s, size_t width) {
+  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+}
+
+// Rows under a header, columns padded to their widest cell.
+void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += i + 1 == row.size() ? row[i] : Pad(row[i], widths[i] + 2);
+    }
+    out << line << "\n";
+  }
+}
+
+std::string YesNo(bool b) { return b ? "yes" : "no"; }
+
+std::string ValuesText(const Tensor& tensor, int64_t max_values) {
+  const int64_t count = ElementCount(tensor.shape).value_or(0);
+  const int64_t shown = max_values <= 0 ? count : std::min(count, max_values);
+  std::vector<std::string> values;
+  for (int64_t i = 0; i < shown; ++i) values.push_back(FormatElement(tensor, i));
+  if (shown < count) values.push_back("...");
+  std::string text = absl::StrCat("[", absl::StrJoin(values, ", "), "]");
+  if (shown < count) absl::StrAppend(&text, "  (", count, " values, first ", shown, " shown)");
+  return text;
+}
+
+std::string ModelStateName(precompile::v1::ModelStatus::State state) {
+  return precompile::v1::ModelStatus::State_Name(state);
+}
+
+class Cli {
+ public:
+  Cli(const Options& options, std::ostream& out, std::ostream& err)
+      : options_(options), out_(out), err_(err) {}
+
+  int Run(const std::string& command, const std::vector<std::string>& args) {
+    if (command != "infer") {
+      if (!options_.inputs.empty() || !options_.params.empty() || !options_.outputs.empty() ||
+          !options_.output_dir.empty() || !options_.id.empty()) {
+        return Usage("--input, --param, --output, --output_dir and --id apply to infer only");
+      }
+      if (!options_.model_version.empty() && command != "metadata" && command != "config") {
+        return Usage("--model_version applies to infer, metadata and config only");
+      }
+    }
+    if (options_.max_values < 0) return Usage("--max_values must be >= 0");
+    absl::StatusOr<ClientOptions> client_options = ClientOptionsFromFlags(options_.connection);
+    if (!client_options.ok()) return Usage(client_options.status().message());
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateChannel(*client_options);
+    if (!channel.ok()) return Usage(channel.status().message());
+    inference_ = *InferenceClient::Create(*client_options, *channel);
+    admin_ = *AdminClient::Create(*client_options, *channel);
+
+    const std::string model = args.empty() ? "" : args[0];
+    if (command == "infer") return Infer(model);
+    if (command == "metadata") return Metadata(model);
+    if (command == "config") return Config(model);
+    if (command == "summary") return Summary(model);
+    if (command == "frames") return Frames(model);
+    if (command == "coverage") return Coverage(model);
+    if (command == "warnings") return Warnings(model);
+    if (command == "models") return Models();
+    if (command == "load") return Load(model);
+    if (command == "unload") return Unload(model);
+    if (command == "rescan") return Rescan();
+    return Health(model);
+  }
+
+  int Usage(absl::string_view message) {
+    err_ << "precompile_client: " << message << "\n"
+         << "Run 'precompile_client --help' for usage.\n";
+    return kExitUsage;
+  }
+
+ private:
+  int Failed(const absl::Status& status) {
+    const std::string code = absl::StatusCodeToString(status.code());
+    err_ << "error: " << code << ": " << status.message() << "\n";
+    if (options_.json) {
+      Json error = Json::Object();
+      error.Set("code", Json::String(code));
+      error.Set("message", Json::String(std::string(status.message())));
+      Json json = Json::Object();
+      json.Set("error", std::move(error));
+      out_ << json.Dump() << "\n";
+    }
+    return kExitFailed;
+  }
+
+  int PrintJson(const Json& json) {
+    out_ << json.Dump() << "\n";
+    return kExitOk;
+  }
+
+  int Infer(const std::string& model) {
+    std::vector<Tensor> inputs;
+    std::mt19937_64 rng(0);
+    for (const std::string& spec : options_.inputs) {
+      const size_t equals = spec.find('=');
+      if (equals == 0 || equals == std::string::npos) {
+        return Usage(absl::StrCat("--input ", spec, ": expected NAME=FILE.npy or NAME={JSON}"));
+      }
+      const std::string name = spec.substr(0, equals);
+      const std::string value = spec.substr(equals + 1);
+      absl::StatusOr<Tensor> tensor;
+      if (!value.empty() && value[0] == '{') {
+        absl::StatusOr<Json> json = ParseJson(value);
+        if (!json.ok()) {
+          return Usage(absl::StrCat("--input ", name, ": ", json.status().message()));
+        }
+        tensor = TensorFromJson(name, *json, rng);
+      } else {
+        tensor = ReadNpy(value);
+        if (tensor.ok()) tensor->name = name;
+      }
+      if (!tensor.ok()) return Usage(tensor.status().message());
+      inputs.push_back(*std::move(tensor));
+    }
+    std::map<std::string, ScalarValue> scalars;
+    for (const std::string& param : options_.params) {
+      const size_t equals = param.find('=');
+      if (equals == 0 || equals == std::string::npos) {
+        return Usage(absl::StrCat("--param ", param, ": expected NAME=VALUE"));
+      }
+      scalars[param.substr(0, equals)] = ScalarFromText(param.substr(equals + 1));
+    }
+    InferRequestOptions request_options;
+    request_options.model_version = options_.model_version;
+    request_options.id = options_.id;
+    request_options.outputs = options_.outputs;
+    absl::StatusOr<inference::ModelInferRequest> request =
+        MakeInferRequest(model, inputs, scalars, request_options);
+    if (!request.ok()) return Usage(request.status().message());
+
+    absl::StatusOr<inference::ModelInferResponse> response = inference_->Infer(*request);
+    if (!response.ok()) return Failed(response.status());
+    absl::StatusOr<InferResult> result = ReadInferResponse(*response);
+    if (!result.ok()) return Failed(result.status());
+
+    std::vector<std::string> files(result->outputs.size());
+    if (!options_.output_dir.empty()) {
+      std::error_code error;
+      std::filesystem::create_directories(options_.output_dir, error);
+      if (error) {
+        return Failed(absl::InternalError(
+            absl::StrCat("cannot create ", options_.output_dir, ": ", error.message())));
+      }
+      for (size_t i = 0; i < result->outputs.size(); ++i) {
+        const Tensor& output = result->outputs[i];
+        files[i] = (std::filesystem::path(options_.output_dir) / (output.name + ".npy")).string();
+        if (absl::Status saved = WriteNpy(files[i], output); !saved.ok()) return Failed(saved);
+      }
+    }
+
+    if (options_.json) {
+      Json json = Json::Object();
+      json.Set("model_name", Json::String(result->model_name));
+      json.Set("model_version", Json::String(result->model_version));
+      json.Set("id", Json::String(result->id));
+      json.Set("outcome", Json::String(result->outcome));
+      json.Set("variant", Json::String(result->variant));
+      Json outputs = Json::Array();
+      for (size_t i = 0; i < result->outputs.size(); ++i) {
+        const Tensor& output = result->outputs[i];
+        Json o = Json::Object();
+        o.Set("name", Json::String(output.name));
+        o.Set("datatype", Json::String(output.datatype));
+        Json shape = Json::Array();
+        for (int64_t d : output.shape) shape.Append(Json::Int(d));
+        o.Set("shape", std::move(shape));
+        o.Set("data", TensorValuesJson(output));
+        o.Set("file", files[i].empty() ? Json() : Json::String(files[i]));
+        outputs.Append(std::move(o));
+      }
+      json.Set("outputs", std::move(outputs));
+      return PrintJson(json);
+    }
+    out_ << "model:    " << result->model_name << " (version " << result->model_version << ")\n";
+    if (!result->id.empty()) out_ << "id:       " << result->id << "\n";
+    out_ << "outcome:  " << (result->outcome.empty() ? "(not reported)" : result->outcome);
+    if (!result->variant.empty()) out_ << " (" << result->variant << ")";
+    out_ << "\n";
+    for (size_t i = 0; i < result->outputs.size(); ++i) {
+      const Tensor& output = result->outputs[i];
+      out_ << output.name << ": " << output.datatype << " " << FormatShape(output.shape) << "\n"
+           << "  " << ValuesText(output, options_.max_values) << "\n";
+      if (!files[i].empty()) out_ << "  saved to " << files[i] << "\n";
+    }
+    return kExitOk;
+  }
+
+  int Metadata(const std::string& model) {
+    auto metadata = inference_->ModelMetadata(model, options_.model_version);
+    if (!metadata.ok()) return Failed(metadata.status());
+    if (options_.json) return PrintJson(ProtoToJson(*metadata));
+    out_ << "model:     " << metadata->name() << "\n"
+         << "versions:  " << absl::StrJoin(metadata->versions(), ", ") << "\n"
+         << "platform:  " << metadata->platform() << "\n";
+    for (const auto& [title, tensors] :
+         {std::pair{"inputs:", &metadata->inputs()}, std::pair{"outputs:", &metadata->outputs()}}) {
+      out_ << title << "\n";
+      std::vector<std::vector<std::string>> rows;
+      for (const auto& t : *tensors) {
+        rows.push_back({"  " + t.name(), t.datatype(),
+                        FormatShape(std::vector<int64_t>(t.shape().begin(), t.shape().end()))});
+      }
+      PrintTable(out_, rows);
+    }
+    return kExitOk;
+  }
+
+  int Config(const std::string& model) {
+    auto response = inference_->ModelConfig(model, options_.model_version);
+    if (!response.ok()) return Failed(response.status());
+    if (options_.json) return PrintJson(ProtoToJson(*response));
+    const inference::ModelConfig& config = response->config();
+    auto type_name = [](inference::DataType t) {
+      std::string name = inference::DataType_Name(t);
+      return name.rfind("TYPE_", 0) == 0 ? name.substr(5) : name;
+    };
+    out_ << "name:            " << config.name() << "\n"
+         << "platform:        " << config.platform() << "\n"
+         << "backend:         " << config.backend() << "\n"
+         << "max_batch_size:  " << config.max_batch_size() << "\n";
+    out_ << "inputs:\n";
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& t : config.input()) {
+      rows.push_back({"  " + t.name(), type_name(t.data_type()),
+                      FormatShape(std::vector<int64_t>(t.dims().begin(), t.dims().end()))});
+    }
+    PrintTable(out_, rows);
+    out_ << "outputs:\n";
+    rows.clear();
+    for (const auto& t : config.output()) {
+      rows.push_back({"  " + t.name(), type_name(t.data_type()),
+                      FormatShape(std::vector<int64_t>(t.dims().begin(), t.dims().end()))});
+    }
+    PrintTable(out_, rows);
+    for (const auto& group : config.instance_group()) {
+      out_ << "instance group:  " << group.name() << " "
+           << inference::ModelInstanceGroup::Kind_Name(group.kind()) << " x" << group.count()
+           << "\n";
+    }
+    out_ << "parameters:\n";
+    std::map<std::string, std::string> params;
+    for (const auto& [key, value] : config.parameters()) params[key] = value.string_value();
+    rows.clear();
+    for (const auto& [key, value] : params) rows.push_back({"  " + key, value});
+    PrintTable(out_, rows);
+    return kExitOk;
+  }
+
+  int Summary(const std::string& model) {
+    auto summary = admin_->GetSummary(model);
+    if (!summary.ok()) return Failed(summary.status());
+    if (options_.json) return PrintJson(ProtoToJson(*summary));
+    std::vector<std::string> frames;
+    for (const std::string& frame : summary->frames()) {
+      auto it = summary->variants_per_frame().find(frame);
+      const uint32_t n = it == summary->variants_per_frame().end() ? 0 : it->second;
+      frames.push_back(absl::StrCat(frame, " (", n, n == 1 ? " variant)" : " variants)"));
+    }
+    auto list = [](const auto& items) {
+      return items.empty() ? std::string("none") : absl::StrJoin(items, "; ");
+    };
+    out_ << "model:             " << summary->name() << " (version " << summary->version() << ")\n"
+         << "entry frame:       " << summary->entry_frame() << "\n"
+         << "complete:          " << YesNo(summary->complete()) << "\n"
+         << "truncated:         " << YesNo(summary->truncated()) << "\n"
+         << "frames:            " << list(frames) << "\n"
+         << "eager fallbacks:   " << list(summary->eager_fallbacks()) << "\n"
+         << "uncovered frames:  " << list(summary->uncovered_frames()) << "\n"
+         << "captured with:     torch " << summary->torch_version() << ", device "
+         << summary->device() << ", CPU ISA " << summary->cpu_isa() << "\n";
+    return kExitOk;
+  }
+
+  int Frames(const std::string& model) {
+    auto frames = admin_->GetFrames(model);
+    if (!frames.ok()) return Failed(frames.status());
+    if (options_.json) return PrintJson(ProtoToJson(*frames));
+    out_ << frames->frames();
+    if (!frames->frames().empty() && frames->frames().back() != '\n') out_ << "\n";
+    return kExitOk;
+  }
+
+  int Coverage(const std::string& model) {
+    auto coverage = admin_->GetCoverage(model);
+    if (!coverage.ok()) return Failed(coverage.status());
+    if (options_.json) return PrintJson(ProtoToJson(*coverage));
+    out_ << coverage->name() << " (version " << coverage->version() << ")\n";
+    std::vector<std::vector<std::string>> rows = {
+        {"FRAME", "FLAGGED", "VARIANT", "EAGER", "REFUSED", "ERROR", "HITS"}};
+    for (const auto& f : coverage->frames()) {
+      std::map<std::string, uint64_t> hits(f.variant_hits().begin(), f.variant_hits().end());
+      std::vector<std::string> hit_text;
+      for (const auto& [id, n] : hits) hit_text.push_back(absl::StrCat(id, "=", n));
+      rows.push_back({f.frame(), YesNo(f.eager_fallback()), absl::StrCat(f.variant_calls()),
+                      absl::StrCat(f.eager_fallback_calls()), absl::StrCat(f.refused_calls()),
+                      absl::StrCat(f.error_calls()), absl::StrJoin(hit_text, " ")});
+    }
+    PrintTable(out_, rows);
+    return kExitOk;
+  }
+
+  int Warnings(const std::string& model) {
+    auto warnings = admin_->ListWarnings(model);
+    if (!warnings.ok()) return Failed(warnings.status());
+    if (options_.json) return PrintJson(ProtoToJson(*warnings));
+    if (warnings->warnings().empty()) out_ << "no eager-fallback warnings\n";
+    for (const auto& w : warnings->warnings()) {
+      const absl::Time time = absl::FromUnixMicros(static_cast<int64_t>(w.time() * 1e6));
+      out_ << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", time, absl::UTCTimeZone()) << "  " << w.frame()
+           << "\n  " << w.message() << "\n";
+    }
+    return kExitOk;
+  }
+
+  void PrintModels(const google::protobuf::RepeatedPtrField<precompile::v1::ModelStatus>& models) {
+    std::vector<std::vector<std::string>> rows = {{"MODEL", "VERSION", "STATE", "REASON"}};
+    for (const auto& m : models) {
+      rows.push_back({m.name(), m.version() > 0 ? absl::StrCat(m.version()) : "-",
+                      ModelStateName(m.state()), m.reason()});
+    }
+    PrintTable(out_, rows);
+  }
+
+  int Models() {
+    auto models = admin_->ListModels();
+    if (!models.ok()) return Failed(models.status());
+    if (options_.json) return PrintJson(ProtoToJson(*models));
+    PrintModels(models->models());
+    return kExitOk;
+  }
+
+  void PrintStatus(const precompile::v1::ModelStatus& status) {
+    out_ << status.name() << ": " << ModelStateName(status.state());
+    if (status.version() > 0) out_ << " (version " << status.version() << ")";
+    if (!status.reason().empty()) out_ << ": " << status.reason();
+    out_ << "\n";
+  }
+
+  int Load(const std::string& model) {
+    auto loaded = admin_->LoadModel(model);
+    if (!loaded.ok()) return Failed(loaded.status());
+    if (options_.json) return PrintJson(ProtoToJson(*loaded));
+    PrintStatus(loaded->status());
+    return kExitOk;
+  }
+
+  int Unload(const std::string& model) {
+    auto unloaded = admin_->UnloadModel(model);
+    if (!unloaded.ok()) return Failed(unloaded.status());
+    if (options_.json) return PrintJson(ProtoToJson(*unloaded));
+    PrintStatus(unloaded->status());
+    return kExitOk;
+  }
+
+  int Rescan() {
+    auto rescanned = admin_->Rescan();
+    if (!rescanned.ok()) return Failed(rescanned.status());
+    if (options_.json) return PrintJson(ProtoToJson(*rescanned));
+    PrintModels(rescanned->models());
+    return kExitOk;
+  }
+
+  int Health(const std::string& service) {
+    absl::StatusOr<bool> live = inference_->ServerLive();
+    if (!live.ok()) return Failed(live.status());
+    absl::StatusOr<bool> ready = inference_->ServerReady();
+    if (!ready.ok()) return Failed(ready.status());
+    auto health = inference_->Health(service);
+    if (!health.ok()) return Failed(health.status());
+    const std::string status = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*health);
+    if (options_.json) {
+      Json json = Json::Object();
+      json.Set("live", Json::Bool(*live));
+      json.Set("ready", Json::Bool(*ready));
+      json.Set("service", Json::String(service));
+      json.Set("status", Json::String(status));
+      PrintJson(json);
+    } else {
+      out_ << "live:    " << YesNo(*live) << "\n"
+           << "ready:   " << YesNo(*ready) << "\n"
+           << "health:  " << status << (service.empty() ? "" : " (" + service + ")") << "\n";
+    }
+    return *health == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitFailed;
+  }
+
+  const Options& options_;
+  std::ostream& out_;
+  std::ostream& err_;
+  std::unique_ptr<InferenceClient> inference_;
+  std::unique_ptr<AdminClient> admin_;
+};
+
+}  // namespace
+
+std::string CliUsage() {
+  Options defaults;
+  FlagParser parser;
+  AddFlags(parser, &defaults);
+  std::string text =
+      "usage: precompile_client [FLAGS] COMMAND [ARGS]\n"
+      "\n"
+      "Calls a precompile-serve server: KServe v2 inference and the precompile admin API.\n"
+      "[admin] commands send the admin token when --admin_token_file is given.\n"
+      "\n"
+      "commands:\n";
+  for (const Command& c : kCommands) {
+    absl::StrAppend(&text,
+                    absl::StrFormat("  %-18s %s\n", absl::StrCat(c.name, " ", c.args), c.help));
+  }
+  absl::StrAppend(
+      &text,
+      "\n"
+      "infer inputs:\n"
+      "  --input x=x.npy                              a .npy file (C order, little-endian)\n"
+      "  --input 'x={\"shape\":[2,4],\"datatype\":\"FP32\",\"data\":[...]}'   inline values\n"
+      "  --input 'x={\"shape\":[8,4],\"fill\":\"random\"}'   zeros, ones, random or a number\n"
+      "  --param n=3   --param scale=0.5   --param check=true   --param name='\"007\"'\n"
+      "\n"
+      "flags:\n",
+      parser.Help(),
+      "\n"
+      "exit status: 0 success; 1 the server returned an error (its status code and message\n"
+      "are printed), health is not SERVING, or an output could not be saved; 2 usage error.\n");
+  return text;
+}
+
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  Options options;
+  FlagParser parser;
+  AddFlags(parser, &options);
+  std::vector<std::string> positional;
+  Cli cli(options, out, err);
+  if (absl::Status parsed = parser.Parse(args, &positional); !parsed.ok()) {
+    return cli.Usage(parsed.message());
+  }
+  if (options.help || (!positional.empty() && positional[0] == "help")) {
+    out << CliUsage();
+    return kExitOk;
+  }
+  if (positional.empty()) return cli.Usage("no command given");
+  const std::string command = positional[0];
+  const std::vector<std::string> rest(positional.begin() + 1, positional.end());
+  for (const Command& c : kCommands) {
+    if (command != c.name) continue;
+    if (static_cast<int>(rest.size()) < c.min_args || static_cast<int>(rest.size()) > c.max_args) {
+      return cli.Usage(
+          absl::StrCat("usage: precompile_client ", c.name, c.args[0] ? " " : "", c.args,
+                       rest.size() > static_cast<size_t>(c.max_args)
+                           ? absl::StrCat(" (unexpected argument '", rest[c.max_args], "')")
+                           : std::string(" (missing argument)")));
+    }
+    return cli.Run(command, rest);
+  }
+  return cli.Usage(absl::StrCat("unknown command '", command, "'"));
+}
+
+}  // namespace precompile::client

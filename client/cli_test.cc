@@ -1,0 +1,365 @@
+// precompile_client (RunCli, in-process) against the real server on
+// loopback: inference output in text and JSON checked against the reference
+// outputs, .npy inputs and outputs, the admin commands, and exit statuses.
+#include "client/cli.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/json.h"
+#include "client/npy.h"
+#include "client/test_server.h"
+#include "tests/testing/artifacts.h"
+
+namespace precompile::client {
+namespace {
+
+using testing::CompareFloats;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::ReferenceInputs;
+using testing::ReferenceOutput;
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+std::vector<float> JsonFloats(const Json& array) {
+  std::vector<float> values;
+  for (const Json& v : array.elements()) values.push_back(static_cast<float>(v.AsDouble()));
+  return values;
+}
+
+// The values on the line after "<output>: ..." in text output.
+std::vector<float> PrintedValues(const std::string& out, const std::string& output) {
+  std::vector<std::string> lines = absl::StrSplit(out, '\n');
+  for (size_t i = 0; i + 1 < lines.size(); ++i) {
+    if (!absl::StartsWith(lines[i], output + ":")) continue;
+    absl::string_view values = absl::StripAsciiWhitespace(lines[i + 1]);
+    values = absl::StripPrefix(absl::StripSuffix(values, "]"), "[");
+    std::vector<float> parsed;
+    for (absl::string_view v : absl::StrSplit(values, ", ")) {
+      float f;
+      EXPECT_TRUE(absl::SimpleAtof(v, &f)) << v;
+      parsed.push_back(f);
+    }
+    return parsed;
+  }
+  ADD_FAILURE() << "no " << output << " in:\n" << out;
+  return {};
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = testing::StartExampleServer().release(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+
+  void SetUp() override { ASSERT_NE(server_, nullptr); }
+
+  Result Run(std::vector<std::string> args) {
+    args.push_back("--address=" + testing::AddressOf(*server_));
+    std::ostringstream out, err;
+    const int code = RunCli(args, out, err);
+    return {code, out.str(), err.str()};
+  }
+
+  // The first input of a reference call, saved as a .npy file.
+  std::string ReferenceNpy(const std::string& model, const std::string& call) {
+    Tensor x = ReferenceInputs(model, call)[0];
+    const std::string path =
+        absl::StrCat(precompile::testing::NewTempDirectory("npy"), "/", model, "-", call, ".npy");
+    EXPECT_TRUE(WriteNpy(path, x).ok());
+    return path;
+  }
+
+  static server::Server* server_;
+};
+
+server::Server* CliTest::server_ = nullptr;
+
+TEST_F(CliTest, InferPrintsTheReferenceOutputs) {
+  Result r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch8"), "--max_values",
+                  "0", "--id", "req-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("model:    mlp (version 1)\n"));
+  EXPECT_THAT(r.out, HasSubstr("id:       req-1\n"));
+  EXPECT_THAT(r.out, HasSubstr("outcome:  variant (forward#0)\n"));
+  EXPECT_THAT(r.out, HasSubstr("output0: FP32 [8, 3]\n"));
+  EXPECT_EQ(CompareFloats(PrintedValues(r.out, "output0"), ReferenceOutput("mlp", "batch8")), "");
+}
+
+TEST_F(CliTest, InferTruncatesLongOutputs) {
+  Result r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch16")});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(", ...]  (48 values, first 16 shown)"));
+}
+
+TEST_F(CliTest, InferPrintsJsonWithStableKeys) {
+  Result r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch16"), "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  absl::StatusOr<Json> json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << json.status() << "\n" << r.out;
+  EXPECT_THAT(json->keys(),
+              ElementsAre("model_name", "model_version", "id", "outcome", "variant", "outputs"));
+  EXPECT_EQ(json->Find("outcome")->string_value(), "variant");
+  EXPECT_EQ(json->Find("variant")->string_value(), "forward#1");
+  const Json& output = json->Find("outputs")->elements().at(0);
+  EXPECT_THAT(output.keys(), ElementsAre("name", "datatype", "shape", "data", "file"));
+  EXPECT_EQ(output.Find("name")->string_value(), "output0");
+  EXPECT_EQ(output.Find("datatype")->string_value(), "FP32");
+  EXPECT_EQ(output.Find("shape")->Dump(false), "[16,3]");
+  EXPECT_TRUE(output.Find("file")->is_null());
+  EXPECT_EQ(CompareFloats(JsonFloats(*output.Find("data")), ReferenceOutput("mlp", "batch16")), "");
+}
+
+TEST_F(CliTest, InferTakesInlineTensorsAndScalarParameters) {
+  const Tensor x = ReferenceInputs("loop", "n1")[0];
+  std::vector<std::string> values;
+  for (float v : testing::FloatsOf(x)) values.push_back(absl::StrFormat("%.9g", v));
+  const std::string spec = absl::StrCat(R"({"shape": [8, 4], "datatype": "FP32", "data": [)",
+                                        absl::StrJoin(values, ", "), "]}");
+  Result r = Run({"infer", "loop", "--input", "x=" + spec, "--param", "n=1", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  absl::StatusOr<Json> json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->Find("outcome")->string_value(), "eager_fallback");
+  EXPECT_EQ(json->Find("variant")->string_value(), "");
+  EXPECT_EQ(CompareFloats(JsonFloats(*json->Find("outputs")->elements()[0].Find("data")),
+                          ReferenceOutput("loop", "n1")),
+            "");
+
+  // A float where the model takes an int: the server's message comes through.
+  r = Run({"infer", "loop", "--input", "x=" + spec, "--param", "n=1.5"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("error: INVALID_ARGUMENT: "));
+  EXPECT_THAT(r.err, HasSubstr("'n'"));
+}
+
+TEST_F(CliTest, InferSavesOutputsAsNpy) {
+  const std::string dir = precompile::testing::NewTempDirectory("outputs") + "/saved";
+  Result r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch8"), "--output_dir",
+                  dir, "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const std::string path = dir + "/output0.npy";
+  absl::StatusOr<Json> json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ(json->Find("outputs")->elements()[0].Find("file")->string_value(), path);
+  absl::StatusOr<Tensor> saved = ReadNpy(path);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->datatype, "FP32");
+  EXPECT_THAT(saved->shape, ElementsAre(8, 3));
+  EXPECT_EQ(CompareFloats(testing::FloatsOf(*saved), ReferenceOutput("mlp", "batch8")), "");
+  // What was saved is exactly what was printed.
+  EXPECT_EQ(testing::FloatsOf(*saved),
+            JsonFloats(*json->Find("outputs")->elements()[0].Find("data")));
+
+  r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch8"), "--output_dir", dir});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("saved to " + path));
+}
+
+TEST_F(CliTest, AServerErrorExitsOneWithItsCodeAndMessage) {
+  Result r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch1")});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("error: FAILED_PRECONDITION: no captured variant matches this "
+                               "call of frame 'forward'"));
+  EXPECT_EQ(r.out, "");
+
+  r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch1"), "--json"});
+  EXPECT_EQ(r.code, kExitFailed);
+  absl::StatusOr<Json> json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << r.out;
+  EXPECT_EQ(json->Find("error")->Find("code")->string_value(), "FAILED_PRECONDITION");
+  EXPECT_THAT(json->Find("error")->Find("message")->string_value(), HasSubstr("x.size(0)"));
+
+  r = Run({"summary", "nope"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("error: NOT_FOUND: "));
+}
+
+TEST_F(CliTest, UsageErrorsExitTwo) {
+  const std::string npy = ReferenceNpy("mlp", "batch8");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{}, "no command given"},
+      {{"predict", "mlp"}, "unknown command 'predict'"},
+      {{"infer"}, "usage: precompile_client infer MODEL (missing argument)"},
+      {{"summary", "mlp", "loop"}, "unexpected argument 'loop'"},
+      {{"infer", "mlp", "--bogus"}, "unknown flag --bogus"},
+      {{"infer", "mlp", "--input", "x"}, "expected NAME=FILE.npy or NAME={JSON}"},
+      {{"infer", "mlp", "--input", "x={\"shape\": [2,"}, "invalid JSON at line 1"},
+      {{"infer", "mlp", "--input", "x={\"shape\": [2], \"data\": [1]}"},
+       "shape [2] needs 2 values, \"data\" has 1"},
+      {{"infer", "mlp", "--input", "x=/no/such/file.npy"}, "cannot read /no/such/file.npy"},
+      {{"infer", "mlp", "--input", "x=" + npy, "--input", "x=" + npy},
+       "input 'x' is given more than once"},
+      {{"infer", "mlp", "--param", "n"}, "expected NAME=VALUE"},
+      {{"summary", "mlp", "--input", "x=" + npy}, "apply to infer only"},
+      {{"health", "--timeout=-1"}, "--timeout must be a positive number"},
+      {{"health", "--timeout=soon"}, "--timeout=soon: expected a number"},
+      {{"health", "--tls_cert=a.pem"}, "--tls_cert and --tls_key go together"},
+      {{"models", "--admin_token_file=/no/such/token"}, "cannot read the token file"},
+  };
+  for (const auto& [args, message] : cases) {
+    Result r = Run(args);
+    EXPECT_EQ(r.code, kExitUsage) << absl::StrJoin(args, " ");
+    EXPECT_THAT(r.err, HasSubstr(message)) << absl::StrJoin(args, " ");
+  }
+}
+
+TEST_F(CliTest, PrintsHelp) {
+  Result r = Run({"--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_THAT(r.out, HasSubstr("usage: precompile_client [FLAGS] COMMAND [ARGS]"));
+  EXPECT_THAT(r.out, HasSubstr("  coverage MODEL"));
+  EXPECT_THAT(r.out, HasSubstr("--admin_token_file=VALUE"));
+}
+
+TEST_F(CliTest, DescribesAModel) {
+  Result r = Run({"metadata", "mlp"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("platform:  precompile_serve"));
+  EXPECT_THAT(r.out, HasSubstr("  x  FP32  [-1, 4]"));
+
+  r = Run({"metadata", "mlp", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  absl::StatusOr<Json> json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok());
+  EXPECT_THAT(json->keys(), ElementsAre("name", "versions", "platform", "inputs", "outputs"));
+  EXPECT_EQ(json->Find("inputs")->elements()[0].Find("shape")->Dump(false), "[-1,4]");
+
+  r = Run({"config", "loop"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  argument:n"));
+  EXPECT_THAT(r.out, HasSubstr("instance group:  loop KIND_CPU x1"));
+  r = Run({"config", "loop", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ(json->Find("config")->Find("max_batch_size")->Dump(), "0");
+}
+
+TEST_F(CliTest, ReportsSummaryFramesCoverageAndWarnings) {
+  Result r = Run({"summary", "loop"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("entry frame:       forward\n"));
+  EXPECT_THAT(r.out, HasSubstr("complete:          yes\n"));
+  EXPECT_THAT(r.out, HasSubstr("eager fallbacks:   forward"));
+
+  r = Run({"summary", "loop", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  absl::StatusOr<Json> json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok());
+  EXPECT_THAT(json->keys(),
+              ElementsAre("name", "version", "frames", "variants_per_frame", "eager_fallbacks",
+                          "uncovered_frames", "truncated", "complete", "entry_frame",
+                          "torch_version", "device", "cpu_isa"));
+  EXPECT_EQ(json->Find("version")->Dump(), "1");
+  EXPECT_EQ(json->Find("variants_per_frame")->Dump(false), "{\"forward\":1}");
+
+  r = Run({"frames", "loop"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("# eager fallback"));
+
+  // An eager call, then its trace in coverage and warnings.
+  const std::string x = ReferenceNpy("loop", "n3");
+  ASSERT_EQ(Run({"infer", "loop", "--input", "x=" + x, "--param", "n=3"}).code, kExitOk);
+  r = Run({"coverage", "loop", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok());
+  const Json& frame = json->Find("frames")->elements().at(0);
+  EXPECT_EQ(frame.Find("frame")->string_value(), "forward");
+  EXPECT_TRUE(frame.Find("eager_fallback")->bool_value());
+  EXPECT_GE(*frame.Find("eager_fallback_calls")->AsInt64(), 1);
+  r = Run({"coverage", "loop"});
+  EXPECT_THAT(r.out, HasSubstr("FRAME    FLAGGED  VARIANT  EAGER  REFUSED  ERROR  HITS"));
+
+  r = Run({"warnings", "loop"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  forward\n  model 'loop': frame 'forward' runs eagerly"));
+  r = Run({"warnings", "mlp", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "{\n  \"warnings\": []\n}\n");
+}
+
+TEST_F(CliTest, ListsLoadsUnloadsAndRescans) {
+  Result r = Run({"models"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("MODEL  VERSION  STATE  REASON\n"));
+  EXPECT_THAT(r.out, HasSubstr("mlp    1        READY"));
+
+  r = Run({"unload", "mlp"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "mlp: UNAVAILABLE (version 1): unloaded on request\n");
+  r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch8")});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND: model 'mlp' is unloaded"));
+  r = Run({"health", "mlp"});
+  EXPECT_EQ(r.code, kExitFailed);
+
+  r = Run({"load", "mlp", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  absl::StatusOr<Json> json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ(json->Find("status")->Find("state")->string_value(), "READY");
+
+  r = Run({"rescan", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ(json->Find("models")->elements().size(), 2u);
+}
+
+TEST_F(CliTest, ChecksHealth) {
+  Result r = Run({"health"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "live:    yes\nready:   yes\nhealth:  SERVING\n");
+  r = Run({"health", "loop", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  absl::StatusOr<Json> json = ParseJson(r.out);
+  ASSERT_TRUE(json.ok());
+  EXPECT_THAT(json->keys(), ElementsAre("live", "ready", "service", "status"));
+  EXPECT_EQ(json->Find("status")->string_value(), "SERVING");
+  r = Run({"health", "nope"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+}
+
+TEST(CliUnreachableTest, ReportsUnavailable) {
+  // A loopback port bound but not listening: connections are refused.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  socklen_t size = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
+  std::ostringstream out, err;
+  const int code = RunCli({"health", absl::StrCat("--address=127.0.0.1:", ntohs(address.sin_port)),
+                           "--max_attempts=2", "--timeout=5"},
+                          out, err);
+  close(fd);
+  EXPECT_EQ(code, kExitFailed);
+  EXPECT_THAT(err.str(), HasSubstr("error: UNAVAILABLE: "));
+  EXPECT_THAT(err.str(), HasSubstr("(gave up after 2 attempts)"));
+}
+
+}  // namespace
+}  // namespace precompile::client

@@ -1,0 +1,241 @@
+// The load generator (precompile_load's RunLoadTool, and LoadGenerator)
+// against the real server on loopback: short bounded runs of a mix of
+// variant hits, eager fallbacks and refusals, closed and open loop.
+#include "client/load_generator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "client/json.h"
+#include "client/load_tool.h"
+#include "client/test_server.h"
+#include "tests/testing/artifacts.h"
+
+namespace precompile::client {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kMix[] = R"([
+  {"name": "hit", "weight": 2, "model": "mlp",
+   "inputs": {"x": {"shape": [8, 4], "datatype": "FP32", "fill": "random"}}, "params": {}},
+  {"name": "eager", "weight": 1, "model": "loop",
+   "inputs": {"x": {"shape": [8, 4], "fill": "random"}}, "params": {"n": 1}},
+  {"name": "refused", "weight": 1, "model": "mlp",
+   "inputs": {"x": {"shape": [1, 4], "fill": "random"}}}
+])";
+
+int64_t Count(const Json& object, const std::string& key) {
+  const Json* value = object.Find(key);
+  return value == nullptr ? 0 : *value->AsInt64();
+}
+
+// Member `key` of `object`, or an empty object when there is none.
+const Json& Member(const Json& object, const std::string& key) {
+  static const Json* const kEmpty = new Json(Json::Object());
+  const Json* value = object.Find(key);
+  return value == nullptr ? *kEmpty : *value;
+}
+
+class LoadGeneratorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = testing::StartExampleServer().release(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr);
+    mix_path_ = testing::WriteTempFile("mix.json", kMix);
+    json_path_ = precompile::testing::NewTempDirectory("load") + "/report.json";
+  }
+
+  int Run(std::vector<std::string> args) {
+    std::ostringstream out, err;
+    const int code = RunLoadTool(args, out, err);
+    out_ = out.str();
+    err_ = err.str();
+    return code;
+  }
+
+  Json Report() {
+    std::ifstream in(json_path_);
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<Json> json = ParseJson(text.str());
+    EXPECT_TRUE(json.ok()) << json.status();
+    return json.ok() ? *json : Json();
+  }
+
+  static server::Server* server_;
+  std::string mix_path_;
+  std::string json_path_;
+  std::string out_;
+  std::string err_;
+};
+
+server::Server* LoadGeneratorTest::server_ = nullptr;
+
+TEST_F(LoadGeneratorTest, ClosedLoopCountsVariantsEagerFallbacksAndRefusals) {
+  ASSERT_EQ(Run({"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_,
+                 "--concurrency=1,4", "--duration=1", "--json_out=" + json_path_, "--quiet"}),
+            0)
+      << err_;
+  EXPECT_THAT(out_, HasSubstr("PHASE"));
+  EXPECT_THAT(out_, HasSubstr("concurrency=4"));
+  EXPECT_THAT(out_, HasSubstr("FAILED_PRECONDITION"));
+  const Json report = Report();
+  EXPECT_EQ(report.Find("mode")->string_value(), "closed");
+  const auto& phases = report.Find("phases")->elements();
+  ASSERT_EQ(phases.size(), 2u);
+  for (const Json& phase : phases) {
+    const std::string name = phase.Find("name")->string_value();
+    const int64_t requests = Count(phase, "requests");
+    EXPECT_GT(requests, 0) << name;
+    EXPECT_GT(phase.Find("elapsed_s")->AsDouble(), 0.9) << name;
+    EXPECT_LT(phase.Find("elapsed_s")->AsDouble(), 10) << name;
+    EXPECT_GT(phase.Find("throughput_rps")->AsDouble(), 0) << name;
+
+    const Json& codes = Member(phase, "status_codes");
+    const Json& outcomes = Member(phase, "outcomes");
+    EXPECT_EQ(Count(codes, "OK") + Count(codes, "FAILED_PRECONDITION"), requests) << name;
+    EXPECT_EQ(Count(outcomes, "variant") + Count(outcomes, "eager_fallback"), Count(codes, "OK"))
+        << name;
+    EXPECT_EQ(Count(outcomes, "FAILED_PRECONDITION"), Count(codes, "FAILED_PRECONDITION"));
+    EXPECT_EQ(Count(phase, "errors"), Count(codes, "FAILED_PRECONDITION"));
+
+    // Each template gets the one outcome its request must get.
+    const Json& templates = Member(phase, "templates");
+    EXPECT_EQ(Count(Member(templates, "hit"), "variant"), Count(outcomes, "variant")) << name;
+    EXPECT_EQ(Count(Member(templates, "eager"), "eager_fallback"),
+              Count(outcomes, "eager_fallback"))
+        << name;
+    EXPECT_EQ(Count(Member(templates, "refused"), "FAILED_PRECONDITION"),
+              Count(outcomes, "FAILED_PRECONDITION"))
+        << name;
+    // A thousand requests a second here, a few under sanitizers: with 40 or
+    // more, all three outcomes show (a miss is 0.75^40 = 1e-5 likely).
+    if (requests >= 40) {
+      EXPECT_THAT(codes.keys(), ElementsAre("FAILED_PRECONDITION", "OK")) << name;
+      EXPECT_THAT(outcomes.keys(), ElementsAre("FAILED_PRECONDITION", "eager_fallback", "variant"))
+          << name;
+      EXPECT_THAT(Member(phase, "latency_ms_by_outcome").keys(),
+                  ElementsAre("FAILED_PRECONDITION", "eager_fallback", "variant"));
+    }
+
+    const Json& latency = Member(phase, "latency_ms");
+    EXPECT_THAT(latency.keys(), ElementsAre("min", "mean", "p50", "p90", "p99", "p99_9", "max"));
+    if (latency.keys().size() == 7) {
+      EXPECT_GT(latency.Find("p50")->AsDouble(), 0);
+      EXPECT_LE(latency.Find("p50")->AsDouble(), latency.Find("p99")->AsDouble());
+      EXPECT_LE(latency.Find("p99_9")->AsDouble(), latency.Find("max")->AsDouble());
+    }
+  }
+  EXPECT_EQ(*phases[0].Find("concurrency")->AsInt64(), 1);
+  EXPECT_EQ(*phases[1].Find("concurrency")->AsInt64(), 4);
+}
+
+TEST_F(LoadGeneratorTest, OpenLoopSendsAtTheRate) {
+  ASSERT_EQ(Run({"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--rate=200",
+                 "--arrivals=constant", "--requests=100", "--json_out=" + json_path_, "--quiet"}),
+            0)
+      << err_;
+  const Json report = Report();
+  EXPECT_EQ(report.Find("mode")->string_value(), "open");
+  EXPECT_EQ(report.Find("arrivals")->string_value(), "constant");
+  const Json& phase = report.Find("phases")->elements().at(0);
+  EXPECT_EQ(phase.Find("name")->string_value(), "rate=200/s");
+  EXPECT_EQ(Count(phase, "requests"), 100);
+  EXPECT_EQ(Count(phase, "skipped"), 0);
+  // 100 requests 5 ms apart: the last leaves 495 ms after the first, so an
+  // open loop never exceeds its rate (however slowly the server answers).
+  EXPECT_GT(phase.Find("elapsed_s")->AsDouble(), 0.49);
+  EXPECT_LT(phase.Find("throughput_rps")->AsDouble(), 203);
+}
+
+TEST_F(LoadGeneratorTest, OpenLoopSkipsArrivalsOverTheOutstandingCap) {
+  ASSERT_EQ(Run({"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--rate=50000",
+                 "--max_outstanding=2", "--duration=0.3", "--json_out=" + json_path_, "--quiet"}),
+            0)
+      << err_;
+  const Json report = Report();
+  const Json& phase = report.Find("phases")->elements().at(0);
+  EXPECT_GT(Count(phase, "skipped"), 0);
+  EXPECT_GT(Count(phase, "requests"), 0);
+}
+
+TEST_F(LoadGeneratorTest, RecordsAFixedNumberOfRequestsAndReportsProgress) {
+  auto mix = ParseRequestMix(kMix, 1);
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  ClientOptions client_options;
+  client_options.address = testing::AddressOf(*server_);
+  auto client = *InferenceClient::Create(client_options);
+  std::ostringstream progress;
+  LoadOptions options;
+  options.concurrency = {3};
+  options.requests = 150;
+  options.warmup = absl::Milliseconds(200);
+  options.progress = &progress;
+  options.progress_interval = absl::Milliseconds(50);
+  LoadGenerator generator(*client, *std::move(mix), options);
+  absl::StatusOr<LoadReport> report = generator.Run();
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->phases.size(), 1u);
+  EXPECT_EQ(report->phases[0].requests, 150);
+  EXPECT_EQ(report->phases[0].latency.count(), 150);
+  EXPECT_THAT(progress.str(), HasSubstr("[concurrency=3]"));
+  EXPECT_THAT(progress.str(), HasSubstr("warmup"));
+  std::ostringstream table;
+  PrintLoadReport(*report, table);
+  EXPECT_THAT(table.str(), HasSubstr("concurrency=3"));
+}
+
+TEST_F(LoadGeneratorTest, RefusesRemoteTargetsAndBadArguments) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--address=192.0.2.1:8001", "--mix=" + mix_path_}, "pass --allow_remote"},
+      {{"--address=dns:///example.com:8001", "--mix=" + mix_path_}, "not a loopback address"},
+      {{"--address=" + testing::AddressOf(*server_)}, "--mix is required"},
+      {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--rate=10",
+        "--concurrency=2"},
+       "exclude each other"},
+      {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--concurrency=0"},
+       "expected levels from 1 to 10000"},
+      {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--duration=1",
+        "--requests=5"},
+       "exclude each other"},
+      {{"--address=" + testing::AddressOf(*server_),
+        "--mix=" + testing::WriteTempFile("bad.json", R"([{"name": "a", "model": "mlp",
+          "inputs": {"x": {"shape": [2], "fill": "sometimes"}}}])")},
+       "mix template 0 (\"a\"): input 'x': \"fill\" is"},
+      {{"--address=" + testing::AddressOf(*server_),
+        "--mix=" + testing::WriteTempFile("bad2.json", R"([{"name": "a"}])")},
+       "\"model\" must be a non-empty string"},
+  };
+  for (const auto& [args, message] : cases) {
+    EXPECT_EQ(Run(args), 2) << args[0];
+    EXPECT_THAT(err_, HasSubstr(message)) << args[0];
+  }
+}
+
+TEST(LoopbackTest, KnowsLoopbackTargets) {
+  for (const char* target :
+       {"127.0.0.1:8001", "127.1.2.3:80", "localhost:8001", "LOCALHOST:1", "[::1]:8001", "::1",
+        "[::ffff:127.0.0.1]:80", "ipv4:127.0.0.1:80,127.0.0.2:81", "ipv6:[::1]:80",
+        "dns:///localhost:8001", "dns:127.0.0.1:8001", "unix:/tmp/socket"}) {
+    EXPECT_TRUE(IsLoopbackTarget(target)) << target;
+  }
+  for (const char* target :
+       {"10.0.0.1:8001", "128.0.0.1:80", "example.com:8001", "localhost.example.com:1", "[::2]:80",
+        "[::ffff:10.0.0.1]:80", "ipv4:127.0.0.1:80,10.0.0.1:80", "dns://8.8.8.8/localhost:80",
+        "0.0.0.0:8001", "", "xds:///svc"}) {
+    EXPECT_FALSE(IsLoopbackTarget(target)) << target;
+  }
+}
+
+}  // namespace
+}  // namespace precompile::client

@@ -1,0 +1,157 @@
+"""remote_call.py against the real server binary on loopback.
+
+Needs the Bazel build outputs: the server, the example artifacts and the
+command-line client (bazel build //server:precompile_server //examples:artifacts
+//client:precompile_client; `bazel test //...` builds them). Runs with the
+project's environment: .venv/bin/python -m pytest client/python
+"""
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+import remote_call
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = ROOT / "bazel-bin"
+TOKEN = "python-test-token"
+
+
+def _built(path: pathlib.Path) -> pathlib.Path:
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run bazel build //server:precompile_server "
+                    "//examples:artifacts //client:precompile_client first")
+    return path
+
+
+def _copy_tree(source: pathlib.Path, destination: pathlib.Path) -> None:
+    """Copies with symbolic links dereferenced, into writable plain files
+    (bazel-bin's are read-only links into Bazel's cache)."""
+    for directory, _, files in os.walk(source, followlinks=True):
+        target = destination / pathlib.Path(directory).relative_to(source)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            (target / name).write_bytes((pathlib.Path(directory) / name).read_bytes())
+
+
+class ServerProcess:
+    """precompile_server on 127.0.0.1 with a port of its choice."""
+
+    def __init__(self, repository: pathlib.Path, token_file: pathlib.Path):
+        self.process = subprocess.Popen(
+            [str(_built(BIN / "server" / "precompile_server")),
+             f"--model_repository={repository}", "--listen_address=127.0.0.1",
+             "--grpc_port=0", "--metrics_port=-1", f"--admin_token_file={token_file}"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.port = int(self.await_output(r"event=listening grpc_port=(\d+)"))
+        self.await_output(r"event=ready")
+        self.address = f"127.0.0.1:{self.port}"
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.output.append(line)
+
+    def await_output(self, pattern: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(pattern, "".join(self.output))
+            if match:
+                return match.group(1) if match.groups() else match.group(0)
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        pytest.fail(f"no {pattern!r} from the server:\n{''.join(self.output)}")
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=30)
+        self._reader.join(timeout=5)
+        return code
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    _copy_tree(_built(BIN / "examples" / "mlp"), root / "repository" / "mlp" / "1")
+    token_file = root / "token"
+    token_file.write_text(TOKEN + "\n")
+    process = ServerProcess(root / "repository", token_file)
+    yield process
+    assert process.stop() == 0, "".join(process.output)
+
+
+@pytest.fixture
+def channel(server):
+    with grpc.insecure_channel(server.address) as channel:
+        yield channel
+
+
+def reference_mlp(x: np.ndarray) -> np.ndarray:
+    """What the mlp example returns in Python (examples/models.py)."""
+    import torch
+    sys.path.insert(0, str(ROOT))
+    from examples import models
+    with torch.no_grad():
+        return models.make_mlp()(torch.from_numpy(x)).numpy()
+
+
+def test_infers_with_a_variant_and_says_which(channel):
+    x = np.random.default_rng(1).standard_normal((8, 4), dtype=np.float32)
+    result = remote_call.infer_mlp(channel, x)
+    assert result.outcome == "variant"
+    assert result.variant == "forward#0"
+    assert result.output0.shape == (8, 3)
+    np.testing.assert_allclose(result.output0, reference_mlp(x), rtol=1e-4, atol=1e-5)
+
+    # Batch 16 hits the dynamic-batch variant.
+    x16 = np.random.default_rng(2).standard_normal((16, 4), dtype=np.float32)
+    result = remote_call.infer_mlp(channel, x16)
+    assert result.variant == "forward#1"
+    np.testing.assert_allclose(result.output0, reference_mlp(x16), rtol=1e-4, atol=1e-5)
+
+
+def test_a_refusal_is_failed_precondition(channel):
+    with pytest.raises(grpc.RpcError) as error:
+        remote_call.infer_mlp(channel, np.zeros((1, 4), dtype=np.float32))
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no captured variant matches this call of frame 'forward'" in error.value.details()
+
+
+def test_summary_needs_the_admin_token(channel):
+    summary = remote_call.get_summary(channel, "mlp", TOKEN)
+    assert summary.name == "mlp"
+    assert summary.entry_frame == "forward"
+    assert summary.complete
+    assert dict(summary.variants_per_frame) == {"forward": 2}
+
+    with pytest.raises(grpc.RpcError) as error:
+        remote_call.get_summary(channel, "mlp")
+    assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_the_cli_reads_and_writes_numpy_files(server, tmp_path):
+    """precompile_client's .npy files are numpy's, both ways."""
+    x = np.random.default_rng(3).standard_normal((5, 4), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    completed = subprocess.run(
+        [str(_built(BIN / "client" / "precompile_client")), "infer", "mlp",
+         f"--address={server.address}", f"--input=x={tmp_path / 'x.npy'}",
+         f"--output_dir={tmp_path / 'out'}"],
+        capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert "outcome:  variant (forward#1)" in completed.stdout
+    y = np.load(tmp_path / "out" / "output0.npy")
+    assert y.dtype == np.float32 and y.shape == (5, 3)
+    np.testing.assert_allclose(y, reference_mlp(x), rtol=1e-4, atol=1e-5)

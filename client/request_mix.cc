@@ -1,0 +1,135 @@
+#include "client/request_mix.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "client/infer_request.h"
+#include "client/json.h"
+#include "client/tensor_json.h"
+#include "runtime/status_macros.h"
+
+namespace precompile::client {
+namespace {
+
+absl::Status TemplateError(size_t index, absl::string_view name, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "mix template ", index, name.empty() ? "" : absl::StrCat(" (\"", name, "\")"), ": ", what));
+}
+
+absl::StatusOr<RequestTemplate> ParseTemplate(size_t index, const Json& spec, std::mt19937_64& rng,
+                                              const std::string& base_directory) {
+  if (!spec.is_object()) return TemplateError(index, "", "expected an object");
+  RequestTemplate t;
+  const Json* name = spec.Find("name");
+  if (name == nullptr || !name->is_string() || name->string_value().empty()) {
+    return TemplateError(index, "", "\"name\" must be a non-empty string");
+  }
+  t.name = name->string_value();
+  auto error = [&](absl::string_view what) { return TemplateError(index, t.name, what); };
+  for (const std::string& key : spec.keys()) {
+    static const std::set<std::string> kKnown = {"name",   "weight", "model",  "version",
+                                                 "inputs", "params", "outputs"};
+    if (!kKnown.count(key)) {
+      return error(absl::StrCat("unknown field \"", key,
+                                "\" (known: name, weight, model, version, inputs, params, "
+                                "outputs)"));
+    }
+  }
+  const Json* model = spec.Find("model");
+  if (model == nullptr || !model->is_string() || model->string_value().empty()) {
+    return error("\"model\" must be a non-empty string");
+  }
+  t.model = model->string_value();
+  if (const Json* weight = spec.Find("weight")) {
+    if (!weight->is_number() || !(weight->AsDouble() > 0)) {
+      return error("\"weight\" must be a number > 0");
+    }
+    t.weight = weight->AsDouble();
+  }
+  InferRequestOptions options;
+  if (const Json* version = spec.Find("version")) {
+    if (!version->is_string()) return error("\"version\" must be a string");
+    options.model_version = version->string_value();
+  }
+  if (const Json* outputs = spec.Find("outputs")) {
+    if (!outputs->is_array()) return error("\"outputs\" must be an array of names");
+    for (const Json& o : outputs->elements()) {
+      if (!o.is_string()) return error("\"outputs\" must be an array of names");
+      options.outputs.push_back(o.string_value());
+    }
+  }
+  std::vector<Tensor> inputs;
+  if (const Json* specs = spec.Find("inputs")) {
+    if (!specs->is_object()) return error("\"inputs\" must map input names to tensor specs");
+    for (size_t i = 0; i < specs->keys().size(); ++i) {
+      absl::StatusOr<Tensor> tensor =
+          TensorFromJson(specs->keys()[i], specs->values()[i], rng, base_directory);
+      if (!tensor.ok()) return error(tensor.status().message());
+      inputs.push_back(*std::move(tensor));
+    }
+  }
+  std::map<std::string, ScalarValue> scalars;
+  if (const Json* params = spec.Find("params")) {
+    if (!params->is_object()) return error("\"params\" must map argument names to values");
+    for (size_t i = 0; i < params->keys().size(); ++i) {
+      absl::StatusOr<ScalarValue> value = ScalarFromJson(params->values()[i]);
+      if (!value.ok()) {
+        return error(
+            absl::StrCat("parameter '", params->keys()[i], "': ", value.status().message()));
+      }
+      scalars[params->keys()[i]] = *std::move(value);
+    }
+  }
+  absl::StatusOr<inference::ModelInferRequest> request =
+      MakeInferRequest(t.model, inputs, scalars, options);
+  if (!request.ok()) return error(request.status().message());
+  request->set_id(t.name);
+  t.request = std::make_shared<const inference::ModelInferRequest>(*std::move(request));
+  return t;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RequestTemplate>> ParseRequestMix(absl::string_view json, uint64_t seed,
+                                                             const std::string& base_directory) {
+  absl::StatusOr<Json> parsed = ParseJson(json);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("mix: ", parsed.status().message()));
+  }
+  if (!parsed->is_array() || parsed->elements().empty()) {
+    return absl::InvalidArgumentError("mix: expected a non-empty array of request templates");
+  }
+  std::mt19937_64 rng(seed);
+  std::vector<RequestTemplate> mix;
+  std::set<std::string> names;
+  for (size_t i = 0; i < parsed->elements().size(); ++i) {
+    ASSIGN_OR_RETURN(RequestTemplate t,
+                     ParseTemplate(i, parsed->elements()[i], rng, base_directory));
+    if (!names.insert(t.name).second) {
+      return TemplateError(i, t.name, "the name is used twice");
+    }
+    mix.push_back(std::move(t));
+  }
+  return mix;
+}
+
+absl::StatusOr<std::vector<RequestTemplate>> ReadRequestMix(const std::string& path,
+                                                            uint64_t seed) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the mix ", path));
+  std::stringstream contents;
+  contents << in.rdbuf();
+  absl::StatusOr<std::vector<RequestTemplate>> mix =
+      ParseRequestMix(contents.str(), seed, std::filesystem::path(path).parent_path().string());
+  if (!mix.ok()) {
+    return absl::Status(mix.status().code(), absl::StrCat(path, ": ", mix.status().message()));
+  }
+  return mix;
+}
+
+}  // namespace precompile::client

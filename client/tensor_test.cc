@@ -1,0 +1,141 @@
+// Client tensors, half/bfloat16 conversions, and tensors and scalars as
+// JSON (tensor_json.h, json.h).
+#include "client/tensor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "client/json.h"
+#include "client/tensor_json.h"
+
+namespace precompile::client {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(TensorTest, ConvertsHalfAndBFloat16) {
+  for (float v : {0.0f, 1.0f, -2.0f, 0.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 3.140625f}) {
+    EXPECT_EQ(HalfToFloat(FloatToHalf(v)), v) << v;
+  }
+  EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToHalf(-2.0f), 0xc000);
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);            // rounds to infinity
+  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3c00);  // a tie rounds to even
+  EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3c02);
+  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(std::nanf("")))));
+  EXPECT_EQ(FloatToBFloat16(1.0f), 0x3f80);
+  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(3.140625f)), 3.140625f);
+  EXPECT_EQ(FloatToBFloat16(1.00390625f), 0x3f80);  // tie to even
+  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
+}
+
+TEST(TensorTest, ValidatesSizes) {
+  EXPECT_EQ(*ElementSize("FP64"), 8);
+  EXPECT_THAT(ElementSize("BYTES").status().message(), HasSubstr("not supported"));
+  EXPECT_THAT(ElementSize("FP8").status().message(), HasSubstr("unknown datatype 'FP8'"));
+  EXPECT_EQ(*ElementCount({}), 1);
+  EXPECT_EQ(*ElementCount({2, 0}), 0);
+  EXPECT_FALSE(ElementCount({-1}).ok());
+  EXPECT_FALSE(ElementCount({int64_t{1} << 40, int64_t{1} << 40}).ok());
+  EXPECT_TRUE(ValidateTensor({"x", "INT16", {2}, std::string(4, '\0')}).ok());
+  EXPECT_THAT(ValidateTensor({"x", "INT16", {2}, std::string(3, '\0')}).message(),
+              HasSubstr("tensor 'x' has 3 bytes but shape [2] of INT16 needs 4"));
+}
+
+TEST(TensorJsonTest, BuildsTensorsFromSpecs) {
+  std::mt19937_64 rng(1);
+  auto tensor = [&](const std::string& spec) { return TensorFromJson("x", *ParseJson(spec), rng); };
+  absl::StatusOr<Tensor> t = tensor(R"({"shape": [2, 2], "datatype": "INT64",
+                                        "data": [[1, -2], [9007199254740993, 4]]})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(ElementAsInt64(*t, 2), 9007199254740993);  // beyond 2^53: kept exactly
+  t = tensor(R"({"shape": [3], "data": [0.5, "NaN", "-Infinity"]})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->datatype, "FP32");
+  EXPECT_EQ(ElementAsDouble(*t, 0), 0.5);
+  EXPECT_TRUE(std::isnan(ElementAsDouble(*t, 1)));
+  EXPECT_EQ(TensorValuesJson(*t).Dump(false), R"([0.5,"NaN","-Infinity"])");
+  t = tensor(R"({"shape": [2], "datatype": "BOOL", "data": [true, 0]})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(TensorValuesJson(*t).Dump(false), "[true,false]");
+  t = tensor(R"({"shape": [2], "datatype": "FP16", "fill": "ones"})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(TensorValuesJson(*t).Dump(false), "[1,1]");
+  t = tensor(R"({"shape": [1000], "datatype": "INT8", "fill": "random"})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int i = 0; i < 1000; ++i) ASSERT_LE(std::abs(ElementAsInt64(*t, i)), 10);
+  t = tensor(R"({"shape": [4, 4], "fill": 2.5})");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(ElementAsDouble(*t, 15), 2.5);
+
+  const std::vector<std::pair<std::string, std::string>> errors = {
+      {R"([1])", "expected a JSON object"},
+      {R"({"shape": [2], "data": [1, 2], "fill": "ones"})", "exactly one of"},
+      {R"({"shape": [2], "datatype": "INT8", "data": [1, 300]})",
+       "value 1 as INT8: 300 does not fit"},
+      {R"({"shape": [1], "datatype": "INT32", "data": [1.5]})", "expected an integer, got 1.5"},
+      {R"({"shape": [1], "datatype": "UINT8", "data": [-1]})", "expected a non-negative integer"},
+      {R"({"shape": [1], "datatype": "BOOL", "data": [2]})", "expected true, false, 0 or 1"},
+      {R"({"shape": [-1], "data": []})", "dimensions must be integers >= 0"},
+      {R"({"shape": [2], "data": [1, 2], "dtype": "FP32"})", "unknown field \"dtype\""},
+      {R"({"shape": [2], "datatype": "STRING", "data": [1, 2]})", "unknown datatype 'STRING'"},
+  };
+  for (const auto& [spec, message] : errors) {
+    absl::StatusOr<Tensor> bad = tensor(spec);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_THAT(bad.status().message(), HasSubstr(message)) << spec;
+  }
+}
+
+TEST(TensorJsonTest, InfersScalarTypes) {
+  EXPECT_EQ(std::get<int64_t>(ScalarFromText("3")), 3);
+  EXPECT_EQ(std::get<int64_t>(ScalarFromText("-12")), -12);
+  EXPECT_EQ(std::get<double>(ScalarFromText("0.5")), 0.5);
+  EXPECT_EQ(std::get<double>(ScalarFromText("1e-3")), 1e-3);
+  EXPECT_EQ(std::get<double>(ScalarFromText("3.0")), 3.0);
+  EXPECT_TRUE(std::get<bool>(ScalarFromText("true")));
+  EXPECT_FALSE(std::get<bool>(ScalarFromText("False")));
+  EXPECT_EQ(std::get<std::string>(ScalarFromText("\"3\"")), "3");
+  EXPECT_EQ(std::get<std::string>(ScalarFromText("relu")), "relu");
+  EXPECT_EQ(std::get<std::string>(ScalarFromText("0x10")), "0x10");
+  EXPECT_TRUE(std::isinf(std::get<double>(ScalarFromText("inf"))));
+
+  EXPECT_EQ(std::get<int64_t>(*ScalarFromJson(*ParseJson("3"))), 3);
+  EXPECT_EQ(std::get<double>(*ScalarFromJson(*ParseJson("3.0"))), 3.0);
+  EXPECT_EQ(std::get<std::string>(*ScalarFromJson(*ParseJson("\"a\""))), "a");
+  EXPECT_FALSE(ScalarFromJson(*ParseJson("[1]")).ok());
+}
+
+TEST(JsonTest, ParsesAndDumps) {
+  absl::StatusOr<Json> json = ParseJson(
+      R"( {"b": [1, 2.5e3, -0], "a": {"x": null, "y": true}, "s": "t\"\u00e9\ud83d\ude00\n"} )");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(json->keys(), ElementsAre("b", "a", "s"));
+  EXPECT_EQ(json->Find("b")->elements()[1].number_text(), "2.5e3");
+  EXPECT_TRUE(json->Find("b")->elements()[0].IsIntegerLiteral());
+  EXPECT_FALSE(json->Find("b")->elements()[1].IsIntegerLiteral());
+  EXPECT_EQ(json->Find("s")->string_value(), "t\"\xc3\xa9\xf0\x9f\x98\x80\n");
+  EXPECT_EQ(json->Dump(false),
+            "{\"b\":[1,2.5e3,-0],\"a\":{\"x\":null,\"y\":true},\"s\":"
+            "\"t\\\"\xc3\xa9\xf0\x9f\x98\x80\\n\"}");
+  EXPECT_EQ(json->Dump(),
+            "{\n  \"b\": [1, 2.5e3, -0],\n  \"a\": {\n    \"x\": null,\n    \"y\": true\n  },\n"
+            "  \"s\": \"t\\\"\xc3\xa9\xf0\x9f\x98\x80\\n\"\n}");
+  EXPECT_EQ(ParseJson(json->Dump())->Dump(false), json->Dump(false));
+
+  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "01", "1.", "\"\\x\"", "tru", "[1] 2",
+                          "{\"a\": 1, \"a\": 2}", "\"\\ud800\""}) {
+    EXPECT_EQ(ParseJson(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_THAT(ParseJson("{\n  \"a\": x}").status().message(),
+              HasSubstr("invalid JSON at line 2, column 8"));
+  EXPECT_EQ(Json::Double(std::numeric_limits<double>::infinity()).Dump(), "\"Infinity\"");
+  EXPECT_EQ(Json::Double(0.1f, 9).Dump(), "0.100000001");
+}
+
+}  // namespace
+}  // namespace precompile::client
