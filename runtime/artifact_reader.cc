@@ -38,6 +38,9 @@ absl::StatusOr<std::string> ConfinedPath(const fs::path& root,
   if (relative.empty()) {
     return absl::InvalidArgumentError("the manifest lists an empty file path");
   }
+  if (relative.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("a file path in the manifest contains a NUL byte");
+  }
   if (relative.front() == '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "file '", relative, "' is an absolute path; artifact paths are relative"));

@@ -112,6 +112,13 @@ TEST(TensorCodec, RefusesWhatCannotBeDecoded) {
     cases.push_back({r, "more elements than any request can carry"});
   }
   {
+    // 2^61 doubles are 2^64 bytes: a byte count that would wrap to 0 and
+    // let an empty buffer pass (found by the request decoding fuzzer).
+    auto r = OneInput("FP64", {int64_t{1} << 61});
+    r.add_raw_input_contents("");
+    cases.push_back({r, "more elements than any request can carry"});
+  }
+  {
     auto r = OneInput("STRING", {1});
     cases.push_back({r, "datatype 'STRING', which is not one of BOOL"});
   }

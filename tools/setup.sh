@@ -15,7 +15,7 @@ debian_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libspdlog-dev libfmt-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
-  python3-venv curl patchelf openssl clang libclang-rt-14-dev
+  python3-venv curl patchelf openssl clang libclang-rt-14-dev llvm-14
 )
 
 missing=()

@@ -4,7 +4,8 @@
 #                            tests, deploy tests, fuzz regressions
 #   2. the runtime, server and end-to-end tests again under AddressSanitizer
 #      (with leak checking) and ThreadSanitizer
-#   3. the libFuzzer fuzzers, each for a bounded time
+#   3. the libFuzzer fuzzers (request decoding, guards, manifests), each for a
+#      bounded time
 #   4. pytest: the capture tool and the Python client example
 # Each stage ends with its own summary line ("bazel: N passed, N failed, ..."),
 # pytest's last.
@@ -39,6 +40,9 @@ tsan=(//runtime/... //server/... //client/... //tests:server_e2e_test //tests:se
 echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
 bazel test --config=tsan "${tsan[@]}" --keep_going || failed=1
 summarize tsan --config=tsan $(bazel query "tests(set(${tsan[*]}))" 2>/dev/null)
+
+echo "[test] fuzzing: 3 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
+tests/fuzz/run_fuzzers.sh 20 || failed=1
 
 echo "[test] pytest capture/tests client/python"
 .venv/bin/python3 -m pytest capture/tests client/python -q -p no:cacheprovider || failed=1

@@ -1,7 +1,6 @@
 #include "tests/fuzz/fuzz_checks.h"
 
 #include <stdlib.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -9,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <system_error>
@@ -45,131 +46,10 @@ bool Within(const void* p, size_t n, const void* begin, size_t length) {
 
 // Reads every byte, so that ASan reports a range that is not readable.
 void Touch(const void* data, size_t n) {
+  // Volatile reads: the compiler may not drop them.
   const auto* bytes = static_cast<const volatile uint8_t*>(data);
-  uint8_t sum = 0;
-  for (size_t i = 0; i < n; ++i) sum = static_cast<uint8_t>(sum + bytes[i]);
-  static volatile uint8_t sink;
-  sink = sum;
+  for (size_t i = 0; i < n; ++i) (void)bytes[i];
 }
-
-// ---------------------------------------------------------------------------
-// Request decoding
-// ---------------------------------------------------------------------------
-
-// Checks that the decoded bytes are the typed values, converted to Target.
-template <typename Target, typename Source>
-absl::Status CheckTypedValues(const google::protobuf::RepeatedField<Source>& values,
-                              const TensorArg& t) {
-  if (t.nbytes != static_cast<size_t>(values.size()) * sizeof(Target)) {
-    return Violation(absl::StrCat("typed contents: ", values.size(),
-                                  " values decoded into ", t.nbytes, " bytes"));
-  }
-  const auto* bytes = static_cast<const char*>(t.data);
-  for (int i = 0; i < values.size(); ++i) {
-    const Target expected = static_cast<Target>(values.Get(i));
-    if (std::memcmp(&expected, bytes + i * sizeof(Target), sizeof(Target)) != 0) {
-      return Violation(absl::StrCat("typed contents: value ", i,
-                                    " did not round-trip"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckTypedContents(const inference::InferTensorContents& c,
-                                const TensorArg& t) {
-  switch (t.dtype) {
-    case DType::kBool: return CheckTypedValues<bool>(c.bool_contents(), t);
-    case DType::kUInt8: return CheckTypedValues<uint8_t>(c.uint_contents(), t);
-    case DType::kInt8: return CheckTypedValues<int8_t>(c.int_contents(), t);
-    case DType::kInt16: return CheckTypedValues<int16_t>(c.int_contents(), t);
-    case DType::kInt32: return CheckTypedValues<int32_t>(c.int_contents(), t);
-    case DType::kInt64: return CheckTypedValues<int64_t>(c.int64_contents(), t);
-    case DType::kFloat32: return CheckTypedValues<float>(c.fp32_contents(), t);
-    case DType::kFloat64: return CheckTypedValues<double>(c.fp64_contents(), t);
-    case DType::kFloat16:
-    case DType::kBFloat16:
-      return Violation(absl::StrCat(DTypeName(t.dtype),
-                                    " decoded from typed contents"));
-  }
-  return Violation("unknown dtype");
-}
-
-absl::Status CheckDecoded(const inference::ModelInferRequest& request, int index,
-                          const std::string& storage, const TensorArg& t) {
-  const auto& input = request.inputs(index);
-  const std::string what = absl::StrCat("input ", index, " ('", input.name(), "'): ");
-  if (server::DTypeFromDatatype(input.datatype()) != t.dtype) {
-    return Violation(absl::StrCat(what, "decoded as ", DTypeName(t.dtype),
-                                  " from datatype '", input.datatype(), "'"));
-  }
-  if (t.device != DeviceType::kCpu) {
-    return Violation(absl::StrCat(what, "decoded onto a device other than cpu"));
-  }
-  if (!std::equal(t.shape.begin(), t.shape.end(), input.shape().begin(),
-                  input.shape().end())) {
-    return Violation(absl::StrCat(what, "shape [", absl::StrJoin(t.shape, ", "),
-                                  "] differs from the request's [",
-                                  absl::StrJoin(input.shape(), ", "), "]"));
-  }
-  // product(shape) * element size, in 128 bits and saturated well above any
-  // size_t, so that the check itself cannot overflow.
-  constexpr unsigned __int128 kSaturated = static_cast<unsigned __int128>(1) << 100;
-  unsigned __int128 expected = DTypeSize(t.dtype);
-  for (int64_t d : t.shape) {
-    if (d < 0) {
-      return Violation(absl::StrCat(what, "accepted a negative dimension ", d));
-    }
-    expected = std::min(expected * static_cast<uint64_t>(d), kSaturated);
-  }
-  if (expected != t.nbytes) {
-    return Violation(absl::StrCat(
-        what, "nbytes is ", t.nbytes, " but shape [", absl::StrJoin(t.shape, ", "),
-        "] of ", DTypeName(t.dtype), " needs ",
-        expected == kSaturated ? std::string("more than 2^64")
-                               : absl::StrCat(static_cast<uint64_t>(expected))));
-  }
-  if (t.nbytes > 0 && t.data == nullptr) {
-    return Violation(absl::StrCat(what, "null data for ", t.nbytes, " bytes"));
-  }
-  if (request.raw_input_contents_size() > 0) {
-    const std::string& raw = request.raw_input_contents(index);
-    if (!Within(t.data, t.nbytes, raw.data(), raw.size())) {
-      return Violation(absl::StrCat(what, "data does not lie inside its raw contents"));
-    }
-  } else {
-    if (!Within(t.data, t.nbytes, storage.data(), storage.size())) {
-      return Violation(absl::StrCat(what, "data does not lie inside the storage"));
-    }
-    if (absl::Status s = CheckTypedContents(input.contents(), t); !s.ok()) {
-      return Violation(absl::StrCat(what, s.message()));
-    }
-  }
-  Touch(t.data, t.nbytes);
-
-  // What the server would send back for this tensor.
-  OutputTensor out;
-  out.dtype = t.dtype;
-  out.shape = t.shape;
-  out.data = t.data;
-  out.nbytes = t.nbytes;
-  inference::ModelInferResponse response;
-  server::EncodeOutput(out, input.name(), &response);
-  if (response.outputs_size() != 1 || response.raw_output_contents_size() != 1 ||
-      response.outputs(0).datatype() != input.datatype() ||
-      response.outputs(0).name() != input.name() ||
-      !std::equal(t.shape.begin(), t.shape.end(),
-                  response.outputs(0).shape().begin(),
-                  response.outputs(0).shape().end()) ||
-      response.raw_output_contents(0) !=
-          absl::string_view(static_cast<const char*>(t.data), t.nbytes)) {
-    return Violation(absl::StrCat(what, "EncodeOutput does not give the tensor back"));
-  }
-  return absl::OkStatus();
-}
-
-// ---------------------------------------------------------------------------
-// Guards
-// ---------------------------------------------------------------------------
 
 // Reads little-endian values from the fuzzer's bytes; past the end, zeros.
 class ByteReader {
@@ -202,6 +82,213 @@ class ByteReader {
   size_t size_;
   size_t pos_ = 0;
 };
+
+// ---------------------------------------------------------------------------
+// Request decoding
+// ---------------------------------------------------------------------------
+
+// Checks that the decoded bytes are the typed values, converted to Target.
+template <typename Target, typename Source>
+absl::Status CheckTypedValues(const google::protobuf::RepeatedField<Source>& values,
+                              const TensorArg& t) {
+  if (t.nbytes != static_cast<size_t>(values.size()) * sizeof(Target)) {
+    return Violation(absl::StrCat("typed contents: ", values.size(), " values decoded into ",
+                                  t.nbytes, " bytes"));
+  }
+  const auto* bytes = static_cast<const char*>(t.data);
+  for (int i = 0; i < values.size(); ++i) {
+    const Target expected = static_cast<Target>(values.Get(i));
+    if (std::memcmp(&expected, bytes + i * sizeof(Target), sizeof(Target)) != 0) {
+      return Violation(absl::StrCat("typed contents: value ", i, " did not round-trip"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTypedContents(const inference::InferTensorContents& c, const TensorArg& t) {
+  switch (t.dtype) {
+    case DType::kBool:
+      return CheckTypedValues<bool>(c.bool_contents(), t);
+    case DType::kUInt8:
+      return CheckTypedValues<uint8_t>(c.uint_contents(), t);
+    case DType::kInt8:
+      return CheckTypedValues<int8_t>(c.int_contents(), t);
+    case DType::kInt16:
+      return CheckTypedValues<int16_t>(c.int_contents(), t);
+    case DType::kInt32:
+      return CheckTypedValues<int32_t>(c.int_contents(), t);
+    case DType::kInt64:
+      return CheckTypedValues<int64_t>(c.int64_contents(), t);
+    case DType::kFloat32:
+      return CheckTypedValues<float>(c.fp32_contents(), t);
+    case DType::kFloat64:
+      return CheckTypedValues<double>(c.fp64_contents(), t);
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return Violation(absl::StrCat(DTypeName(t.dtype), " decoded from typed contents"));
+  }
+  return Violation("unknown dtype");
+}
+
+// The values a structurally built request's dimensions are drawn from: edges
+// of the integer types and products that wrap around 2^64.
+// clang-format off
+constexpr int64_t kInterestingSizes[] = {
+    0, 1, 2, 3, 4, 8, 16, 255, 256, 4096, 65536,
+    std::numeric_limits<int32_t>::max(), int64_t{1} << 31,
+    int64_t{1} << 32, (int64_t{1} << 32) + 1,
+    int64_t{1} << 60, int64_t{1} << 61, (int64_t{1} << 61) + 1,
+    int64_t{1} << 62, (int64_t{1} << 62) + 1,
+    std::numeric_limits<int64_t>::max(), -1, std::numeric_limits<int64_t>::min()};
+// clang-format on
+constexpr int kNumInteresting = sizeof(kInterestingSizes) / sizeof(kInterestingSizes[0]);
+
+constexpr const char* kDatatypeNames[] = {"BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64",
+                                          "FP16", "BF16",  "FP32", "FP64",  "BYTES", "UINT64"};
+
+// Builds a request from `in` (the structural mode of CheckRequestDecoding).
+inference::ModelInferRequest BuildRequest(ByteReader& in) {
+  inference::ModelInferRequest request;
+  const int num_inputs = in.U8() % 5;
+  const uint8_t flags = in.U8();
+  const bool raw = (flags & 1) != 0;
+  for (int i = 0; i < num_inputs; ++i) {
+    auto* input = request.add_inputs();
+    input->set_name(absl::StrCat("input", i));
+    input->set_datatype(kDatatypeNames[in.U8() % std::size(kDatatypeNames)]);
+    const std::optional<DType> dtype = server::DTypeFromDatatype(input->datatype());
+    // The byte count a decoder that multiplies in 64 bits without checking
+    // would expect: the size that slips through an overflow.
+    uint64_t wrapped_bytes = dtype ? DTypeSize(*dtype) : 1;
+    const int rank = in.U8() % 9;
+    for (int d = 0; d < rank; ++d) {
+      const uint8_t selector = in.U8();
+      const int64_t size = selector < kNumInteresting ? kInterestingSizes[selector]
+                           : selector < 128           ? selector - kNumInteresting
+                                                      : in.I64();
+      input->add_shape(size);
+      wrapped_bytes *= static_cast<uint64_t>(size);
+    }
+    const uint8_t content = in.U8();
+    if (content & 1) {
+      auto* c = input->mutable_contents();
+      const int field = (content >> 1) % 7;
+      const int count = in.U8();
+      for (int k = 0; k < count; ++k) {
+        const int64_t v = in.I64();
+        switch (field) {
+          case 0:
+            c->add_bool_contents(v & 1);
+            break;
+          case 1:
+            c->add_int_contents(static_cast<int32_t>(v));
+            break;
+          case 2:
+            c->add_int64_contents(v);
+            break;
+          case 3:
+            c->add_uint_contents(static_cast<uint32_t>(v));
+            break;
+          case 4:
+            c->add_uint64_contents(static_cast<uint64_t>(v));
+            break;
+          case 5:
+            c->add_fp32_contents(static_cast<float>(v));
+            break;
+          case 6:
+            c->add_fp64_contents(static_cast<double>(v));
+            break;
+        }
+      }
+    }
+    if (raw) {
+      const size_t length =
+          (content & 0x80) || wrapped_bytes > 4096 ? in.U8() : static_cast<size_t>(wrapped_bytes);
+      std::string bytes(in.Bytes(length));
+      bytes.resize(length);  // Zeros past the end of the input.
+      request.add_raw_input_contents(std::move(bytes));
+    }
+  }
+  if (raw && (flags & 2)) request.add_raw_input_contents("");  // One too many.
+  return request;
+}
+
+absl::Status CheckDecoded(const inference::ModelInferRequest& request, int index,
+                          const std::string& storage, const TensorArg& t) {
+  const auto& input = request.inputs(index);
+  const std::string what = absl::StrCat("input ", index, " ('", input.name(), "'): ");
+  if (server::DTypeFromDatatype(input.datatype()) != t.dtype) {
+    return Violation(absl::StrCat(what, "decoded as ", DTypeName(t.dtype), " from datatype '",
+                                  input.datatype(), "'"));
+  }
+  if (t.device != DeviceType::kCpu) {
+    return Violation(absl::StrCat(what, "decoded onto a device other than cpu"));
+  }
+  if (!std::equal(t.shape.begin(), t.shape.end(), input.shape().begin(), input.shape().end())) {
+    return Violation(absl::StrCat(what, "shape [", absl::StrJoin(t.shape, ", "),
+                                  "] differs from the request's [",
+                                  absl::StrJoin(input.shape(), ", "), "]"));
+  }
+  // product(shape) * element size, in 128 bits and saturated well above any
+  // size_t, so that the check itself cannot overflow.
+  constexpr unsigned __int128 kSaturated = static_cast<unsigned __int128>(1) << 100;
+  unsigned __int128 expected = DTypeSize(t.dtype);
+  for (int64_t d : t.shape) {
+    if (d < 0) {
+      return Violation(absl::StrCat(what, "accepted a negative dimension ", d));
+    }
+    const auto size = static_cast<uint64_t>(d);
+    expected = (size != 0 && expected > kSaturated / size) ? kSaturated : expected * size;
+  }
+  if (expected != t.nbytes) {
+    return Violation(absl::StrCat(what, "nbytes is ", t.nbytes, " but shape [",
+                                  absl::StrJoin(t.shape, ", "), "] of ", DTypeName(t.dtype),
+                                  " needs ",
+                                  expected > std::numeric_limits<uint64_t>::max()
+                                      ? std::string("more than 2^64")
+                                      : absl::StrCat(static_cast<uint64_t>(expected))));
+  }
+  if (t.nbytes > 0 && t.data == nullptr) {
+    return Violation(absl::StrCat(what, "null data for ", t.nbytes, " bytes"));
+  }
+  if (request.raw_input_contents_size() > 0) {
+    const std::string& raw = request.raw_input_contents(index);
+    if (!Within(t.data, t.nbytes, raw.data(), raw.size())) {
+      return Violation(absl::StrCat(what, "data does not lie inside its raw contents"));
+    }
+  } else {
+    if (!Within(t.data, t.nbytes, storage.data(), storage.size())) {
+      return Violation(absl::StrCat(what, "data does not lie inside the storage"));
+    }
+    if (absl::Status s = CheckTypedContents(input.contents(), t); !s.ok()) {
+      return Violation(absl::StrCat(what, s.message()));
+    }
+  }
+  Touch(t.data, t.nbytes);
+
+  // What the server would send back for this tensor.
+  OutputTensor out;
+  out.dtype = t.dtype;
+  out.shape = t.shape;
+  out.data = t.data;
+  out.nbytes = t.nbytes;
+  inference::ModelInferResponse response;
+  server::EncodeOutput(out, input.name(), &response);
+  if (response.outputs_size() != 1 || response.raw_output_contents_size() != 1 ||
+      response.outputs(0).datatype() != input.datatype() ||
+      response.outputs(0).name() != input.name() ||
+      !std::equal(t.shape.begin(), t.shape.end(), response.outputs(0).shape().begin(),
+                  response.outputs(0).shape().end()) ||
+      response.raw_output_contents(0) !=
+          absl::string_view(static_cast<const char*>(t.data), t.nbytes)) {
+    return Violation(absl::StrCat(what, "EncodeOutput does not give the tensor back"));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Guards
+// ---------------------------------------------------------------------------
 
 // One call's arguments, each tensor's sizes and each string in an allocation
 // of exactly its length so that ASan sees any read past it.
@@ -271,30 +358,35 @@ std::string FixtureContent(const std::string& path) {
   return absl::StrCat("fuzz fixture: ", path, "\n");
 }
 
-// The fixture artifact directory, created on first use and removed at exit.
+// The fixture artifact directory, created on first use and removed at exit:
+// <temporary>/artifact, beside <temporary>/outside/FRAMES, a copy of the
+// artifact's FRAMES that only its "escape" link leads to.
 const std::string& FixtureDirectory() {
   static const std::string* directory = [] {
-    const char* base = std::getenv("TEST_TMPDIR");
-    if (base == nullptr) base = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(base ? base : "/tmp", "/manifest_fuzzer.XXXXXX");
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    if (tmp == nullptr) tmp = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(tmp ? tmp : "/tmp", "/manifest_fuzzer.XXXXXX");
     if (mkdtemp(pattern.data()) == nullptr) {
       std::perror("manifest fuzz fixture: mkdtemp");
       std::abort();
     }
-    const fs::path root = fs::canonical(pattern);
+    static const fs::path* base = new fs::path(fs::canonical(pattern));
+    const fs::path root = *base / "artifact";
     for (const std::string& file : ManifestFixtureFiles()) {
       fs::create_directories((root / file).parent_path());
       std::ofstream(root / file, std::ios::binary) << FixtureContent(file);
     }
     fs::create_directory(root / "dir");
     fs::create_symlink(kFixtureFrames, root / "inside");
-    fs::create_symlink("..", root / "escape");
-    auto* path = new std::string(root.string());
+    fs::create_symlink("../outside", root / "escape");
+    fs::create_directory(*base / "outside");
+    std::ofstream(*base / "outside" / kFixtureFrames, std::ios::binary)
+        << FixtureContent(kFixtureFrames);
     std::atexit([] {
       std::error_code ec;
-      fs::remove_all(FixtureDirectory(), ec);
+      fs::remove_all(*base, ec);
     });
-    return path;
+    return new std::string(root.string());
   }();
   return *directory;
 }
@@ -315,15 +407,19 @@ bool IsDocumentedReaderError(absl::StatusCode code) {
 
 absl::Status CheckRequestDecoding(const uint8_t* data, size_t size) {
   inference::ModelInferRequest request;
-  if (!request.ParseFromArray(data, static_cast<int>(size))) return absl::OkStatus();
+  if (size > 0 && data[0] == 0) {
+    ByteReader in(data + 1, size - 1);
+    request = BuildRequest(in);
+  } else if (!request.ParseFromArray(data, static_cast<int>(size))) {
+    return absl::OkStatus();
+  }
   for (int i = 0; i < request.inputs_size(); ++i) {
     std::string storage;
     absl::StatusOr<TensorArg> decoded = server::DecodeInput(request, i, &storage);
     if (!decoded.ok()) {
       if (decoded.status().code() != absl::StatusCode::kInvalidArgument ||
           decoded.status().message().empty()) {
-        return Violation(absl::StrCat("input ", i, " refused with ",
-                                      decoded.status().ToString(),
+        return Violation(absl::StrCat("input ", i, " refused with ", decoded.status().ToString(),
                                       ", not INVALID_ARGUMENT with a message"));
       }
       continue;
@@ -366,15 +462,13 @@ absl::Status CheckGuards(const uint8_t* data, size_t size) {
     const bool m = p.Matches(args, call.state);
     std::optional<GuardProgram::Mismatch> e = p.ExplainMismatch(args, call.state);
     if (m == e.has_value()) {
-      return Violation(absl::StrCat(
-          "variant ", i, ": Matches() is ", m, " but ExplainMismatch() says ",
-          e ? absl::StrCat("'", e->reason, "'") : std::string("nothing")));
+      return Violation(
+          absl::StrCat("variant ", i, ": Matches() is ", m, " but ExplainMismatch() says ",
+                       e ? absl::StrCat("'", e->reason, "'") : std::string("nothing")));
     }
-    if (e && (e->checks_passed < 0 || e->checks_passed >= p.num_checks() ||
-              e->reason.empty())) {
-      return Violation(absl::StrCat("variant ", i, ": mismatch after ",
-                                    e->checks_passed, " of ", p.num_checks(),
-                                    " checks, reason '", e->reason, "'"));
+    if (e && (e->checks_passed < 0 || e->checks_passed >= p.num_checks() || e->reason.empty())) {
+      return Violation(absl::StrCat("variant ", i, ": mismatch after ", e->checks_passed, " of ",
+                                    p.num_checks(), " checks, reason '", e->reason, "'"));
     }
     matched.push_back(m);
     mismatches.push_back(std::move(e));
@@ -387,17 +481,15 @@ absl::Status CheckGuards(const uint8_t* data, size_t size) {
   // Twice: the second call starts from the variant the first one hit.
   for (int round = 0; round < 2; ++round) {
     const int hit = dispatcher.Match(args, call.state);
-    if (hit < -1 || hit >= n || (hit >= 0 && !matched[hit]) ||
-        (hit == -1 && any_match)) {
-      return Violation(absl::StrCat("FrameDispatcher::Match returned ", hit, " of ",
-                                    n, " variants (any matches: ", any_match, ")"));
+    if (hit < -1 || hit >= n || (hit >= 0 && !matched[hit]) || (hit == -1 && any_match)) {
+      return Violation(absl::StrCat("FrameDispatcher::Match returned ", hit, " of ", n,
+                                    " variants (any matches: ", any_match, ")"));
     }
   }
-  std::optional<FrameDispatcher::Explanation> miss =
-      dispatcher.ExplainMiss(args, call.state);
+  std::optional<FrameDispatcher::Explanation> miss = dispatcher.ExplainMiss(args, call.state);
   if (miss.has_value() == all_match) {
-    return Violation(absl::StrCat("ExplainMiss() ", miss ? "explains" : "is empty",
-                                  " with ", n, " variants, all matching: ", all_match));
+    return Violation(absl::StrCat("ExplainMiss() ", miss ? "explains" : "is empty", " with ", n,
+                                  " variants, all matching: ", all_match));
   }
   if (miss) {
     if (miss->variant < 0 || miss->variant >= n || matched[miss->variant]) {
@@ -410,8 +502,8 @@ absl::Status CheckGuards(const uint8_t* data, size_t size) {
       }
     }
     if (miss->reason != chosen.reason) {
-      return Violation(absl::StrCat("ExplainMiss() says '", miss->reason,
-                                    "', the variant says '", chosen.reason, "'"));
+      return Violation(absl::StrCat("ExplainMiss() says '", miss->reason, "', the variant says '",
+                                    chosen.reason, "'"));
     }
   }
   return absl::OkStatus();
@@ -439,8 +531,7 @@ ArtifactReaderOptions FuzzReaderOptions() {
 absl::StatusOr<Artifact> ReadFuzzArtifact(const uint8_t* data, size_t size) {
   const std::string& directory = FixtureDirectory();
   {
-    std::ofstream out(fs::path(directory) / "MANIFEST.pb",
-                      std::ios::binary | std::ios::trunc);
+    std::ofstream out(fs::path(directory) / "MANIFEST.pb", std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
     if (!out.flush()) {
       std::fprintf(stderr, "manifest fuzz fixture: cannot write MANIFEST.pb\n");
@@ -453,10 +544,8 @@ absl::StatusOr<Artifact> ReadFuzzArtifact(const uint8_t* data, size_t size) {
 absl::Status CheckManifest(const uint8_t* data, size_t size) {
   absl::StatusOr<Artifact> artifact = ReadFuzzArtifact(data, size);
   if (!artifact.ok()) {
-    if (!IsDocumentedReaderError(artifact.status().code()) ||
-        artifact.status().message().empty()) {
-      return Violation(absl::StrCat("ReadArtifact returned ",
-                                    artifact.status().ToString(),
+    if (!IsDocumentedReaderError(artifact.status().code()) || artifact.status().message().empty()) {
+      return Violation(absl::StrCat("ReadArtifact returned ", artifact.status().ToString(),
                                     ", which its header does not document"));
     }
     return absl::OkStatus();
@@ -464,8 +553,8 @@ absl::Status CheckManifest(const uint8_t* data, size_t size) {
   const Artifact& a = *artifact;
   const artifact::v1::Manifest& m = a.manifest;
   if (a.directory != FixtureDirectory()) {
-    return Violation(absl::StrCat("directory '", a.directory, "', expected '",
-                                  FixtureDirectory(), "'"));
+    return Violation(
+        absl::StrCat("directory '", a.directory, "', expected '", FixtureDirectory(), "'"));
   }
   if (a.frames_text != FixtureContent(kFixtureFrames)) {
     return Violation(absl::StrCat("frames_text is '", a.frames_text, "'"));
@@ -476,11 +565,9 @@ absl::Status CheckManifest(const uint8_t* data, size_t size) {
     std::error_code ec;
     const fs::path resolved = fs::canonical(a.PathOf(file.path()), ec);
     if (ec || !absl::StartsWith(resolved.string(), a.directory + "/") ||
-        !fs::is_regular_file(resolved, ec) ||
-        fs::file_size(resolved, ec) != file.size_bytes()) {
-      return Violation(absl::StrCat("accepted file '", file.path(),
-                                    "', which resolves to '", resolved.string(),
-                                    "' (", ec.message(), ")"));
+        !fs::is_regular_file(resolved, ec) || fs::file_size(resolved, ec) != file.size_bytes()) {
+      return Violation(absl::StrCat("accepted file '", file.path(), "', which resolves to '",
+                                    resolved.string(), "' (", ec.message(), ")"));
     }
     frames_listed |= file.path() == kFixtureFrames;
     listed.insert(file.path());
@@ -503,14 +590,12 @@ absl::Status CheckManifest(const uint8_t* data, size_t size) {
     for (const auto& p : frame.parameters()) names.push_back(p.name());
     for (const auto& v : frame.variants()) {
       if (!listed.contains(v.package_path())) {
-        return Violation(absl::StrCat("accepted variant '", v.id(),
-                                      "' whose package is not listed"));
+        return Violation(
+            absl::StrCat("accepted variant '", v.id(), "' whose package is not listed"));
       }
       absl::StatusOr<GuardProgram> program = GuardProgram::Compile(v, names);
-      if (!program.ok() &&
-          program.status().code() != absl::StatusCode::kInvalidArgument) {
-        return Violation(absl::StrCat("Compile failed with ",
-                                      program.status().ToString()));
+      if (!program.ok() && program.status().code() != absl::StatusCode::kInvalidArgument) {
+        return Violation(absl::StrCat("Compile failed with ", program.status().ToString()));
       }
     }
   }

@@ -25,18 +25,23 @@
 
 namespace precompile::fuzz {
 
-// Parses `data` as an inference::ModelInferRequest and decodes every input
-// with server::DecodeInput. For each input decoded, checks that its dtype and
-// shape are the request's, that nbytes == product(shape) * element size
-// (computed without overflow), that data is non-null when nbytes > 0, that
-// [data, data + nbytes) lies inside the input's raw_input_contents or inside
-// the decoding storage, that typed contents round-trip, and that EncodeOutput
-// writes the same bytes back. Every refusal must be INVALID_ARGUMENT with a
-// message. INTERNAL names the violated invariant.
+// Decodes every input of a request with server::DecodeInput. `data` is a
+// serialized inference::ModelInferRequest or, when its first byte is 0 (never
+// the first byte of a serialized message), a description from which the rest
+// of the bytes build one (BuildRequest in fuzz_checks.cc, encode_request in
+// make_seeds.py), drawing dimensions from values near 2^31, 2^32, 2^61, 2^62
+// and 2^63 that mutating varints at random rarely reaches.
+// For each input decoded, checks that its dtype and shape are the request's,
+// that nbytes == product(shape) * element size (computed without overflow),
+// that data is non-null when nbytes > 0, that [data, data + nbytes) lies
+// inside the input's raw_input_contents or inside the decoding storage, that
+// typed contents round-trip, and that EncodeOutput writes the same bytes back.
+// Every refusal must be INVALID_ARGUMENT with a message. INTERNAL names the
+// violated invariant.
 absl::Status CheckRequestDecoding(const uint8_t* data, size_t size);
 
 // `data` is a little-endian uint16 length L, L bytes of a serialized
-// artifact::v1::Frame, then a call (see EncodeGuardCall in make_seeds.py):
+// artifact::v1::Frame, then a call (encode_guard_call in make_seeds.py):
 //   state: u8 flags (bit 0: grad enabled), u8 default dtype (mod 10)
 //   per parameter of the frame: u8 kind (mod 6: None, tensor, bool, int,
 //     float, string), then for a tensor u8 dtype (mod 10), u8 device (mod 2),
@@ -70,13 +75,20 @@ absl::StatusOr<Artifact> ReadFuzzArtifact(const uint8_t* data, size_t size);
 // the frames "forward", "encoder" and "scale", frames/<frame>/0.pt2, 1.pt2
 // and eager.pt. Each file's content is "fuzz fixture: <path>\n"; make_seeds.py
 // computes the same digests. The directory also holds a subdirectory "dir"
-// and two symbolic links: "inside" -> FRAMES and "escape" -> "..".
+// and two symbolic links: "inside" -> FRAMES, and "escape" -> a directory
+// outside the artifact that holds a copy of FRAMES.
 std::vector<std::string> ManifestFixtureFiles();
 
 // The torch version and CPU ISA predicate the manifest check reads with:
 // torch "2.11.0", and only the ISAs "", "DEFAULT" and "AVX2" are supported
 // (fixed, so that results do not depend on the machine).
 ArtifactReaderOptions FuzzReaderOptions();
+
+// The body of a fuzz target's LLVMFuzzerTestOneInput: runs `check` on the
+// input and, if it returns an error, prints it with the fuzzer's name and
+// aborts, which libFuzzer reports as a crash. Silences protobuf's log first.
+int RunFuzzCheck(absl::Status (*check)(const uint8_t*, size_t), const char* fuzzer,
+                 const uint8_t* data, size_t size);
 
 }  // namespace precompile::fuzz
 

@@ -1,0 +1,11 @@
+// libFuzzer target: GuardProgram and FrameDispatcher on an arbitrary artifact::v1::Frame and call.
+// The check is in fuzz_checks.h (CheckGuards); tests/fuzz/run_fuzzers.sh builds
+// and runs this target, fuzz_regression_test replays its corpus.
+#include <cstddef>
+#include <cstdint>
+
+#include "tests/fuzz/fuzz_checks.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  return precompile::fuzz::RunFuzzCheck(precompile::fuzz::CheckGuards, "guard_fuzzer", data, size);
+}

@@ -1,0 +1,12 @@
+// libFuzzer target: server::DecodeInput on arbitrary inference::ModelInferRequest bytes.
+// The check is in fuzz_checks.h (CheckRequestDecoding); tests/fuzz/run_fuzzers.sh builds
+// and runs this target, fuzz_regression_test replays its corpus.
+#include <cstddef>
+#include <cstdint>
+
+#include "tests/fuzz/fuzz_checks.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  return precompile::fuzz::RunFuzzCheck(precompile::fuzz::CheckRequestDecoding,
+                                        "request_decoding_fuzzer", data, size);
+}

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz/ with clang (ASan + UBSan) and
+# runs each for a bounded time, starting from its committed seed corpus.
+#
+#   tests/fuzz/run_fuzzers.sh [seconds_per_fuzzer]    (default 20)
+#
+# Needs clang and libFuzzer (Debian: clang libclang-rt-14-dev; llvm-14 for
+# symbolized reports) and the generated C++ protos, which it builds with
+# Bazel. Builds into .fuzz/ (gitignored); new inputs the fuzzers find go to a
+# temporary directory, so the committed corpus never grows by itself.
+#
+# Prints one line per fuzzer with its executions, then
+# "fuzz: N passed, N failed". Exits 1 if any fuzzer failed; a crash's input
+# is kept under .fuzz/crashes/. To turn it into a regression test:
+#   .fuzz/bin/<fuzzer> -minimize_crash=1 -runs=20000 \
+#       -exact_artifact_path=tests/fuzz/regressions/<fuzzer>/<name> <crash file>
+# then fix the bug; //tests/fuzz:fuzz_regression_test replays that file.
+#
+# Environment: FUZZ_CXX (default clang++), FUZZ_JOBS (parallel compiles,
+# default nproc).
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+
+seconds=${1:-20}
+if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: $0 [seconds_per_fuzzer]" >&2
+  exit 2
+fi
+fuzzers=(request_decoding_fuzzer guard_fuzzer manifest_fuzzer)
+say() { echo "[fuzz] $*"; }
+give_up() {
+  say "$*"
+  echo "fuzz: 0 passed, ${#fuzzers[@]} failed"
+  exit 1
+}
+
+cxx=${FUZZ_CXX:-clang++}
+command -v "$cxx" >/dev/null || give_up "$cxx not found (Debian: apt-get install clang libclang-rt-14-dev)"
+echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' |
+  "$cxx" -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null ||
+  give_up "$cxx cannot link -fsanitize=fuzzer (Debian: apt-get install libclang-rt-14-dev)"
+
+say "building the generated protos (bazel build //proto:...)"
+bazel build --noshow_progress //proto:artifact_cc_proto //proto:inference_cc_proto \
+  //proto:model_config_cc_proto || give_up "bazel build of the protos failed"
+# Not the bazel-bin symlink: it follows whichever configuration built last.
+gen=$(bazel info bazel-bin 2>/dev/null) || give_up "bazel info bazel-bin failed"
+
+pkgs=(protobuf absl_strings absl_str_format absl_status absl_statusor
+      absl_flat_hash_map absl_synchronization)
+read -ra pkg_cflags <<<"$(pkg-config --cflags "${pkgs[@]}")"
+read -ra pkg_libs <<<"$(pkg-config --libs "${pkgs[@]}")"
+# shellcheck disable=SC2054  # the commas are -fsanitize's
+cxxflags=(-std=c++20 -g -O1 -fno-omit-frame-pointer
+          -fsanitize=address,undefined -fno-sanitize-recover=all
+          -I. -I"$gen" "${pkg_cflags[@]}")
+sources=(
+  server/tensor_codec.cc runtime/guard_program.cc runtime/frame_dispatcher.cc
+  runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc
+  tests/fuzz/fuzz_checks.cc
+  "$gen/proto/artifact.pb.cc" "$gen/proto/inference.pb.cc" "$gen/proto/model_config.pb.cc"
+)
+
+build=.fuzz
+export FUZZ_CXX_CMD="$cxx ${cxxflags[*]} -fsanitize=fuzzer-no-link"
+export FUZZ_OBJ="$build/obj" FUZZ_GEN="$gen"
+# Other compiler flags than last time: start afresh.
+if [[ ! -f $build/flags || $(cat "$build/flags") != "$FUZZ_CXX_CMD" ]]; then
+  rm -rf "$build/obj"
+fi
+mkdir -p "$build/obj" "$build/bin" "$build/crashes"
+echo "$FUZZ_CXX_CMD" >"$build/flags"
+
+# Compiles $1 unless its object is newer than it and every header it
+# includes (from the .d file); prints the object's path.
+compile_one() {
+  local src=$1 rel=${1#"$FUZZ_GEN"/}
+  local obj="$FUZZ_OBJ/${rel//\//_}.o"
+  if [[ -f $obj && -f $obj.d ]]; then
+    local stale=0 dep
+    # shellcheck disable=SC2013  # a .d file is words, not lines
+    for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$obj.d"); do
+      [[ $dep -nt $obj ]] && { stale=1; break; }
+    done
+    ((stale)) || { echo "$obj"; return 0; }
+  fi
+  # shellcheck disable=SC2086  # the command is words
+  $FUZZ_CXX_CMD -MMD -MF "$obj.d" -c "$src" -o "$obj" >&2 || return 1
+  echo "$obj"
+}
+export -f compile_one
+say "compiling with $cxx -fsanitize=fuzzer,address,undefined into $build/"
+start=$SECONDS
+# shellcheck disable=SC2016  # $1 is expanded by the inner bash
+printf '%s\n' "${sources[@]}" "${fuzzers[@]/#/tests/fuzz/}" | sed 's/_fuzzer$/&.cc/' |
+  xargs -P "${FUZZ_JOBS:-$(nproc)}" -I{} bash -c 'compile_one "$1"' _ {} >"$build/objects" ||
+  give_up "compilation failed"
+mapfile -t objects < <(grep -v '_fuzzer\.cc\.o$' "$build/objects")
+for f in "${fuzzers[@]}"; do
+  if ! "$cxx" -fsanitize=fuzzer,address,undefined "$build/obj/tests_fuzz_$f.cc.o" "${objects[@]}" \
+      "${pkg_libs[@]}" -lcrypto -o "$build/bin/$f"; then
+    give_up "linking $f failed"
+  fi
+done
+say "built ${#fuzzers[@]} fuzzers in $((SECONDS - start)) s"
+
+passed=0
+failed=0
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/fuzz.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+for f in "${fuzzers[@]}"; do
+  mkdir -p "$scratch/$f"
+  log="$build/$f.log"
+  dict=()
+  [[ -f tests/fuzz/$f.dict ]] && dict=(-dict="tests/fuzz/$f.dict")
+  # The first directory receives new inputs; the committed seeds and saved
+  # crashes are only read (a saved crash that is not fixed fails at once).
+  inputs=("tests/fuzz/corpus/$f")
+  [[ -d tests/fuzz/regressions/$f ]] && inputs+=("tests/fuzz/regressions/$f")
+  TMPDIR="$scratch" timeout $((seconds + 120)) "$build/bin/$f" \
+    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$build/crashes/$f-" "${dict[@]}" \
+    "$scratch/$f" "${inputs[@]}" >"$log" 2>&1
+  rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
+  units=$(find "$scratch/$f" -type f | wc -l)
+  if ((rc == 0)); then
+    ((passed++))
+    say "$f: passed, ${execs:-?} execs in $seconds s, ${cov:-cov: ?}, $units new inputs"
+  else
+    ((failed++))
+    crash=$(grep -o "Test unit written to .*" "$log" | tail -1 | sed 's/^Test unit written to //')
+    say "$f: FAILED (exit $rc) after ${execs:-?} execs, crash input: ${crash:-none written}, log: $log"
+    for saved in tests/fuzz/regressions/"$f"/*; do
+      [[ -n $crash && -f $saved ]] && cmp -s "$crash" "$saved" &&
+        say "    that is the saved regression $saved: its bug is not fixed yet"
+    done
+    grep -E "^(==[0-9]+==ERROR|SUMMARY|.*runtime error|$f: )" "$log" | head -5 | sed 's/^/    /'
+  fi
+done
+echo "fuzz: $passed passed, $failed failed"
+((failed == 0))
