@@ -23,6 +23,7 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/inference.grpc.pb.h"
 #include "tests/testing/artifacts.h"
+#include "tests/testing/requests.h"
 
 extern char** environ;
 
@@ -30,6 +31,7 @@ namespace precompile {
 namespace {
 
 using ::grpc::health::v1::HealthCheckResponse;
+using ::precompile::testing::SlowLoopRequest;
 using ::testing::HasSubstr;
 
 std::string ServerBinary() {
@@ -120,20 +122,6 @@ class ServerProcess {
   std::mutex mu_;
   std::string output_ ABSL_GUARDED_BY(mu_);
 };
-
-// A loop call with `n` eager iterations: slow enough to be in flight.
-inference::ModelInferRequest SlowLoopRequest(int64_t n) {
-  inference::ModelInferRequest request;
-  request.set_model_name("loop");
-  auto* input = request.add_inputs();
-  input->set_name("x");
-  input->set_datatype("FP32");
-  input->add_shape(8);
-  input->add_shape(4);
-  request.add_raw_input_contents(std::string(8 * 4 * sizeof(float), '\0'));
-  (*request.mutable_parameters())["n"].set_int64_param(n);
-  return request;
-}
 
 struct Clients {
   explicit Clients(const std::string& port) {

@@ -19,6 +19,7 @@
 #include "server/server.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/http.h"
+#include "tests/testing/requests.h"
 
 namespace precompile {
 namespace {
@@ -29,32 +30,10 @@ using ::precompile::testing::ExampleArtifact;
 using ::precompile::testing::ExampleRepository;
 using ::precompile::testing::HttpGet;
 using ::precompile::testing::MetricValue;
+using ::precompile::testing::SlowLoopRequest;
 using ::testing::HasSubstr;
 
-inference::ModelInferRequest MlpRequest() {
-  inference::ModelInferRequest request;
-  request.set_model_name("mlp");
-  auto* input = request.add_inputs();
-  input->set_name("x");
-  input->set_datatype("FP32");
-  input->add_shape(8);
-  input->add_shape(4);
-  request.add_raw_input_contents(std::string(8 * 4 * sizeof(float), '\0'));
-  return request;
-}
-
-inference::ModelInferRequest SlowLoopRequest(int64_t n) {
-  inference::ModelInferRequest request;
-  request.set_model_name("loop");
-  auto* input = request.add_inputs();
-  input->set_name("x");
-  input->set_datatype("FP32");
-  input->add_shape(8);
-  input->add_shape(4);
-  request.add_raw_input_contents(std::string(8 * 4 * sizeof(float), '\0'));
-  (*request.mutable_parameters())["n"].set_int64_param(n);
-  return request;
-}
+inference::ModelInferRequest MlpRequest() { return testing::ZerosRequest("mlp"); }
 
 class Harness {
  public:
@@ -287,14 +266,7 @@ TEST(ServerRepository, ACancelledRequestStopsBeforeItsNextFrame) {
   Harness harness(repository);
   // nested(k): encoder, then k calls of the frame wobble in a loop (slow,
   // eager), then scale. The deadline passes long before the loop could end.
-  inference::ModelInferRequest request;
-  request.set_model_name("nested");
-  auto* input = request.add_inputs();
-  input->set_name("x");
-  input->set_datatype("FP32");
-  input->add_shape(8);
-  input->add_shape(4);
-  request.add_raw_input_contents(std::string(8 * 4 * sizeof(float), '\0'));
+  inference::ModelInferRequest request = testing::ZerosRequest("nested");
   (*request.mutable_parameters())["k"].set_int64_param(300000);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));

@@ -7,40 +7,10 @@
 #include <map>
 
 #include "absl/strings/str_split.h"
+#include "runtime/torch_dtype.h"
 
 namespace precompile::testing {
 namespace {
-
-c10::ScalarType ToScalarType(DType t) {
-  switch (t) {
-    case DType::kBool: return c10::kBool;
-    case DType::kUInt8: return c10::kByte;
-    case DType::kInt8: return c10::kChar;
-    case DType::kInt16: return c10::kShort;
-    case DType::kInt32: return c10::kInt;
-    case DType::kInt64: return c10::kLong;
-    case DType::kFloat16: return c10::kHalf;
-    case DType::kBFloat16: return c10::kBFloat16;
-    case DType::kFloat32: return c10::kFloat;
-    case DType::kFloat64: return c10::kDouble;
-  }
-  return c10::kFloat;
-}
-
-DType FromScalarType(c10::ScalarType t) {
-  switch (t) {
-    case c10::kBool: return DType::kBool;
-    case c10::kByte: return DType::kUInt8;
-    case c10::kChar: return DType::kInt8;
-    case c10::kShort: return DType::kInt16;
-    case c10::kInt: return DType::kInt32;
-    case c10::kLong: return DType::kInt64;
-    case c10::kHalf: return DType::kFloat16;
-    case c10::kBFloat16: return DType::kBFloat16;
-    case c10::kDouble: return DType::kFloat64;
-    default: return DType::kFloat32;
-  }
-}
 
 const std::map<std::string, at::Tensor>& Buffers() {
   static const auto* buffers = [] {
@@ -61,7 +31,7 @@ const std::map<std::string, at::Tensor>& Buffers() {
 
 TensorArg AsTensorArg(const at::Tensor& tensor) {
   TensorArg arg;
-  arg.dtype = FromScalarType(tensor.scalar_type());
+  arg.dtype = FromScalarType(tensor.scalar_type()).value_or(DType::kFloat32);
   arg.shape.assign(tensor.sizes().begin(), tensor.sizes().end());
   arg.data = tensor.data_ptr();
   arg.nbytes = tensor.nbytes();
