@@ -14,14 +14,16 @@ namespace {
 class TorchScriptProgram final : public EagerProgram {
  public:
   TorchScriptProgram(std::string frame, torch::jit::Module module)
-      : frame_(std::move(frame)), module_(std::move(module)) {}
+      : frame_(std::move(frame)),
+        run_what_(absl::StrCat("running frame ", frame_, " eagerly")),
+        module_(std::move(module)) {}
 
   absl::StatusOr<std::vector<at::Tensor>> Run(
       std::vector<c10::IValue> args) const override {
     // forward() is const in effect; torch::jit::Module's API is not.
     auto& module = const_cast<torch::jit::Module&>(module_);
     absl::StatusOr<std::vector<at::Tensor>> result =
-        CallTorch(absl::StrCat("running frame ", frame_, " eagerly"), [&] {
+        CallTorch(run_what_, [&] {
           c10::IValue out = module.forward(std::move(args));
           std::vector<at::Tensor> tensors;
           if (out.isTuple()) {
@@ -45,6 +47,7 @@ class TorchScriptProgram final : public EagerProgram {
 
  private:
   const std::string frame_;
+  const std::string run_what_;  // For errors; built once.
   const torch::jit::Module module_;
 };
 

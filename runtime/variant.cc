@@ -19,7 +19,10 @@ std::mutex loader_mutex;
 
 Variant::Variant(std::string id, DeviceType device,
                  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader)
-    : id_(std::move(id)), device_(device), loader_(std::move(loader)) {}
+    : id_(std::move(id)),
+      run_what_(absl::StrCat("running variant ", id_)),
+      device_(device),
+      loader_(std::move(loader)) {}
 
 Variant::~Variant() = default;
 
@@ -40,7 +43,7 @@ absl::StatusOr<std::unique_ptr<Variant>> Variant::Load(
 
 absl::StatusOr<std::vector<at::Tensor>> Variant::Run(
     std::vector<at::Tensor> inputs) const {
-  return CallTorch(absl::StrCat("running variant ", id_), [&] {
+  return CallTorch(run_what_, [&] {
     for (at::Tensor& t : inputs) {
       if (device_ == DeviceType::kCuda && !t.is_cuda()) {
         t = t.to(at::kCUDA, /*non_blocking=*/false);

@@ -54,6 +54,7 @@ class Variant {
           std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader);
 
   std::string id_;
+  std::string run_what_;  // "running variant <id>", for errors; built once.
   DeviceType device_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
 };

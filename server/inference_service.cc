@@ -27,6 +27,7 @@ using artifact::v1::Parameter;
 constexpr char kServerName[] = "precompile-serve";
 constexpr char kServerVersion[] = "0.1.0";
 constexpr char kPlatform[] = "precompile_serve";
+constexpr absl::Duration kCancellationPollAfter = absl::Milliseconds(1);
 
 // Request parameters that Triton's clients may send and that mean nothing
 // here; they are accepted and ignored rather than refused.
@@ -348,13 +349,19 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
   const absl::Time decoded = absl::Now();
   timing->input = decoded - start;
   // Polled before each frame runs: a request whose client has gone (or whose
-  // deadline passed) stops before the next frame instead of running on.
-  const std::function<bool()> cancelled = [context] { return context->IsCancelled(); };
+  // deadline passed) stops before the next frame instead of running on. A
+  // poll of the synchronous API wakes gRPC's pollers (it costs more than a
+  // small model's whole call), so short requests are never polled: only
+  // once a request has run for kCancellationPollAfter.
+  const auto may_be_cancelled = [context, start] {
+    return absl::Now() - start >= kCancellationPollAfter && context->IsCancelled();
+  };
+  const std::function<bool()> cancelled = may_be_cancelled;
   absl::StatusOr<CallResult> result = handle->model->Call(args, cancelled);
   const absl::Time called = absl::Now();
   timing->infer = called - decoded;
   if (!result.ok()) return result.status();
-  if (context->IsCancelled()) {
+  if (may_be_cancelled()) {
     return absl::CancelledError("the client cancelled the request or its deadline passed");
   }
 

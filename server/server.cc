@@ -137,6 +137,10 @@ absl::Status Server::Listen() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  if (options_.grpc_max_pollers > 0) {
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                                options_.grpc_max_pollers);
+  }
   if (options_.max_connection_age > absl::ZeroDuration()) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
                                static_cast<int>(absl::ToInt64Milliseconds(

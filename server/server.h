@@ -44,6 +44,10 @@ struct ServerOptions {
   int max_concurrent_requests = 128;
   // Threads serving gRPC calls; 0: gRPC's default.
   int grpc_threads = 0;
+  // Threads kept waiting for calls. gRPC's default (2) lets the others exit
+  // after each burst and creates them again for the next, and each new
+  // thread pays for torch's thread-local set-up. Default: 64.
+  int grpc_max_pollers = 64;
   // Options for every model (runners, CUDA device, require_complete).
   ModelOptions model_options;
   // Device type the server runs models on ("cpu" or "cuda"): an artifact
