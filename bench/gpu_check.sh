@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# CUDA check and benchmark, for a machine with an NVIDIA GPU and torch 2.11
+# but no Bazel. UNVERIFIED: written by reading the code on a machine without a
+# GPU; see bench/RESULTS.md ("CUDA").
+#
+# Two steps:
+#
+#   bench/gpu_check.sh stage     HERE, after `bazel build --config=opt` (or
+#                                BUILD=1): copies the binaries, the generated
+#                                Python protos and the Debian libraries the
+#                                binaries load into bench/gpu_bundle/ (git-
+#                                ignored; about 40 MB), to be carried along.
+#   bench/gpu_check.sh run       THERE, from the repository root, with the
+#                                bundle beside this script. Results go to
+#                                $OUT (or /tmp/precompile-gpu-check).
+#
+# What `run` does:
+#   1. finds a Python with torch 2.11 and a usable CUDA device ($PYTHON,
+#      .venv/bin/python or python3), builds the CPU-only libtorch.so stand-in
+#      against that torch (as bazel/torch.bzl does) and points the carried
+#      binaries at that torch with LD_LIBRARY_PATH (their run paths name this
+#      build machine's paths; LD_LIBRARY_PATH comes first for RUNPATH);
+#   2. captures CUDA variants of the bundled examples (mlp, loop, branch,
+#      nested) and bench's medium MLP with `python -m precompile_capture
+#      --device cuda`;
+#   3. serves them with the carried precompile_server --device=cuda;
+#   4. checks each example call's outputs (served with precompile_client
+#      infer) against the same model run eagerly on the CPU in that Python,
+#      and how each call was served (variant, eager fallback, refusal);
+#   5. runs precompile_load at concurrency 1, 8, 64 on mlp and medium, and
+#      aoti_direct_bench --device=cuda on medium (the in-process limit);
+#   6. prints one summary and writes $OUT/gpu_summary.json.
+#
+# DEVICE=cpu runs the same steps with CPU artifacts and --device=cpu: a dry
+# run of the script's plumbing on any machine (that much was run here).
+#
+# Exit status: 0 all checks passed; 1 a check failed; 2 the machine cannot run
+# it (no GPU, no torch 2.11, a library missing).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUNDLE="$ROOT/bench/gpu_bundle"
+cmd=${1:-}
+
+log() { echo "gpu_check: $*" >&2; }
+
+if [[ "$cmd" == stage ]]; then
+  cd "$ROOT"
+  BIN=${BIN:-"$ROOT/bazel-out/k8-opt/bin"}
+  if [[ "${BUILD:-0}" == 1 ]]; then
+    ${BAZEL:-bazel} build --config=opt --symlink_prefix=/ //server:precompile_server \
+      //client:precompile_load //client:precompile_client //bench:aoti_direct_bench //proto:python
+  fi
+  rm -rf "$BUNDLE"
+  mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/python/proto"
+  for b in server/precompile_server client/precompile_load client/precompile_client \
+           bench/aoti_direct_bench; do
+    [[ -x "$BIN/$b" ]] || { log "no $BIN/$b: build with --config=opt first (or BUILD=1)"; exit 1; }
+    cp "$BIN/$b" "$BUNDLE/bin/"
+  done
+  cp "$BIN"/proto/*_pb2*.py "$BUNDLE/python/proto/"
+  touch "$BUNDLE/python/proto/__init__.py"
+  # Debian's libraries (gRPC, protobuf, abseil, ...), in case the GPU machine
+  # lacks the packages; not glibc, libstdc++ or anything of torch's wheel.
+  for b in "$BUNDLE"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+    while read -r lib; do
+      case "$(basename "$lib")" in
+        libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libutil.so*|libgcc_s.so*|\
+        libstdc++.so*|ld-linux*|libtorch*|libc10*|libgomp*|libcudart*|libcupti*) continue ;;
+      esac
+      [[ "$lib" == *site-packages* || "$lib" == *bazel* ]] && continue
+      cp -L "$lib" "$BUNDLE/lib/"
+    done
+  git -C "$ROOT" rev-parse HEAD > "$BUNDLE/COMMIT" 2>/dev/null || true
+  log "staged $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE; carry bench/gpu_bundle"
+  exit 0
+fi
+
+if [[ "$cmd" != run ]]; then
+  echo "usage: $0 stage | run" >&2
+  exit 2
+fi
+
+cd "$ROOT"
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-/tmp/precompile-gpu-check}
+W=$(mktemp -d /tmp/precompile-gpu.XXXXXX)
+mkdir -p "$OUT"
+[[ -x "$BUNDLE/bin/precompile_server" ]] || { log "no bundle at $BUNDLE: run '$0 stage' on the build machine"; exit 2; }
+
+# 1. Python, torch, CUDA.
+PYTHON=${PYTHON:-}
+if [[ -z "$PYTHON" ]]; then
+  if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+TORCH_DIR=$("$PYTHON" - "$DEVICE" <<'EOF'
+import os, sys
+import torch
+if not torch.__version__.startswith("2.11."):
+    sys.exit(f"torch {torch.__version__}, not 2.11")
+if sys.argv[1] == "cuda" and not torch.cuda.is_available():
+    sys.exit("torch.cuda.is_available() is False")
+print(os.path.dirname(torch.__file__))
+EOF
+) || { log "this machine cannot run the check (see above)"; exit 2; }
+log "torch at $TORCH_DIR; GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+
+mkdir -p "$W/cpu_only"
+: > "$W/cpu_only/empty.c"
+gcc -shared -o "$W/cpu_only/libtorch.so" -Wl,-soname,libtorch.so -Wl,--no-as-needed \
+  -L"$TORCH_DIR/lib" -Wl,-rpath,"$TORCH_DIR/lib" -ltorch_cpu -lc10 "$W/cpu_only/empty.c" ||
+  { log "cannot build the CPU-only libtorch.so stand-in (gcc?)"; exit 2; }
+export LD_LIBRARY_PATH="$W/cpu_only:$TORCH_DIR/lib:$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for b in "$BUNDLE"/bin/*; do
+  if ldd "$b" | grep -q "not found"; then
+    log "$b: $(ldd "$b" | grep "not found" | tr '\n' ' ')"; exit 2
+  fi
+done
+export PYTHONPATH="$ROOT:$ROOT/capture:$BUNDLE/python${PYTHONPATH:+:$PYTHONPATH}"
+export TORCHINDUCTOR_CACHE_DIR="$W/inductor"
+
+# 2. Capture CUDA artifacts.
+REPO="$W/repo"
+capture() {  # name model calls [frames]
+  log "capturing $1 for $DEVICE"
+  local frames=()
+  [[ -n "${4:-}" ]] && frames=(--frames "$4")
+  "$PYTHON" -m precompile_capture --model "$2" --calls "$3" --name "$1" \
+    --out "$REPO/$1/1" --device "$DEVICE" "${frames[@]}" > "$OUT/capture_$1.log" 2>&1 ||
+    { log "capture of $1 failed: $(tail -3 "$OUT/capture_$1.log")"; exit 1; }
+}
+capture mlp examples.models:make_mlp examples/mlp.calls.json
+capture loop examples.models:make_loop examples/loop.calls.json
+capture branch examples.models:make_branch examples/branch.calls.json
+capture nested examples.models:make_nested examples/nested.calls.json encoder,scale,wobble
+capture medium bench.models:make_medium bench/medium.calls.json
+
+# 3. Serve them.
+PORT=${PORT:-28501}
+"$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" \
+  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) \
+  > "$OUT/server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+CLIENT=("$BUNDLE/bin/precompile_client" --address="127.0.0.1:$PORT")
+for _ in $(seq 300); do
+  "${CLIENT[@]}" health > /dev/null 2>&1 && break
+  kill -0 "$SERVER" 2>/dev/null || { log "the server exited: $(tail -5 "$OUT/server.log")"; exit 1; }
+  sleep 1
+done
+"${CLIENT[@]}" health > /dev/null || { log "the server is not SERVING after 300 s"; exit 1; }
+
+# 4. Outputs against the CPU: the cases, their inputs and the eager CPU result.
+CASES="$W/cases"
+mkdir -p "$CASES"
+"$PYTHON" - "$CASES" <<'EOF'
+import json, sys
+import numpy as np
+import torch
+from examples import models
+from bench import models as bench_models
+
+out = sys.argv[1]
+g = torch.Generator().manual_seed(0)
+# name, model, factory, input shape, params, expected outcome
+cases = [
+    ("mlp_b8", "mlp", models.make_mlp, [8, 4], {}, "variant"),
+    ("mlp_b16", "mlp", models.make_mlp, [16, 4], {}, "variant"),
+    ("mlp_b5", "mlp", models.make_mlp, [5, 4], {}, "variant"),
+    ("mlp_b1", "mlp", models.make_mlp, [1, 4], {}, "FAILED_PRECONDITION"),
+    ("loop_n0", "loop", models.make_loop, [8, 4], {"n": 0}, "variant"),
+    ("loop_n2", "loop", models.make_loop, [8, 4], {"n": 2}, "eager_fallback"),
+    ("branch_false", "branch", models.make_branch, [8, 4], {"check": False}, "variant"),
+    ("branch_true", "branch", models.make_branch, [8, 4], {"check": True}, "eager_fallback"),
+    ("nested_k0", "nested", models.make_nested, [8, 4], {"k": 0}, "variant"),
+    ("nested_k1", "nested", models.make_nested, [8, 4], {"k": 1}, "eager_fallback"),
+    ("medium", "medium", bench_models.make_medium, [32, 256], {}, "variant"),
+]
+index = []
+for name, model, factory, shape, params, outcome in cases:
+    x = torch.randn(shape, generator=g)
+    np.save(f"{out}/{name}.x.npy", x.numpy())
+    if outcome != "FAILED_PRECONDITION":
+        with torch.no_grad():
+            y = factory()(x, **params)
+        np.save(f"{out}/{name}.expected.npy", y.numpy())
+    index.append({"name": name, "model": model, "params": params, "outcome": outcome})
+with open(f"{out}/cases.json", "w") as f:
+    json.dump(index, f)
+EOF
+if "$PYTHON" - "$CASES" "$OUT" "${CLIENT[@]}" <<'EOF'
+import json, subprocess, sys
+import numpy as np
+cases_dir, out, client = sys.argv[1], sys.argv[2], sys.argv[3:]
+results = []
+for case in json.load(open(f"{cases_dir}/cases.json")):
+    name = case["name"]
+    cmd = client + ["--json", "infer", case["model"], "--input", f"x={cases_dir}/{name}.x.npy",
+                    "--output_dir", f"{cases_dir}/{name}.out"]
+    for k, v in case["params"].items():
+        cmd += ["--param", f"{k}={json.dumps(v)}"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    text = p.stdout + p.stderr
+    r = {"case": name, "expected_outcome": case["outcome"], "exit": p.returncode}
+    if case["outcome"] == "FAILED_PRECONDITION":
+        r["ok"] = p.returncode == 1 and "FAILED_PRECONDITION" in text
+        r["detail"] = text.strip().splitlines()[-1] if text.strip() else ""
+    else:
+        try:
+            outcome = json.loads(p.stdout).get("outcome", "?")
+        except ValueError:
+            outcome = "?"
+        try:
+            got = np.load(f"{cases_dir}/{name}.out/output0.npy")
+            want = np.load(f"{cases_dir}/{name}.expected.npy")
+            err = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("inf")
+            close = got.shape == want.shape and np.allclose(got, want, rtol=1e-3, atol=1e-3)
+        except Exception as e:  # no output saved: the call failed
+            err, close = None, False
+            r["detail"] = text.strip()[-300:]
+        r.update(outcome=outcome, max_abs_err=err,
+                 ok=p.returncode == 0 and close and outcome == case["outcome"])
+    results.append(r)
+    print(f"gpu_check: {name:14s} {'ok' if r['ok'] else 'FAILED'} {r.get('outcome', '')} "
+          f"max|err|={r.get('max_abs_err')}", file=sys.stderr)
+json.dump(results, open(f"{out}/correctness.json", "w"), indent=1)
+sys.exit(0 if all(r["ok"] for r in results) else 1)
+EOF
+then CORRECT=0; else CORRECT=1; fi
+
+# 5. Load, and the in-process limit.
+mix() {
+  printf '[{"name": "%s", "model": "%s", "inputs": {"x": {"shape": %s, "datatype": "FP32", "fill": "random"}}}]\n' \
+    "$1" "$1" "$2" > "$W/mix_$1.json"
+}
+mix mlp "[8, 4]"
+mix medium "[32, 256]"
+for m in mlp medium; do
+  log "load: $m at concurrency 1,8,64"
+  "$BUNDLE/bin/precompile_load" --address="127.0.0.1:$PORT" --mix="$W/mix_$m.json" \
+    --concurrency=1,8,64 --warmup=2 --duration=5 --quiet --json_out="$OUT/load_$m.json" \
+    > "$OUT/load_$m.txt" || true
+done
+curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt" 2>/dev/null || true
+kill -TERM "$SERVER"; wait "$SERVER" || true
+trap - EXIT
+rm -f "$OUT/direct.jsonl"
+for mode in loader model; do
+  args=(--package="$REPO/medium/1/frames/forward/0.pt2")
+  [[ $mode == model ]] && args=(--artifact="$REPO/medium/1")
+  "$BUNDLE/bin/aoti_direct_bench" --device="$DEVICE" --mode=$mode "${args[@]}" --shape=32,256 \
+    --threads=1,8,64 --duration=3 --label="${mode}_medium_$DEVICE" --json_out="$OUT/direct.jsonl" \
+    >> "$OUT/direct.txt" 2>&1 || log "aoti_direct_bench --mode=$mode failed (see direct.txt)"
+done
+
+# 6. Summary.
+"$PYTHON" - "$OUT" "$CORRECT" <<'EOF'
+import json, os, sys
+out, correct = sys.argv[1], sys.argv[2] == "0"
+summary = {"correct": correct, "correctness": json.load(open(f"{out}/correctness.json")),
+           "load": {}, "direct": []}
+for m in ("mlp", "medium"):
+    p = f"{out}/load_{m}.json"
+    if os.path.exists(p):
+        summary["load"][m] = [
+            {"concurrency": ph["concurrency"], "rps": ph["throughput_rps"],
+             "p50_ms": ph["latency_ms"]["p50"], "p99_ms": ph["latency_ms"]["p99"],
+             "errors": ph["errors"], "outcomes": ph["outcomes"]}
+            for ph in json.load(open(p))["phases"]]
+if os.path.exists(f"{out}/direct.jsonl"):
+    summary["direct"] = [json.loads(l) for l in open(f"{out}/direct.jsonl")]
+json.dump(summary, open(f"{out}/gpu_summary.json", "w"), indent=1)
+print("gpu_check: outputs vs CPU:", "all ok" if correct else "FAILURES",
+      f"({sum(r['ok'] for r in summary['correctness'])}/{len(summary['correctness'])})")
+for m, phases in summary["load"].items():
+    for ph in phases:
+        print(f"gpu_check: served {m:6s} c={ph['concurrency']:<3d} {ph['rps']:9.0f} req/s  "
+              f"p50 {ph['p50_ms']:.3f} ms  p99 {ph['p99_ms']:.3f} ms  errors {ph['errors']}")
+for d in summary["direct"]:
+    print(f"gpu_check: in process {d['label']:20s} t={d['threads']:<3d} "
+          f"{d['throughput_cps']:9.0f} calls/s  p50 {d['p50_us']:.1f} us")
+print(f"gpu_check: wrote {out}/gpu_summary.json")
+EOF
+rm -rf "$W"
+exit "$CORRECT"
