@@ -19,6 +19,7 @@
 #include "client/npy.h"
 #include "client/proto_json.h"
 #include "client/tensor.h"
+#include "client/table.h"
 #include "client/tensor_json.h"
 
 namespace precompile::client {
@@ -81,26 +82,6 @@ constexpr Command kCommands[] = {
      "(exit 1 unless SERVING)",
      0, 1},
 };
-
-std::string Pad(const std::string& s, size_t width) {
-  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
-}
-
-// Rows under a header, columns padded to their widest cell.
-void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    widths.resize(std::max(widths.size(), row.size()), 0);
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += i + 1 == row.size() ? row[i] : Pad(row[i], widths[i] + 2);
-    }
-    out << line << "\n";
-  }
-}
 
 std::string YesNo(bool b) { return b ? "yes" : "no"; }
 

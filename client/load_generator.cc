@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/infer_request.h"
+#include "client/table.h"
 
 namespace precompile::client {
 namespace {
@@ -255,23 +256,6 @@ std::string Milliseconds(absl::Duration d) {
   return absl::StrFormat("%.3f", absl::ToDoubleMilliseconds(d));
 }
 
-void PrintRows(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    widths.resize(std::max(widths.size(), row.size()), 0);
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      // Numbers right-aligned, the first column left-aligned.
-      line += i == 0 ? absl::StrFormat("%-*s", widths[i], row[i])
-                     : absl::StrFormat("  %*s", widths[i], row[i]);
-    }
-    out << line << "\n";
-  }
-}
-
 }  // namespace
 
 double PhaseReport::throughput() const {
@@ -388,7 +372,7 @@ void PrintLoadReport(const LoadReport& report, std::ostream& out) {
                     Milliseconds(p.latency.Percentile(99)),
                     Milliseconds(p.latency.Percentile(99.9)), Milliseconds(p.latency.max())});
   }
-  PrintRows(out, rows);
+  PrintTable(out, rows, Align::kRight);
   // Outcome and status code tables: one column per phase.
   for (const bool by_outcome : {true, false}) {
     std::vector<std::string> keys;
@@ -419,7 +403,7 @@ void PrintLoadReport(const LoadReport& report, std::ostream& out) {
       rows.push_back(std::move(row));
     }
     out << "\n";
-    PrintRows(out, rows);
+    PrintTable(out, rows, Align::kRight);
   }
 }
 
