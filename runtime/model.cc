@@ -543,10 +543,9 @@ absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args,
       if (entry.parameters(i).name() == arg.name) index = i;
     }
     if (index < 0) {
-      std::vector<std::string> names(impl.entry->parameter_names);
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", impl.options.name, "' has no argument '", arg.name,
-          "' (its arguments: ", absl::StrJoin(names, ", "), ")"));
+          "' (its arguments: ", absl::StrJoin(impl.entry->parameter_names, ", "), ")"));
     }
     if (bound[index]) {
       return absl::InvalidArgumentError(

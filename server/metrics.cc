@@ -198,7 +198,7 @@ ModelMetrics::ModelMetrics(ServerMetrics& server, const std::string& model,
   auto gauge = [&](prometheus::Family<prometheus::Gauge>& family, double value) {
     prometheus::Gauge& g = family.Add(labels);
     g.Set(value);
-    gauges_.push_back(&g);
+    gauges_.emplace_back(&family, &g);
   };
   gauge(server.summary_complete_, summary.complete() ? 1 : 0);
   gauge(server.summary_uncovered_, summary.uncovered_frames_size());
@@ -217,11 +217,7 @@ ModelMetrics::~ModelMetrics() {
     server_.execution_duration_.Remove(f.execution);
     for (prometheus::Counter* c : f.variant_hits) server_.variant_hits_.Remove(c);
   }
-  server_.summary_complete_.Remove(gauges_[0]);
-  server_.summary_uncovered_.Remove(gauges_[1]);
-  server_.summary_flagged_.Remove(gauges_[2]);
-  server_.summary_variants_.Remove(gauges_[3]);
-  server_.summary_truncated_.Remove(gauges_[4]);
+  for (auto [family, gauge] : gauges_) family->Remove(gauge);
 }
 
 void ModelMetrics::OnFrameCall(const FrameCallEvent& event) {

@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -118,7 +119,8 @@ class ModelMetrics final : public CallObserver {
   std::array<prometheus::Counter*, kNumRequestOutcomes> requests_{};
   prometheus::Histogram* request_duration_ = nullptr;
   std::vector<FrameSeries> frames_;
-  std::vector<prometheus::Gauge*> gauges_;
+  // The summary gauges, each with the family it belongs to.
+  std::vector<std::pair<prometheus::Family<prometheus::Gauge>*, prometheus::Gauge*>> gauges_;
 };
 
 class ServerMetrics {
