@@ -5,14 +5,15 @@
 #
 # Two steps:
 #
-#   bench/gpu_check.sh stage     HERE, after `bazel build --config=opt` (or
-#                                BUILD=1): copies the binaries, the generated
-#                                Python protos and the Debian libraries the
-#                                binaries load into bench/gpu_bundle/ (git-
-#                                ignored; about 40 MB), to be carried along.
-#   bench/gpu_check.sh run       THERE, from the repository root, with the
-#                                bundle beside this script. Results go to
-#                                $OUT (or /tmp/precompile-gpu-check).
+#   tests/device/gpu_check.sh stage   HERE, after `bazel build --config=opt`
+#                                     (or BUILD=1): copies the binaries, the
+#                                     generated Python protos and the Debian
+#                                     libraries the binaries load into
+#                                     tests/device/gpu_bundle/ (git-ignored;
+#                                     about 40 MB), to be carried along.
+#   tests/device/gpu_check.sh run     THERE, from the repository root, with
+#                                     the bundle beside this script. Results
+#                                     go to $OUT (or /tmp/precompile-gpu-check).
 #
 # What `run` does:
 #   1. finds a Python with torch 2.11 and a usable CUDA device ($PYTHON,
@@ -38,8 +39,8 @@
 # it (no GPU, no torch 2.11, a library missing).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUNDLE="$ROOT/bench/gpu_bundle"
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUNDLE="$ROOT/tests/device/gpu_bundle"
 cmd=${1:-}
 
 log() { echo "gpu_check: $*" >&2; }
@@ -72,7 +73,7 @@ if [[ "$cmd" == stage ]]; then
       cp -L "$lib" "$BUNDLE/lib/"
     done
   git -C "$ROOT" rev-parse HEAD > "$BUNDLE/COMMIT" 2>/dev/null || true
-  log "staged $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE; carry bench/gpu_bundle"
+  log "staged $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE; carry tests/device/gpu_bundle"
   exit 0
 fi
 
