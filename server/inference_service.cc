@@ -2,12 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -27,7 +30,6 @@ using artifact::v1::Parameter;
 constexpr char kServerName[] = "precompile-serve";
 constexpr char kServerVersion[] = "0.1.0";
 constexpr char kPlatform[] = "precompile_serve";
-constexpr absl::Duration kCancellationPollAfter = absl::Milliseconds(1);
 
 // Request parameters that Triton's clients may send and that mean nothing
 // here; they are accepted and ignored rather than refused.
@@ -140,6 +142,28 @@ std::string ScalarText(const artifact::v1::Scalar& s) {
   }
 }
 
+// gRPC's completion queue orders what the thread that requests a call does
+// before it hands the call's tag to gRPC and what the thread that gets the
+// tag back does. That ordering lives in libgrpc, which is not built with
+// ThreadSanitizer, so it is stated here for TSan; elsewhere these are no-ops.
+// (After a call arrived, its holders synchronise through InferCall::Unref.)
+#if defined(__SANITIZE_THREAD__)
+#define PRECOMPILE_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PRECOMPILE_TSAN 1
+#endif
+#endif
+#ifdef PRECOMPILE_TSAN
+extern "C" void __tsan_acquire(void* address);
+extern "C" void __tsan_release(void* address);
+void HandToGrpc(void* tag) { __tsan_release(tag); }
+void TakeFromGrpc(void* tag) { __tsan_acquire(tag); }
+#else
+void HandToGrpc(void*) {}
+void TakeFromGrpc(void*) {}
+#endif
+
 RequestOutcome OutcomeOfStatus(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kFailedPrecondition: return RequestOutcome::kRefused;
@@ -153,12 +177,173 @@ RequestOutcome OutcomeOfStatus(const absl::Status& status) {
 
 }  // namespace
 
+// One ModelInfer call on gRPC's asynchronous API. Its events: `requested`
+// (a call arrived, or ok=false: the server shut down first), then both
+// `answered` (the response went out) and `done` (the call ended; it is what
+// makes IsCancelled() a cheap read), in either order, on any thread. Once a
+// call arrived, three parties hold it: the thread that answers it (until
+// Finish returns) and the two events; the last to let go deletes it.
+class InferenceService::InferCall {
+ public:
+  enum class Event { kRequested, kAnswered, kDone };
+  struct Tag {
+    InferCall* call;
+    Event event;
+  };
+
+  InferCall() : responder(&context) { context.AsyncNotifyWhenDone(&done_); }
+
+  static std::pair<InferCall*, Event> Of(void* tag) {
+    const Tag* t = static_cast<const Tag*>(tag);
+    return {t->call, t->event};
+  }
+  void* requested_tag() { return &requested_; }
+  void* answered_tag() { return &answered_; }
+  std::array<void*, 3> tags() { return {&requested_, &answered_, &done_}; }
+  // True for the last holder to let go.
+  bool Unref() { return holders_.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+
+  grpc::ServerContext context;
+  inference::ModelInferRequest request;
+  inference::ModelInferResponse response;
+  grpc::ServerAsyncResponseWriter<inference::ModelInferResponse> responder;
+  absl::Time received;
+
+ private:
+  Tag requested_{this, Event::kRequested};
+  Tag answered_{this, Event::kAnswered};
+  Tag done_{this, Event::kDone};
+  std::atomic<int> holders_{3};
+};
+
 InferenceService::InferenceService(ModelRepository& repository, ServerMetrics* metrics,
-                                   ServingState& state, std::string admin_token)
+                                   ServingState& state, std::string admin_token,
+                                   int inference_threads)
     : repository_(repository),
       metrics_(metrics),
       state_(state),
-      admin_token_(std::move(admin_token)) {}
+      admin_token_(std::move(admin_token)),
+      inference_threads_(inference_threads) {}
+
+InferenceService::~InferenceService() { StopServing(); }
+
+void InferenceService::StartServing(std::unique_ptr<grpc::ServerCompletionQueue> cq) {
+  cq_ = std::move(cq);
+  // One thread more than may run requests, so that one is always free to
+  // accept calls (and to refuse them when the server is at its limit).
+  const int threads = inference_threads_ + 1;
+  for (int i = 0; i < 2 * threads; ++i) RequestCall();
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { ServeCalls(); });
+}
+
+void InferenceService::StopServing() {
+  if (!cq_ || stopped_) return;
+  stopped_ = true;
+  // No call may be requested once the queue shuts down: stop requesting, and
+  // wait for requests already being made (gRPC fails them at once, since the
+  // server has shut down).
+  stopping_.store(true);
+  while (requesting_.load() > 0) std::this_thread::yield();
+  cq_->Shutdown();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+void InferenceService::RequestCall() {
+  requesting_.fetch_add(1);
+  if (!stopping_.load()) {
+    auto* call = new InferCall();
+    // Its tags go to gRPC now (the done tag with the request) or later, and
+    // come back on any thread.
+    for (void* tag : call->tags()) HandToGrpc(tag);
+    RequestModelInfer(&call->context, &call->request, &call->responder, cq_.get(), cq_.get(),
+                      call->requested_tag());
+  }
+  requesting_.fetch_sub(1);
+}
+
+void InferenceService::ServeCalls() {
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_->Next(&tag, &ok)) {
+    TakeFromGrpc(tag);
+    auto [call, event] = InferCall::Of(tag);
+    if (event != InferCall::Event::kRequested) {
+      if (call->Unref()) delete call;
+    } else if (!ok) {
+      delete call;  // The server shut down before a call arrived.
+    } else {
+      RequestCall();
+      OnRequested(call);
+    }
+  }
+}
+
+void InferenceService::OnRequested(InferCall* call) {
+  call->received = absl::Now();
+  if (!state_.TryAdmit()) {
+    call->responder.Finish(
+        call->response,
+        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     absl::StrCat("the server is at its limit of ", state_.max_in_flight(),
+                                  " concurrent inference requests; retry later")),
+        call->answered_tag());
+    if (call->Unref()) delete call;
+    return;
+  }
+  if (TakeRunSlot()) {
+    RunWhileWork(call);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push_back(call);
+  }
+  queued_.fetch_add(1);
+  // Every running thread may have looked at the queue before this call was
+  // in it, and left: then a slot is free, and this thread drains the queue.
+  if (TakeRunSlot()) RunWhileWork(nullptr);
+}
+
+bool InferenceService::TakeRunSlot() {
+  int running = running_.load();
+  while (running < inference_threads_) {
+    if (running_.compare_exchange_weak(running, running + 1)) return true;
+  }
+  return false;
+}
+
+InferenceService::InferCall* InferenceService::PopQueued() {
+  if (queued_.load() == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (queue_.empty()) return nullptr;  // Another thread took it meanwhile.
+  InferCall* call = queue_.front();
+  queue_.pop_front();
+  queued_.fetch_sub(1);
+  return call;
+}
+
+void InferenceService::RunWhileWork(InferCall* call) {
+  while (true) {
+    if (call == nullptr) call = PopQueued();
+    if (call == nullptr) {
+      running_.fetch_sub(1);
+      // A call queued after PopQueued looked, while every slot seemed taken,
+      // would wait for nobody: take a slot again for it.
+      if (queued_.load() == 0 || !TakeRunSlot()) return;
+      continue;
+    }
+    Answer(call);
+    call = nullptr;
+  }
+}
+
+void InferenceService::Answer(InferCall* call) {
+  const grpc::Status status =
+      RunAdmitted(&call->context, call->request, &call->response, call->received);
+  call->responder.Finish(call->response, status, call->answered_tag());
+  if (call->Unref()) delete call;
+}
 
 grpc::Status InferenceService::ServerLive(grpc::ServerContext*,
                                           const inference::ServerLiveRequest*,
@@ -279,6 +464,10 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
     return found.status();
   }
   *handle = *std::move(found);
+  if (context->IsCancelled()) {
+    return absl::CancelledError(
+        "the client cancelled the request or its deadline passed while it was queued");
+  }
   const Frame& entry = handle->model->entry_frame();
   auto parameter_of = [&](const std::string& name) -> const Parameter* {
     for (const Parameter& p : entry.parameters()) {
@@ -290,7 +479,13 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
   // Inputs: the entry's tensor arguments, by name.
   std::vector<NamedValue> args;
   std::vector<std::string> storage(request.inputs_size());
-  absl::flat_hash_set<std::string> seen;
+  // Names given so far, for duplicates: requests name a handful of arguments.
+  absl::InlinedVector<absl::string_view, 8> seen;
+  const auto first_time = [&seen](absl::string_view name) {
+    if (absl::c_linear_search(seen, name)) return false;
+    seen.push_back(name);
+    return true;
+  };
   for (int i = 0; i < request.inputs_size(); ++i) {
     const std::string& name = request.inputs(i).name();
     const Parameter* p = parameter_of(name);
@@ -302,7 +497,7 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
           absl::StrJoin(tensors, ", "), ")",
           p ? "; non-tensor arguments travel as request parameters" : ""));
     }
-    if (!seen.insert(name).second) {
+    if (!first_time(name)) {
       return absl::InvalidArgumentError(
           absl::StrCat("input '", name, "' appears more than once"));
     }
@@ -322,7 +517,7 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
       return absl::InvalidArgumentError(absl::StrCat(
           "argument '", key, "' is a tensor: send it as an input, not a parameter"));
     }
-    if (!seen.insert(key).second) {
+    if (!first_time(key)) {
       return absl::InvalidArgumentError(
           absl::StrCat("argument '", key, "' is given more than once"));
     }
@@ -349,19 +544,14 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
   const absl::Time decoded = absl::Now();
   timing->input = decoded - start;
   // Polled before each frame runs: a request whose client has gone (or whose
-  // deadline passed) stops before the next frame instead of running on. A
-  // poll of the synchronous API wakes gRPC's pollers (it costs more than a
-  // small model's whole call), so short requests are never polled: only
-  // once a request has run for kCancellationPollAfter.
-  const auto may_be_cancelled = [context, start] {
-    return absl::Now() - start >= kCancellationPollAfter && context->IsCancelled();
-  };
-  const std::function<bool()> cancelled = may_be_cancelled;
+  // deadline passed) stops before the next frame instead of running on.
+  // With AsyncNotifyWhenDone a poll reads a flag.
+  const std::function<bool()> cancelled = [context] { return context->IsCancelled(); };
   absl::StatusOr<CallResult> result = handle->model->Call(args, cancelled);
   const absl::Time called = absl::Now();
   timing->infer = called - decoded;
   if (!result.ok()) return result.status();
-  if (may_be_cancelled()) {
+  if (context->IsCancelled()) {
     return absl::CancelledError("the client cancelled the request or its deadline passed");
   }
 
@@ -370,9 +560,11 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
   response->set_model_name(request.model_name());
   response->set_model_version(absl::StrCat(handle->version));
   response->set_id(request.id());
+  static const std::string* const kOutcomeKey = new std::string("precompile_outcome");
+  static const std::string* const kVariantKey = new std::string("precompile_variant");
   auto& params = *response->mutable_parameters();
-  params["precompile_outcome"].set_string_param(std::string(OutcomeName(result->outcome)));
-  params["precompile_variant"].set_string_param(result->variant_id);
+  params[*kOutcomeKey].set_string_param(std::string(OutcomeName(result->outcome)));
+  params[*kVariantKey].set_string_param(result->variant_id);
   for (size_t i = 0; i < result->outputs.size(); ++i) {
     if (i < wanted.size() && !wanted[i]) continue;
     EncodeOutput(result->outputs[i], absl::StrCat("output", i), response);
@@ -381,31 +573,25 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
   return absl::OkStatus();
 }
 
-grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
-                                          const inference::ModelInferRequest* request,
-                                          inference::ModelInferResponse* response) {
-  const absl::Time start = absl::Now();
-  if (!state_.TryAdmit()) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("the server is at its limit of ",
-                                     state_.max_in_flight(),
-                                     " concurrent inference requests; retry later"));
-  }
-  const absl::Time admitted = absl::Now();
+grpc::Status InferenceService::RunAdmitted(grpc::ServerContext* context,
+                                           const inference::ModelInferRequest& request,
+                                           inference::ModelInferResponse* response,
+                                           absl::Time received) {
+  const absl::Time started = absl::Now();
   RequestOutcome outcome = RequestOutcome::kError;
   ModelRepository::Handle handle;
   RequestTiming timing;
-  absl::Status status = Infer(context, *request, response, &outcome, &handle, &timing);
+  absl::Status status = Infer(context, request, response, &outcome, &handle, &timing);
   state_.Release();
   const absl::Time done = absl::Now();
   if (!status.ok()) {
     outcome = OutcomeOfStatus(status);
     response->Clear();
-    LogFailure(request->model_name(), status);
+    LogFailure(request.model_name(), status);
   }
   if (handle.metrics) {
-    timing.queue = admitted - start;
-    timing.total = done - start;
+    timing.queue = started - received;
+    timing.total = done - received;
     handle.metrics->RecordRequest(outcome, timing);
   }
   return ToGrpcStatus(status);

@@ -8,14 +8,26 @@
 // entry frame was served: "precompile_outcome" ("variant" or
 // "eager_fallback") and "precompile_variant" (the variant's id, or "").
 //
+// ModelInfer runs on gRPC's asynchronous API with the service's own threads:
+// `inference_threads` of them run requests, one more accepts calls. A thread
+// that accepts a request runs it at once when fewer than `inference_threads`
+// run, so an idle server answers on the thread that read the request; beyond
+// that requests wait in a queue, in order, and each thread that finishes one
+// takes the next. The other methods are synchronous (gRPC's threads).
+// A long model call therefore never holds up health checks or metadata.
+//
 // Thread safety: gRPC calls the methods concurrently; the service's own
 // state is the serving state it shares with the server.
 #ifndef PRECOMPILE_SERVER_INFERENCE_SERVICE_H_
 #define PRECOMPILE_SERVER_INFERENCE_SERVICE_H_
 
 #include <atomic>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
@@ -26,12 +38,24 @@
 
 namespace precompile::server {
 
-class InferenceService final : public inference::GRPCInferenceService::Service {
+class InferenceService final
+    : public inference::GRPCInferenceService::WithAsyncMethod_ModelInfer<
+          inference::GRPCInferenceService::Service> {
  public:
   // All references must outlive the service. `metrics` may be null.
   // `admin_token` guards RepositoryModelLoad/Unload (see CheckAdminToken).
+  // REQUIRES: inference_threads >= 1.
   InferenceService(ModelRepository& repository, ServerMetrics* metrics,
-                   ServingState& state, std::string admin_token);
+                   ServingState& state, std::string admin_token, int inference_threads);
+  // Stops serving (see StopServing): the gRPC server must be shut down first.
+  ~InferenceService() override;
+
+  // Starts answering ModelInfer from `cq`, a completion queue of the server
+  // this service is registered with.
+  void StartServing(std::unique_ptr<grpc::ServerCompletionQueue> cq);
+  // After the gRPC server has shut down: finishes the requests still queued
+  // or running and joins the threads. Idempotent.
+  void StopServing();
 
   grpc::Status ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
                           inference::ServerLiveResponse*) override;
@@ -44,8 +68,6 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
                               inference::ServerMetadataResponse*) override;
   grpc::Status ModelMetadata(grpc::ServerContext*, const inference::ModelMetadataRequest*,
                              inference::ModelMetadataResponse*) override;
-  grpc::Status ModelInfer(grpc::ServerContext*, const inference::ModelInferRequest*,
-                          inference::ModelInferResponse*) override;
   grpc::Status ModelConfig(grpc::ServerContext*, const inference::ModelConfigRequest*,
                            inference::ModelConfigResponse*) override;
   grpc::Status ModelStatistics(grpc::ServerContext*,
@@ -62,6 +84,25 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
                                      inference::RepositoryModelUnloadResponse*) override;
 
  private:
+  class InferCall;
+
+  // Each thread's loop over the completion queue, and what it does with each
+  // kind of event.
+  void ServeCalls();
+  void OnRequested(InferCall* call);
+  void RequestCall();
+  // A run slot: one of the inference_threads_ that may run requests at once.
+  bool TakeRunSlot();
+  InferCall* PopQueued();
+  // Holding a run slot: runs `call` (if not null), then queued calls while
+  // there are any, and gives the slot back.
+  void RunWhileWork(InferCall* call);
+  void Answer(InferCall* call);
+  // Runs an admitted request and records it. `received`: when the service
+  // took the call from gRPC.
+  grpc::Status RunAdmitted(grpc::ServerContext* context,
+                           const inference::ModelInferRequest& request,
+                           inference::ModelInferResponse* response, absl::Time received);
   absl::Status Infer(grpc::ServerContext* context, const inference::ModelInferRequest& request,
                      inference::ModelInferResponse* response, RequestOutcome* outcome,
                      ModelRepository::Handle* handle, RequestTiming* timing);
@@ -77,6 +118,23 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
   const std::string admin_token_;
   std::mutex log_mu_;
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
+
+  const int inference_threads_;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  std::vector<std::thread> threads_;
+  // Requests running and waiting. While fewer than inference_threads_ run, a
+  // request costs two atomic operations here; the queue's lock is taken only
+  // when every slot is busy, or to find the queue empty after queued_ said
+  // it was not.
+  std::atomic<int> running_{0};
+  std::atomic<int> queued_{0};
+  std::mutex queue_mu_;
+  std::deque<InferCall*> queue_ ABSL_GUARDED_BY(queue_mu_);
+  // Calls are requested until StopServing, which waits for the requests
+  // being made before it shuts the completion queue down.
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> requesting_{0};
+  bool stopped_ = false;  // Only the controlling thread calls StopServing.
 };
 
 }  // namespace precompile::server

@@ -33,9 +33,13 @@ ABSL_FLAG(bool, require_complete, false,
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "Largest gRPC request or response");
 ABSL_FLAG(int, max_concurrent_requests, 128,
           "Inference requests running at once; more get RESOURCE_EXHAUSTED (0: no limit)");
+ABSL_FLAG(int, inference_threads, 0,
+          "Threads running inference requests; more wait in a queue (0: one per core "
+          "the process may run on)");
 ABSL_FLAG(int, grpc_threads, 0, "Threads serving gRPC calls (0: gRPC's default)");
 ABSL_FLAG(int, grpc_max_pollers, 64,
-          "Threads kept waiting for gRPC calls between bursts (0: gRPC's default of 2)");
+          "Threads kept waiting for the synchronous gRPC calls (all but ModelInfer) "
+          "between bursts (0: gRPC's default of 2)");
 ABSL_FLAG(int, torch_threads, 0, "Threads per torch operation (0: torch's default)");
 ABSL_FLAG(int, runners_per_variant, 2,
           "Instances of each compiled variant that run at once");
@@ -120,6 +124,7 @@ int main(int argc, char** argv) {
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
   options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
+  options.inference_threads = absl::GetFlag(FLAGS_inference_threads);
   options.repository_poll_interval =
       absl::Seconds(absl::GetFlag(FLAGS_repository_poll_seconds));
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));

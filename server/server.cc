@@ -2,8 +2,10 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -55,6 +57,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// The cores this process may run on (taskset, cpusets), not the machine's.
+int UsableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 }  // namespace
 
 Server::Server(ServerOptions options)
@@ -66,6 +75,8 @@ Server::~Server() {
   if (!stop_polling_.HasBeenNotified()) stop_polling_.Notify();
   if (poller_.joinable()) poller_.join();
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now());
+  // After gRPC's shutdown, so that no call arrives any more.
+  if (inference_) inference_->StopServing();
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
@@ -77,6 +88,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.device != "cpu" && options.device != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device must be cpu or cuda, not '", options.device, "'"));
+  }
+  if (options.inference_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--inference_threads must be 0 (one per core) or more, not ", options.inference_threads));
   }
   options.model_options.device =
       options.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
@@ -97,8 +112,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   };
   server->repository_ =
       std::make_unique<ModelRepository>(std::move(repository_options), server.get());
+  const int inference_threads = o.inference_threads > 0 ? o.inference_threads : UsableCores();
   server->inference_ = std::make_unique<InferenceService>(
-      *server->repository_, metrics, server->state_, o.admin_token);
+      *server->repository_, metrics, server->state_, o.admin_token, inference_threads);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, o.admin_token);
 
   if (absl::Status s = server->Listen(); !s.ok()) return s;
@@ -158,11 +174,13 @@ absl::Status Server::Listen() {
   }
   builder.RegisterService(inference_.get());
   builder.RegisterService(admin_.get());
+  std::unique_ptr<grpc::ServerCompletionQueue> inference_queue = builder.AddCompletionQueue();
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || grpc_port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen for gRPC on ", options_.grpc_address));
   }
+  inference_->StartServing(std::move(inference_queue));
   // Live but not ready until the repository is loaded.
   grpc_server_->GetHealthCheckService()->SetServingStatus("", false);
   return absl::OkStatus();
@@ -232,6 +250,7 @@ absl::Status Server::Stop() {
         absl::StrJoin(running, ", "), ")"));
   }
   shutdown.join();
+  inference_->StopServing();
   spdlog::info("event=stopped");
   return absl::OkStatus();
 }

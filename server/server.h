@@ -42,11 +42,15 @@ struct ServerOptions {
   // Inference requests running at once; more get RESOURCE_EXHAUSTED.
   // 0: no limit. Default: 128.
   int max_concurrent_requests = 128;
+  // Threads running inference requests (model calls); more requests wait in
+  // a queue, up to max_concurrent_requests in all. 0: one per core this
+  // process may run on.
+  int inference_threads = 0;
   // Threads serving gRPC calls; 0: gRPC's default.
   int grpc_threads = 0;
-  // Threads kept waiting for calls. gRPC's default (2) lets the others exit
-  // after each burst and creates them again for the next, and each new
-  // thread pays for torch's thread-local set-up. Default: 64.
+  // Threads kept waiting for the synchronous calls (all but ModelInfer).
+  // gRPC's default (2) lets the others exit after each burst and creates them
+  // again for the next. Default: 64.
   int grpc_max_pollers = 64;
   // Options for every model (runners, CUDA device, require_complete).
   ModelOptions model_options;

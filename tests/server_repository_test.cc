@@ -1,6 +1,8 @@
 // The model repository under a running server: new versions replace old ones
 // without failing requests in flight, broken models are reported and do not
-// stop the others, and the concurrency limit answers RESOURCE_EXHAUSTED.
+// stop the others, requests beyond the inference threads wait their turn
+// while other calls still answer, and the concurrency limit answers
+// RESOURCE_EXHAUSTED.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -38,13 +40,15 @@ inference::ModelInferRequest MlpRequest() { return testing::ZerosRequest("mlp");
 class Harness {
  public:
   explicit Harness(const std::string& repository, int max_concurrent_requests = 128,
-                   absl::Duration poll_interval = absl::ZeroDuration()) {
+                   absl::Duration poll_interval = absl::ZeroDuration(),
+                   int inference_threads = 0) {
     server::ServerOptions options;
     options.model_repository = repository;
     options.repository_poll_interval = poll_interval;
     options.grpc_address = "127.0.0.1:0";
     options.metrics_address = "127.0.0.1:0";
     options.max_concurrent_requests = max_concurrent_requests;
+    options.inference_threads = inference_threads;
     auto started = server::Server::Start(options);
     EXPECT_TRUE(started.ok()) << started.status();
     server = *std::move(started);
@@ -259,6 +263,61 @@ TEST(ServerRepository, RequestsBeyondTheConcurrencyLimitGetResourceExhausted) {
   slow.join();
   EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
   EXPECT_TRUE(harness.Infer(SlowLoopRequest(0), &response).ok());
+}
+
+TEST(ServerRepository, RequestsWaitForABusyInferenceThreadWhileOtherCallsAnswer) {
+  const std::string repository = ExampleRepository({"loop"});
+  // One inference thread; two requests admitted at once (running or queued).
+  Harness harness(repository, /*max_concurrent_requests=*/2, absl::ZeroDuration(),
+                  /*inference_threads=*/1);
+  std::atomic<bool> slow_done{false};
+  grpc::Status slow_status;
+  std::thread slow([&] {
+    inference::ModelInferResponse response;
+    slow_status = harness.Infer(SlowLoopRequest(300000), &response);
+    slow_done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  grpc::Status queued_status;
+  std::thread queued([&] {
+    inference::ModelInferResponse response;
+    queued_status = harness.Infer(SlowLoopRequest(0), &response);
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+
+  // The inference thread is busy and one request waits: metadata and health
+  // still answer, and a third request is over the limit.
+  grpc::ClientContext metadata_context;
+  inference::ModelMetadataRequest metadata_request;
+  metadata_request.set_name("loop");
+  inference::ModelMetadataResponse metadata;
+  EXPECT_TRUE(harness.inference->ModelMetadata(&metadata_context, metadata_request, &metadata)
+                  .ok());
+  grpc::ClientContext health_context;
+  grpc::health::v1::HealthCheckResponse health;
+  EXPECT_TRUE(grpc::health::v1::Health::NewStub(harness.channel)
+                  ->Check(&health_context, {}, &health)
+                  .ok());
+  EXPECT_FALSE(slow_done) << "the slow request ended before the other calls were checked";
+  inference::ModelInferResponse response;
+  grpc::Status over = harness.Infer(SlowLoopRequest(0), &response);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  slow.join();
+  queued.join();
+  EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
+  EXPECT_TRUE(queued_status.ok()) << queued_status.error_message();
+  // The second request waited for the first: its wait is the statistics'
+  // queue time (the first request's is next to nothing).
+  grpc::ClientContext stats_context;
+  inference::ModelStatisticsRequest stats_request;
+  stats_request.set_name("loop");
+  inference::ModelStatisticsResponse stats;
+  ASSERT_TRUE(harness.inference->ModelStatistics(&stats_context, stats_request, &stats).ok());
+  ASSERT_EQ(stats.model_stats_size(), 1);
+  const auto& queue = stats.model_stats(0).inference_stats().queue();
+  EXPECT_EQ(queue.count(), 2);
+  EXPECT_GE(queue.ns(), 50'000'000) << "the second request did not wait for the first";
 }
 
 TEST(ServerRepository, ACancelledRequestStopsBeforeItsNextFrame) {
