@@ -160,12 +160,15 @@ load() {  # port mix concurrency label [duration]
 # is busy), so that their measurements can be interleaved: on a shared
 # machine, load from other processes then spreads over all of them alike.
 log "starting precompile_server on :$OURS_PORT"
+# Two inference threads, as deploy/k8s/base/server.flags sets for two cores:
+# pinned to one core, the default (one per usable core) would be one.
 taskset -c "$SERVER_CPUS" "$BIN/server/precompile_server" --model_repository="$REPO" \
   --listen_address=127.0.0.1 --grpc_port="$OURS_PORT" --metrics_port="$METRICS_PORT" \
-  --torch_threads=1 --log_level=warn > "$OUT/server.log" 2>&1 &
+  --torch_threads=1 --inference_threads=2 --log_level=warn > "$OUT/server.log" 2>&1 &
 SERVER=$!; PIDS+=("$SERVER")
 log "starting echo_server on :$ECHO_PORT"
-taskset -c "$SERVER_CPUS" "$BIN/bench/echo_server" --port="$ECHO_PORT" > "$OUT/echo.log" 2>&1 &
+taskset -c "$SERVER_CPUS" "$BIN/bench/echo_server" --port="$ECHO_PORT" --async_threads=3 \
+  > "$OUT/echo.log" 2>&1 &
 ECHO=$!; PIDS+=("$ECHO")
 log "starting python_kserve_server on :$PEER_PORT (torch.compile warmup)"
 taskset -c "$SERVER_CPUS" "$PY" bench/python_kserve_server.py --port="$PEER_PORT" \

@@ -364,8 +364,10 @@ def main():
                    f"p99 {r64['p99_ms']:.2f} ms")
     if "soak" in summary:
         s = summary["soak"]
-        target(f"resident memory flat over the soak ({s['seconds']:.0f} s, not 5 min)",
-               s["flat"], f"growth {(s['late_kb'] - s['early_kb']) / 1024:+.2f} MiB, slope "
+        span = (f"{s['seconds']:.0f} s" if s["seconds"] >= 300
+                else f"{s['seconds']:.0f} s, not the 5 minutes the target asks for")
+        target(f"resident memory flat over the soak ({span})",
+               s["flat"] and s["seconds"] >= 300, f"growth {(s['late_kb'] - s['early_kb']) / 1024:+.2f} MiB, slope "
                f"{s['slope_kb_per_min'] / 1024:+.3f} MiB/min (flat: growth <= max(2 %, 4 MiB))")
     rows = [["target", "met", "measured"]]
     for t in summary["targets"]:
