@@ -85,6 +85,17 @@ class Harness {
   std::unique_ptr<precompile::v1::PrecompileAdmin::Stub> admin;
 };
 
+// Sends `request` from a new thread: `*status` is its result once the thread
+// is joined; `*done`, if given, turns true as soon as it returns.
+std::thread InferInBackground(Harness& harness, inference::ModelInferRequest request,
+                              grpc::Status* status, std::atomic<bool>* done = nullptr) {
+  return std::thread([&harness, request = std::move(request), status, done] {
+    inference::ModelInferResponse response;
+    *status = harness.Infer(request, &response);
+    if (done) *done = true;
+  });
+}
+
 // Clients that call `mlp` in a loop and count what they get back.
 class Load {
  public:
@@ -251,10 +262,7 @@ TEST(ServerRepository, RequestsBeyondTheConcurrencyLimitGetResourceExhausted) {
   const std::string repository = ExampleRepository({"loop"});
   Harness harness(repository, /*max_concurrent_requests=*/1);
   grpc::Status slow_status;
-  std::thread slow([&] {
-    inference::ModelInferResponse response;
-    slow_status = harness.Infer(SlowLoopRequest(300000), &response);
-  });
+  std::thread slow = InferInBackground(harness, SlowLoopRequest(300000), &slow_status);
   absl::SleepFor(absl::Milliseconds(300));
   inference::ModelInferResponse response;
   grpc::Status status = harness.Infer(SlowLoopRequest(0), &response);
@@ -272,17 +280,11 @@ TEST(ServerRepository, RequestsWaitForABusyInferenceThreadWhileOtherCallsAnswer)
                   /*inference_threads=*/1);
   std::atomic<bool> slow_done{false};
   grpc::Status slow_status;
-  std::thread slow([&] {
-    inference::ModelInferResponse response;
-    slow_status = harness.Infer(SlowLoopRequest(300000), &response);
-    slow_done = true;
-  });
+  std::thread slow =
+      InferInBackground(harness, SlowLoopRequest(300000), &slow_status, &slow_done);
   absl::SleepFor(absl::Milliseconds(300));
   grpc::Status queued_status;
-  std::thread queued([&] {
-    inference::ModelInferResponse response;
-    queued_status = harness.Infer(SlowLoopRequest(0), &response);
-  });
+  std::thread queued = InferInBackground(harness, SlowLoopRequest(0), &queued_status);
   absl::SleepFor(absl::Milliseconds(100));
 
   // The inference thread is busy and one request waits: metadata and health
