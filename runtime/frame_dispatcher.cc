@@ -24,18 +24,22 @@ int FrameDispatcher::Match(absl::Span<const ArgView> args,
 
 std::optional<FrameDispatcher::Explanation> FrameDispatcher::ExplainMiss(
     absl::Span<const ArgView> args, const GlobalState& state) const {
-  std::optional<Explanation> best;
-  int best_passed = -1;
+  // The closest variant is the one whose first failing check comes latest;
+  // only its mismatch is put in words (a refusal storm on a frame with many
+  // variants would otherwise build a reason per variant per request).
+  int closest = -1;
+  int closest_held = -1;
   for (int i = 0; i < static_cast<int>(variants_.size()); ++i) {
-    std::optional<GuardProgram::Mismatch> m =
-        variants_[i].ExplainMismatch(args, state);
-    if (!m) continue;  // This variant holds: not part of the explanation.
-    if (m->checks_passed > best_passed) {
-      best_passed = m->checks_passed;
-      best = Explanation{i, std::move(m->reason)};
+    const int held = variants_[i].ChecksHeld(args, state);
+    if (held == variants_[i].num_checks()) continue;  // Holds: no mismatch.
+    if (held > closest_held) {
+      closest_held = held;
+      closest = i;
     }
   }
-  return best;
+  if (closest < 0) return std::nullopt;
+  std::optional<GuardProgram::Mismatch> m = variants_[closest].ExplainMismatch(args, state);
+  return Explanation{closest, std::move(m->reason)};
 }
 
 }  // namespace precompile

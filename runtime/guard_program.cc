@@ -217,22 +217,30 @@ bool GuardProgram::Holds(const Check& c, absl::Span<const ArgView> args,
 bool GuardProgram::Matches(absl::Span<const ArgView> args,
                            const GlobalState& state) const {
   int64_t symbols[kMaxSymbols];
-  for (const Check& c : checks_) {
-    if (!Holds(c, args, state, symbols)) return false;
-  }
-  return true;
+  return FirstFailure(args, state, symbols) < 0;
+}
+
+int GuardProgram::ChecksHeld(absl::Span<const ArgView> args,
+                             const GlobalState& state) const {
+  int64_t symbols[kMaxSymbols];
+  const int failed = FirstFailure(args, state, symbols);
+  return failed < 0 ? num_checks() : failed;
 }
 
 std::optional<GuardProgram::Mismatch> GuardProgram::ExplainMismatch(
     absl::Span<const ArgView> args, const GlobalState& state) const {
   int64_t symbols[kMaxSymbols];
+  const int failed = FirstFailure(args, state, symbols);
+  if (failed < 0) return std::nullopt;
+  return Mismatch{failed, Describe(checks_[failed], args, state, symbols)};
+}
+
+int GuardProgram::FirstFailure(absl::Span<const ArgView> args, const GlobalState& state,
+                               int64_t* symbols) const {
   for (size_t i = 0; i < checks_.size(); ++i) {
-    const Check& c = checks_[i];
-    if (!Holds(c, args, state, symbols)) {
-      return Mismatch{static_cast<int>(i), Describe(c, args, state, symbols)};
-    }
+    if (!Holds(checks_[i], args, state, symbols)) return static_cast<int>(i);
   }
-  return std::nullopt;
+  return -1;
 }
 
 std::string GuardProgram::DimName(uint16_t arg, uint16_t dim) const {

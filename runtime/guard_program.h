@@ -76,6 +76,9 @@ class GuardProgram {
   // nullopt if the guards hold; otherwise the first failing check in words.
   std::optional<Mismatch> ExplainMismatch(absl::Span<const ArgView> args,
                                           const GlobalState& state) const;
+  // How many checks hold before the first failing one (num_checks() if all
+  // hold): ExplainMismatch's checks_passed, without building the words.
+  int ChecksHeld(absl::Span<const ArgView> args, const GlobalState& state) const;
 
   int num_checks() const { return static_cast<int>(checks_.size()); }
 
@@ -108,6 +111,10 @@ class GuardProgram {
   };
 
   // Evaluates check `c`, reading and writing symbol slot values.
+  // Index of the first check that fails, or -1 when all hold. `symbols`:
+  // kMaxSymbols slots, left holding the sizes bound up to that check.
+  int FirstFailure(absl::Span<const ArgView> args, const GlobalState& state,
+                   int64_t* symbols) const;
   bool Holds(const Check& c, absl::Span<const ArgView> args,
              const GlobalState& state, int64_t* symbols) const;
   std::string Describe(const Check& c, absl::Span<const ArgView> args,

@@ -136,6 +136,10 @@ TEST(GuardProgram, FailsFastOnTheFirstFailingCheck) {
   EXPECT_EQ(m->reason, "x.dtype: expected float32, got float64");
   // grad mode, default dtype, then x's kind: three checks held first.
   EXPECT_EQ(m->checks_passed, 3);
+  EXPECT_EQ(p.ChecksHeld(views, GlobalState{}), 3);
+  // A call inside the guards holds every check.
+  Call inside;
+  EXPECT_EQ(p.ChecksHeld(inside.Views(), GlobalState{}), p.num_checks());
 }
 
 TEST(GuardProgram, RejectsMalformedGuards) {
