@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <array>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -239,11 +240,14 @@ void InferenceService::StartServing(std::unique_ptr<grpc::ServerCompletionQueue>
 void InferenceService::StopServing() {
   if (!cq_ || stopped_) return;
   stopped_ = true;
-  // No call may be requested once the queue shuts down: stop requesting, and
-  // wait for requests already being made (gRPC fails them at once, since the
-  // server has shut down).
+  // Nothing may start on the queue once it shuts down: stop requesting
+  // calls, wait for requests being made, then for every call to be gone.
+  // The server has shut down, so gRPC fails the requests that no call
+  // matched; the threads answer the calls that arrived and take their last
+  // events.
   stopping_.store(true);
   while (requesting_.load() > 0) std::this_thread::yield();
+  while (live_calls_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   cq_->Shutdown();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
@@ -252,6 +256,7 @@ void InferenceService::StopServing() {
 void InferenceService::RequestCall() {
   requesting_.fetch_add(1);
   if (!stopping_.load()) {
+    live_calls_.fetch_add(1);
     auto* call = new InferCall();
     // Its tags go to gRPC now (the done tag with the request) or later, and
     // come back on any thread.
@@ -269,9 +274,9 @@ void InferenceService::ServeCalls() {
     TakeFromGrpc(tag);
     auto [call, event] = InferCall::Of(tag);
     if (event != InferCall::Event::kRequested) {
-      if (call->Unref()) delete call;
+      if (call->Unref()) Delete(call);
     } else if (!ok) {
-      delete call;  // The server shut down before a call arrived.
+      Delete(call);  // The server shut down before a call arrived.
     } else {
       RequestCall();
       OnRequested(call);
@@ -288,7 +293,7 @@ void InferenceService::OnRequested(InferCall* call) {
                      absl::StrCat("the server is at its limit of ", state_.max_in_flight(),
                                   " concurrent inference requests; retry later")),
         call->answered_tag());
-    if (call->Unref()) delete call;
+    if (call->Unref()) Delete(call);
     return;
   }
   if (TakeRunSlot()) {
@@ -342,7 +347,12 @@ void InferenceService::Answer(InferCall* call) {
   const grpc::Status status =
       RunAdmitted(&call->context, call->request, &call->response, call->received);
   call->responder.Finish(call->response, status, call->answered_tag());
-  if (call->Unref()) delete call;
+  if (call->Unref()) Delete(call);
+}
+
+void InferenceService::Delete(InferCall* call) {
+  delete call;
+  live_calls_.fetch_sub(1);
 }
 
 grpc::Status InferenceService::ServerLive(grpc::ServerContext*,

@@ -98,6 +98,7 @@ class InferenceService final
   // there are any, and gives the slot back.
   void RunWhileWork(InferCall* call);
   void Answer(InferCall* call);
+  void Delete(InferCall* call);
   // Runs an admitted request and records it. `received`: when the service
   // took the call from gRPC.
   grpc::Status RunAdmitted(grpc::ServerContext* context,
@@ -134,6 +135,8 @@ class InferenceService final
   // being made before it shuts the completion queue down.
   std::atomic<bool> stopping_{false};
   std::atomic<int> requesting_{0};
+  // Calls requested and not yet deleted.
+  std::atomic<int> live_calls_{0};
   bool stopped_ = false;  // Only the controlling thread calls StopServing.
 };
 

@@ -322,6 +322,22 @@ TEST(ServerRepository, RequestsWaitForABusyInferenceThreadWhileOtherCallsAnswer)
   EXPECT_GE(queue.ns(), 50'000'000) << "the second request did not wait for the first";
 }
 
+TEST(ServerRepository, StopsCleanlyWhileARequestStillRuns) {
+  const std::string repository = ExampleRepository({"loop"});
+  Harness harness(repository);
+  // The client gives up at once; the server's eager loop runs on.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  inference::ModelInferResponse response;
+  grpc::Status status =
+      harness.inference->ModelInfer(&context, SlowLoopRequest(300000), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Destroying the server waits for the running call to be answered (its
+  // answer goes nowhere) before its completion queue shuts down; answering
+  // on a queue that had shut down aborted the process.
+  harness.server.reset();
+}
+
 TEST(ServerRepository, ACancelledRequestStopsBeforeItsNextFrame) {
   const std::string repository = ExampleRepository({"nested"});
   Harness harness(repository);
