@@ -165,12 +165,23 @@ class Model::Impl final : public FrameCaller {
   absl::flat_hash_map<std::string, FrameState*> frames_by_name;
   FrameState* entry = nullptr;
 
+  // Calls enter and leave with atomic operations only; `mu` and `idle` are
+  // for AwaitIdle's waiters (counted in `idle_waiters`, so that the last call
+  // out takes the lock only when someone waits) and for the warnings.
   // std::mutex, not absl::Mutex: see runtime/notification.h.
   mutable std::mutex mu;
   std::condition_variable idle;
-  bool closed ABSL_GUARDED_BY(mu) = false;
-  int in_flight ABSL_GUARDED_BY(mu) = 0;
+  std::atomic<bool> closed{false};
+  std::atomic<int> in_flight{0};
+  std::atomic<int> idle_waiters{0};
   std::vector<EagerFallbackWarning> warnings ABSL_GUARDED_BY(mu);
+
+  void LeaveCall() {
+    if (in_flight.fetch_sub(1) == 1 && idle_waiters.load() > 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      idle.notify_all();
+    }
+  }
 
   absl::Status LoadFrames();
 
@@ -514,24 +525,16 @@ absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args) {
 absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args,
                                        const std::function<bool()>& cancelled) {
   Impl& impl = *impl_;
-  {
-    std::lock_guard<std::mutex> lock(impl.mu);
-    if (impl.closed) {
-      return absl::UnavailableError(
-          absl::StrCat("model '", impl.options.name, "' is unloaded"));
-    }
-    ++impl.in_flight;
-  }
+  // Counted before `closed` is read, so that Close() followed by AwaitIdle()
+  // either sees this call or this call sees `closed`.
+  impl.in_flight.fetch_add(1);
   struct InFlight {
     Impl& impl;
-    ~InFlight() {
-      {
-        std::lock_guard<std::mutex> lock(impl.mu);
-        --impl.in_flight;
-      }
-      impl.idle.notify_all();
-    }
+    ~InFlight() { impl.LeaveCall(); }
   } in_flight{impl};
+  if (impl.closed.load()) {
+    return absl::UnavailableError(absl::StrCat("model '", impl.options.name, "' is unloaded"));
+  }
 
   const Frame& entry = *impl.entry->proto;
   const int n = entry.parameters_size();
@@ -618,24 +621,27 @@ void Model::SetObserver(std::shared_ptr<CallObserver> observer) {
 }
 
 void Model::Close() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (!impl_->closed) {
-    impl_->closed = true;
+  if (!impl_->closed.exchange(true)) {
     spdlog::info("model '{}' closed; {} calls still running", impl_->options.name,
-                 impl_->in_flight);
+                 impl_->in_flight.load());
   }
 }
 
 bool Model::AwaitIdle(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  return impl_->idle.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                              [this] { return impl_->in_flight == 0; });
+  // Counted before in_flight is read (under the lock), so that the last call
+  // out either is seen here or sees a waiter and notifies under the lock.
+  impl_->idle_waiters.fetch_add(1);
+  bool idle = false;
+  {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    idle = impl_->idle.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                                [this] { return impl_->in_flight.load() == 0; });
+  }
+  impl_->idle_waiters.fetch_sub(1);
+  return idle;
 }
 
-int Model::calls_in_flight() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->in_flight;
-}
+int Model::calls_in_flight() const { return impl_->in_flight.load(); }
 
 const std::string& Model::name() const { return impl_->options.name; }
 const artifact::v1::Manifest& Model::manifest() const {
