@@ -461,11 +461,13 @@ grpc::Status InferenceService::ModelConfig(grpc::ServerContext*,
 
 absl::Status InferenceService::Infer(grpc::ServerContext* context,
                                      const inference::ModelInferRequest& request,
+                                     absl::Time received,
                                      inference::ModelInferResponse* response,
                                      RequestOutcome* outcome,
                                      ModelRepository::Handle* handle,
                                      RequestTiming* timing) {
   const absl::Time start = absl::Now();
+  timing->queue = start - received;
   auto found = repository_.Get(request.model_name(), request.model_version());
   if (!found.ok()) {
     if (metrics_ && found.status().code() == absl::StatusCode::kNotFound) {
@@ -476,7 +478,7 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
   *handle = *std::move(found);
   if (context->IsCancelled()) {
     return absl::CancelledError(
-        "the client cancelled the request or its deadline passed while it was queued");
+        "the client cancelled the request or its deadline passed before it ran");
   }
   const Frame& entry = handle->model->entry_frame();
   auto parameter_of = [&](const std::string& name) -> const Parameter* {
@@ -587,11 +589,10 @@ grpc::Status InferenceService::RunAdmitted(grpc::ServerContext* context,
                                            const inference::ModelInferRequest& request,
                                            inference::ModelInferResponse* response,
                                            absl::Time received) {
-  const absl::Time started = absl::Now();
   RequestOutcome outcome = RequestOutcome::kError;
   ModelRepository::Handle handle;
   RequestTiming timing;
-  absl::Status status = Infer(context, request, response, &outcome, &handle, &timing);
+  absl::Status status = Infer(context, request, received, response, &outcome, &handle, &timing);
   state_.Release();
   const absl::Time done = absl::Now();
   if (!status.ok()) {
@@ -600,7 +601,6 @@ grpc::Status InferenceService::RunAdmitted(grpc::ServerContext* context,
     LogFailure(request.model_name(), status);
   }
   if (handle.metrics) {
-    timing.queue = started - received;
     timing.total = done - received;
     handle.metrics->RecordRequest(outcome, timing);
   }

@@ -104,9 +104,11 @@ class InferenceService final
   grpc::Status RunAdmitted(grpc::ServerContext* context,
                            const inference::ModelInferRequest& request,
                            inference::ModelInferResponse* response, absl::Time received);
+  // Fills `timing` from `received` on.
   absl::Status Infer(grpc::ServerContext* context, const inference::ModelInferRequest& request,
-                     inference::ModelInferResponse* response, RequestOutcome* outcome,
-                     ModelRepository::Handle* handle, RequestTiming* timing);
+                     absl::Time received, inference::ModelInferResponse* response,
+                     RequestOutcome* outcome, ModelRepository::Handle* handle,
+                     RequestTiming* timing);
 
   // Logs a failed request, at most once a minute per model and status code:
   // one line per class of failure, the rest are counted in the metrics.

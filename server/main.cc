@@ -32,7 +32,8 @@ ABSL_FLAG(bool, require_complete, false,
           "Refuse artifacts whose capture is incomplete (uncovered frames or truncated)");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "Largest gRPC request or response");
 ABSL_FLAG(int, max_concurrent_requests, 128,
-          "Inference requests running at once; more get RESOURCE_EXHAUSTED (0: no limit)");
+          "Inference requests admitted at once, running or queued; more get "
+          "RESOURCE_EXHAUSTED (0: no limit)");
 ABSL_FLAG(int, inference_threads, 0,
           "Threads running inference requests; more wait in a queue (0: one per core "
           "the process may run on)");

@@ -39,8 +39,8 @@ struct ServerOptions {
   std::string metrics_address = "0.0.0.0:8002";
   // Largest request or response message. Default: 256 MiB.
   int max_message_bytes = 256 << 20;
-  // Inference requests running at once; more get RESOURCE_EXHAUSTED.
-  // 0: no limit. Default: 128.
+  // Inference requests admitted at once, running or queued; more get
+  // RESOURCE_EXHAUSTED. 0: no limit. Default: 128.
   int max_concurrent_requests = 128;
   // Threads running inference requests (model calls); more requests wait in
   // a queue, up to max_concurrent_requests in all. 0: one per core this
