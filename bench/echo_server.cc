@@ -36,7 +36,8 @@ ABSL_FLAG(int, port, 18101, "gRPC port");
 ABSL_FLAG(int, grpc_threads, 0, "threads serving gRPC calls (0: gRPC's default)");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest request or response");
 ABSL_FLAG(int, async_threads, 0,
-          "threads answering ModelInfer with --api=async (0: one per core, plus one)");
+          "threads answering ModelInfer with --api=async (0: one per core of the "
+          "machine, plus one; precompile_server counts only the cores it may run on)");
 ABSL_FLAG(std::string, api, "async", "gRPC API serving ModelInfer: async, sync or callback");
 
 namespace {
