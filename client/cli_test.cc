@@ -63,14 +63,8 @@ std::vector<float> PrintedValues(const std::string& out, const std::string& outp
   return {};
 }
 
-class CliTest : public ::testing::Test {
+class CliTest : public testing::ExampleServerTest {
  protected:
-  static void SetUpTestSuite() { server_ = testing::StartExampleServer().release(); }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-
   void SetUp() override { ASSERT_NE(server_, nullptr); }
 
   Result Run(std::vector<std::string> args) {
@@ -89,10 +83,7 @@ class CliTest : public ::testing::Test {
     return path;
   }
 
-  static server::Server* server_;
 };
-
-server::Server* CliTest::server_ = nullptr;
 
 TEST_F(CliTest, InferPrintsTheReferenceOutputs) {
   Result r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch8"), "--max_values",

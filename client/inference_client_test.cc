@@ -90,14 +90,8 @@ ClientOptions FastRetries(const std::string& address, int attempts) {
   return options;
 }
 
-class InferenceClientTest : public ::testing::Test {
+class InferenceClientTest : public testing::ExampleServerTest {
  protected:
-  static void SetUpTestSuite() { server_ = testing::StartExampleServer().release(); }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-
   void SetUp() override {
     ASSERT_NE(server_, nullptr);
     options_.address = AddressOf(*server_);
@@ -113,13 +107,10 @@ class InferenceClientTest : public ::testing::Test {
     return stats->model_stats(0).inference_stats().fail().count();
   }
 
-  static server::Server* server_;
   ClientOptions options_;
   std::unique_ptr<InferenceClient> client_;
   std::unique_ptr<AdminClient> admin_;
 };
-
-server::Server* InferenceClientTest::server_ = nullptr;
 
 TEST_F(InferenceClientTest, ServesAReferenceCallAndSaysItRanAVariant) {
   absl::StatusOr<inference::ModelInferResponse> response =

@@ -42,13 +42,8 @@ const Json& Member(const Json& object, const std::string& key) {
   return value == nullptr ? *kEmpty : *value;
 }
 
-class LoadGeneratorTest : public ::testing::Test {
+class LoadGeneratorTest : public testing::ExampleServerTest {
  protected:
-  static void SetUpTestSuite() { server_ = testing::StartExampleServer().release(); }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
   void SetUp() override {
     ASSERT_NE(server_, nullptr);
     mix_path_ = testing::WriteTempFile("mix.json", kMix);
@@ -72,14 +67,11 @@ class LoadGeneratorTest : public ::testing::Test {
     return json.ok() ? *json : Json();
   }
 
-  static server::Server* server_;
   std::string mix_path_;
   std::string json_path_;
   std::string out_;
   std::string err_;
 };
-
-server::Server* LoadGeneratorTest::server_ = nullptr;
 
 TEST_F(LoadGeneratorTest, ClosedLoopCountsVariantsEagerFallbacksAndRefusals) {
   ASSERT_EQ(Run({"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_,

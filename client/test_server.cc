@@ -13,6 +13,8 @@
 
 namespace precompile::client::testing {
 
+server::Server* ExampleServerTest::server_ = nullptr;
+
 std::unique_ptr<server::Server> StartExampleServer(
     const std::function<void(server::ServerOptions&)>& configure) {
   server::ServerOptions options;

@@ -4,6 +4,8 @@
 #ifndef PRECOMPILE_CLIENT_TEST_SERVER_H_
 #define PRECOMPILE_CLIENT_TEST_SERVER_H_
 
+#include <gtest/gtest.h>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +23,18 @@ namespace precompile::client::testing {
 // token). Fails the test and returns null when it cannot start.
 std::unique_ptr<server::Server> StartExampleServer(
     const std::function<void(server::ServerOptions&)>& configure = nullptr);
+
+// A test suite that shares one example server: started before the suite's
+// first test, destroyed after its last. Tests check it is not null.
+class ExampleServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = StartExampleServer().release(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static server::Server* server_;
+};
 
 // "127.0.0.1:<port>" of a started server.
 std::string AddressOf(const server::Server& server);
