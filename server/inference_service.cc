@@ -219,22 +219,20 @@ class InferenceService::InferCall {
 
 InferenceService::InferenceService(ModelRepository& repository, ServerMetrics* metrics,
                                    ServingState& state, std::string admin_token,
-                                   int inference_threads)
+                                   int inference_threads, int pollers)
     : repository_(repository),
       metrics_(metrics),
       state_(state),
       admin_token_(std::move(admin_token)),
-      inference_threads_(inference_threads) {}
+      inference_threads_(inference_threads),
+      pollers_(pollers) {}
 
 InferenceService::~InferenceService() { StopServing(); }
 
 void InferenceService::StartServing(std::unique_ptr<grpc::ServerCompletionQueue> cq) {
   cq_ = std::move(cq);
-  // One thread more than may run requests, so that one is always free to
-  // accept calls (and to refuse them when the server is at its limit).
-  const int threads = inference_threads_ + 1;
-  for (int i = 0; i < 2 * threads; ++i) RequestCall();
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { ServeCalls(); });
+  for (int i = 0; i < 2 * pollers_; ++i) RequestCall();
+  for (int i = 0; i < pollers_; ++i) threads_.emplace_back([this] { ServeCalls(); });
 }
 
 void InferenceService::StopServing() {

@@ -8,13 +8,15 @@
 // entry frame was served: "precompile_outcome" ("variant" or
 // "eager_fallback") and "precompile_variant" (the variant's id, or "").
 //
-// ModelInfer runs on gRPC's asynchronous API with the service's own threads:
-// `inference_threads` of them run requests, one more accepts calls. A thread
-// that accepts a request runs it at once when fewer than `inference_threads`
-// run, so an idle server answers on the thread that read the request; beyond
+// ModelInfer runs on gRPC's asynchronous API with the service's own threads,
+// `pollers` of them taking calls from one completion queue. A thread that
+// takes a request runs it at once when fewer than `inference_threads` run,
+// so an idle server answers on the thread that read the request; beyond
 // that requests wait in a queue, in order, and each thread that finishes one
-// takes the next. The other methods are synchronous (gRPC's threads).
-// A long model call therefore never holds up health checks or metadata.
+// takes the next. There are more pollers than run slots, so that some are
+// always free to take calls (and to refuse them at the server's limit).
+// The other methods are synchronous (gRPC's threads): a long model call
+// never holds up health checks or metadata.
 //
 // Thread safety: gRPC calls the methods concurrently; the service's own
 // state is the serving state it shares with the server.
@@ -44,9 +46,10 @@ class InferenceService final
  public:
   // All references must outlive the service. `metrics` may be null.
   // `admin_token` guards RepositoryModelLoad/Unload (see CheckAdminToken).
-  // REQUIRES: inference_threads >= 1.
+  // REQUIRES: 1 <= inference_threads < pollers.
   InferenceService(ModelRepository& repository, ServerMetrics* metrics,
-                   ServingState& state, std::string admin_token, int inference_threads);
+                   ServingState& state, std::string admin_token, int inference_threads,
+                   int pollers);
   // Stops serving (see StopServing): the gRPC server must be shut down first.
   ~InferenceService() override;
 
@@ -123,6 +126,7 @@ class InferenceService final
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 
   const int inference_threads_;
+  const int pollers_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::vector<std::thread> threads_;
   // Requests running and waiting. While fewer than inference_threads_ run, a

@@ -37,6 +37,9 @@ ABSL_FLAG(int, max_concurrent_requests, 128,
 ABSL_FLAG(int, inference_threads, 0,
           "Threads running inference requests; more wait in a queue (0: one per core "
           "the process may run on)");
+ABSL_FLAG(int, inference_pollers, 0,
+          "Threads taking inference requests from gRPC, more than --inference_threads; "
+          "each runs what it took while a slot is free (0: 2 * inference_threads + 2)");
 ABSL_FLAG(int, grpc_threads, 0, "Threads serving gRPC calls (0: gRPC's default)");
 ABSL_FLAG(int, grpc_max_pollers, 64,
           "Threads kept waiting for the synchronous gRPC calls (all but ModelInfer) "
@@ -126,6 +129,7 @@ int main(int argc, char** argv) {
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
   options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
   options.inference_threads = absl::GetFlag(FLAGS_inference_threads);
+  options.inference_pollers = absl::GetFlag(FLAGS_inference_pollers);
   options.repository_poll_interval =
       absl::Seconds(absl::GetFlag(FLAGS_repository_poll_seconds));
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));

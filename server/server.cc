@@ -93,6 +93,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--inference_threads must be 0 (one per core) or more, not ", options.inference_threads));
   }
+  if (options.inference_threads == 0) options.inference_threads = UsableCores();
+  if (options.inference_pollers == 0) {
+    options.inference_pollers = 2 * options.inference_threads + 2;
+  } else if (options.inference_pollers <= options.inference_threads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--inference_pollers must exceed --inference_threads (", options.inference_threads,
+        ") so that a thread is always free to take and refuse calls, not ",
+        options.inference_pollers));
+  }
   options.model_options.device =
       options.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
   std::unique_ptr<Server> server(new Server(std::move(options)));
@@ -112,9 +121,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   };
   server->repository_ =
       std::make_unique<ModelRepository>(std::move(repository_options), server.get());
-  const int inference_threads = o.inference_threads > 0 ? o.inference_threads : UsableCores();
   server->inference_ = std::make_unique<InferenceService>(
-      *server->repository_, metrics, server->state_, o.admin_token, inference_threads);
+      *server->repository_, metrics, server->state_, o.admin_token, o.inference_threads,
+      o.inference_pollers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, o.admin_token);
 
   if (absl::Status s = server->Listen(); !s.ok()) return s;

@@ -46,6 +46,12 @@ struct ServerOptions {
   // a queue, up to max_concurrent_requests in all. 0: one per core this
   // process may run on.
   int inference_threads = 0;
+  // Threads taking inference requests from gRPC; each runs the request it
+  // took while fewer than inference_threads run. More than
+  // inference_threads, so that some are free to take and refuse calls.
+  // 0: 2 * inference_threads + 2 (measured: with one spare thread, a thread
+  // woke for nearly every request; see bench/RESULTS.md).
+  int inference_pollers = 0;
   // Threads serving gRPC calls; 0: gRPC's default.
   int grpc_threads = 0;
   // Threads kept waiting for the synchronous calls (all but ModelInfer).

@@ -376,6 +376,21 @@ TEST(ServerRepository, ACancelledRequestStopsBeforeItsNextFrame) {
             0);
 }
 
+TEST(ServerRepository, RefusesToStartWithoutAPollerToSpare) {
+  server::ServerOptions options;
+  options.model_repository = ExampleRepository({"mlp"});
+  options.grpc_address = "127.0.0.1:0";
+  options.metrics_address = "";
+  options.inference_threads = 2;
+  options.inference_pollers = 2;
+  auto server = server::Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(),
+              HasSubstr("--inference_pollers must exceed --inference_threads (2)"));
+  options.inference_pollers = 3;
+  EXPECT_TRUE(server::Server::Start(options).ok());
+}
+
 TEST(ServerRepository, RefusesMessagesOverTheSizeLimit) {
   server::ServerOptions options;
   options.model_repository = ExampleRepository({"mlp"});
