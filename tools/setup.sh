@@ -16,6 +16,7 @@ debian_packages=(
   libabsl-dev libspdlog-dev libfmt-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   python3-venv curl patchelf openssl clang libclang-rt-14-dev llvm-14
+  libtcmalloc-minimal4
 )
 
 missing=()
