@@ -161,13 +161,14 @@ load() {  # port mix concurrency label [duration]
 # machine, load from other processes then spreads over all of them alike.
 log "starting precompile_server on :$OURS_PORT"
 # Two inference threads, as deploy/k8s/base/server.flags sets for two cores:
-# pinned to one core, the default (one per usable core) would be one.
+# pinned to one core, the default (one per usable core) would be one. They
+# take calls with the default 2 * 2 + 2 = 6 pollers; the echo gets as many.
 taskset -c "$SERVER_CPUS" "$BIN/server/precompile_server" --model_repository="$REPO" \
   --listen_address=127.0.0.1 --grpc_port="$OURS_PORT" --metrics_port="$METRICS_PORT" \
   --torch_threads=1 --inference_threads=2 --log_level=warn > "$OUT/server.log" 2>&1 &
 SERVER=$!; PIDS+=("$SERVER")
 log "starting echo_server on :$ECHO_PORT"
-taskset -c "$SERVER_CPUS" "$BIN/bench/echo_server" --port="$ECHO_PORT" --async_threads=3 \
+taskset -c "$SERVER_CPUS" "$BIN/bench/echo_server" --port="$ECHO_PORT" --async_threads=6 \
   > "$OUT/echo.log" 2>&1 &
 ECHO=$!; PIDS+=("$ECHO")
 log "starting python_kserve_server on :$PEER_PORT (torch.compile warmup)"
