@@ -1,8 +1,10 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -10,19 +12,19 @@
 namespace precompile::server {
 namespace {
 
-using prometheus::Histogram;
-
-const Histogram::BucketBoundaries& RequestBuckets() {
-  static const auto* b = new Histogram::BucketBoundaries{
-      0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-      0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,    5,   10};
-  return *b;
+std::vector<absl::Duration> Seconds(std::initializer_list<double> bounds) {
+  std::vector<absl::Duration> durations;
+  for (double s : bounds) durations.push_back(absl::Seconds(s));
+  return durations;
 }
 
-const Histogram::BucketBoundaries& DispatchBuckets() {
-  static const auto* b = new Histogram::BucketBoundaries{
-      1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3};
-  return *b;
+std::vector<absl::Duration> RequestBuckets() {
+  return Seconds({0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                  0.1, 0.25, 0.5, 1, 2.5, 5, 10});
+}
+
+std::vector<absl::Duration> DispatchBuckets() {
+  return Seconds({1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3});
 }
 
 }  // namespace
@@ -93,18 +95,15 @@ ServerMetrics::ServerMetrics()
                          .Name("precompile_model_load_failures_total")
                          .Help("Model loads that failed, by model")
                          .Register(*registry_)),
-      request_duration_(prometheus::BuildHistogram()
-                            .Name("precompile_request_duration_seconds")
-                            .Help("Inference request time in the server, decode to encode")
-                            .Register(*registry_)),
-      dispatch_duration_(prometheus::BuildHistogram()
-                             .Name("precompile_guard_dispatch_duration_seconds")
-                             .Help("Guard evaluation time per frame call")
-                             .Register(*registry_)),
-      execution_duration_(prometheus::BuildHistogram()
-                              .Name("precompile_execution_duration_seconds")
-                              .Help("Variant or eager program run time per frame call")
-                              .Register(*registry_)),
+      request_duration_(std::make_shared<DurationHistogramFamily>(
+          "precompile_request_duration_seconds",
+          "Inference request time in the server, decode to encode", RequestBuckets())),
+      dispatch_duration_(std::make_shared<DurationHistogramFamily>(
+          "precompile_guard_dispatch_duration_seconds", "Guard evaluation time per frame call",
+          DispatchBuckets())),
+      execution_duration_(std::make_shared<DurationHistogramFamily>(
+          "precompile_execution_duration_seconds",
+          "Variant or eager program run time per frame call", RequestBuckets())),
       loaded_gauge_(models_loaded_.Add({})) {}
 
 ServerMetrics::~ServerMetrics() = default;
@@ -117,6 +116,9 @@ absl::Status ServerMetrics::StartHttp(const std::string& address) {
         "cannot serve metrics on ", address, ": ", e.what()));
   }
   exposer_->RegisterCollectable(registry_);
+  for (const auto& family : {request_duration_, dispatch_duration_, execution_duration_}) {
+    exposer_->RegisterCollectable(family);
+  }
   return absl::OkStatus();
 }
 
@@ -165,8 +167,7 @@ ModelMetrics::ModelMetrics(ServerMetrics& server, const std::string& model,
          {"version", v},
          {"outcome", RequestOutcomeName(static_cast<RequestOutcome>(o))}});
   }
-  request_duration_ = &server.request_duration_.Add({{"model", model}, {"version", v}},
-                                                    RequestBuckets());
+  request_duration_ = &server.request_duration_->Add({{"model", model}, {"version", v}});
   for (const auto& frame : loaded.manifest().frames()) {
     FrameSeries series;
     series.name = frame.name();
@@ -179,10 +180,10 @@ ModelMetrics::ModelMetrics(ServerMetrics& server, const std::string& model,
     }
     series.warnings = &server.eager_fallback_warnings_.Add(
         {{"model", model}, {"version", v}, {"frame", frame.name()}});
-    series.dispatch = &server.dispatch_duration_.Add(
-        {{"model", model}, {"version", v}, {"frame", frame.name()}}, DispatchBuckets());
-    series.execution = &server.execution_duration_.Add(
-        {{"model", model}, {"version", v}, {"frame", frame.name()}}, RequestBuckets());
+    series.dispatch = &server.dispatch_duration_->Add(
+        {{"model", model}, {"version", v}, {"frame", frame.name()}});
+    series.execution = &server.execution_duration_->Add(
+        {{"model", model}, {"version", v}, {"frame", frame.name()}});
     for (const auto& variant : frame.variants()) {
       series.variant_hits.push_back(&server.variant_hits_.Add({{"model", model},
                                                                {"version", v},
@@ -209,12 +210,12 @@ ModelMetrics::ModelMetrics(ServerMetrics& server, const std::string& model,
 
 ModelMetrics::~ModelMetrics() {
   for (prometheus::Counter* c : requests_) server_.requests_.Remove(c);
-  server_.request_duration_.Remove(request_duration_);
+  server_.request_duration_->Remove(request_duration_);
   for (FrameSeries& f : frames_) {
     for (prometheus::Counter* c : f.calls) server_.frame_calls_.Remove(c);
     server_.eager_fallback_warnings_.Remove(f.warnings);
-    server_.dispatch_duration_.Remove(f.dispatch);
-    server_.execution_duration_.Remove(f.execution);
+    server_.dispatch_duration_->Remove(f.dispatch);
+    server_.execution_duration_->Remove(f.execution);
     for (prometheus::Counter* c : f.variant_hits) server_.variant_hits_.Remove(c);
   }
   for (auto [family, gauge] : gauges_) family->Remove(gauge);
@@ -230,9 +231,9 @@ void ModelMetrics::OnFrameCall(const FrameCallEvent& event) {
       event.variant_index < static_cast<int>(f.variant_hits.size())) {
     f.variant_hits[event.variant_index]->Increment();
   }
-  f.dispatch->Observe(absl::ToDoubleSeconds(event.dispatch_time));
+  f.dispatch->Observe(event.dispatch_time);
   if (event.outcome == Outcome::kVariant || event.outcome == Outcome::kEagerFallback) {
-    f.execution->Observe(absl::ToDoubleSeconds(event.run_time));
+    f.execution->Observe(event.run_time);
   }
 }
 
@@ -245,7 +246,7 @@ void ModelMetrics::OnEagerFallbackWarning(absl::string_view, absl::string_view f
 
 void ModelMetrics::RecordRequest(RequestOutcome outcome, const RequestTiming& timing) {
   requests_[static_cast<int>(outcome)]->Increment();
-  request_duration_->Observe(absl::ToDoubleSeconds(timing.total));
+  request_duration_->Observe(timing.total);
   const bool success =
       outcome == RequestOutcome::kVariant || outcome == RequestOutcome::kEagerFallback;
   (success ? success_ : fail_).Add(timing.total);

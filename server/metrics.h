@@ -20,7 +20,6 @@
 #include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <array>
@@ -38,6 +37,7 @@
 #include "absl/time/time.h"
 #include "runtime/model.h"
 #include "runtime/observer.h"
+#include "server/duration_histogram.h"
 #include "server/model_state.h"
 
 namespace precompile::server {
@@ -98,8 +98,8 @@ class ModelMetrics final : public CallObserver {
     std::string name;
     std::array<prometheus::Counter*, 4> calls{};  // Indexed by Outcome.
     prometheus::Counter* warnings = nullptr;
-    prometheus::Histogram* dispatch = nullptr;
-    prometheus::Histogram* execution = nullptr;
+    DurationHistogram* dispatch = nullptr;
+    DurationHistogram* execution = nullptr;
     std::vector<prometheus::Counter*> variant_hits;
   };
 
@@ -117,7 +117,7 @@ class ModelMetrics final : public CallObserver {
   AtomicDuration success_, fail_, queue_, input_, infer_, output_;
   std::atomic<uint64_t> last_inference_ms_{0};
   std::array<prometheus::Counter*, kNumRequestOutcomes> requests_{};
-  prometheus::Histogram* request_duration_ = nullptr;
+  DurationHistogram* request_duration_ = nullptr;
   std::vector<FrameSeries> frames_;
   // The summary gauges, each with the family it belongs to.
   std::vector<std::pair<prometheus::Family<prometheus::Gauge>*, prometheus::Gauge*>> gauges_;
@@ -164,9 +164,10 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& summary_truncated_;
   prometheus::Family<prometheus::Gauge>& models_loaded_;
   prometheus::Family<prometheus::Counter>& load_failures_;
-  prometheus::Family<prometheus::Histogram>& request_duration_;
-  prometheus::Family<prometheus::Histogram>& dispatch_duration_;
-  prometheus::Family<prometheus::Histogram>& execution_duration_;
+  // Observed by every request, so not prometheus-cpp's (a mutex per series).
+  const std::shared_ptr<DurationHistogramFamily> request_duration_;
+  const std::shared_ptr<DurationHistogramFamily> dispatch_duration_;
+  const std::shared_ptr<DurationHistogramFamily> execution_duration_;
   prometheus::Gauge& loaded_gauge_;
   std::mutex mu_;
   absl::flat_hash_set<std::string> ready_models_ ABSL_GUARDED_BY(mu_);
