@@ -54,11 +54,44 @@ std::string Fingerprint(const std::string& directory) {
   return absl::StrCat(files, "/", bytes, "/", newest.time_since_epoch().count());
 }
 
+std::atomic<uint64_t> next_repository_id{1};
+
 }  // namespace
+
+// A thread's copy of one repository's answers.
+struct ModelRepository::ThreadAnswers {
+  uint64_t repository = 0;
+  uint64_t generation = 0;
+  std::shared_ptr<const Answers> answers;
+};
 
 ModelRepository::ModelRepository(RepositoryOptions options,
                                  RepositoryListener* listener)
-    : options_(std::move(options)), listener_(listener) {}
+    : options_(std::move(options)),
+      listener_(listener),
+      answers_(std::make_shared<const Answers>()),
+      id_(next_repository_id.fetch_add(1)) {}
+
+void ModelRepository::Changed() {
+  auto answers = std::make_shared<Answers>();
+  for (const auto& [name, entry] : models_) {
+    Answer& answer = (*answers)[name];
+    if (entry.model) {
+      answer.model = entry.model;
+      answer.version = entry.state.version;
+      answer.metrics = entry.metrics;
+    } else if (entry.state.phase == ModelState::Phase::kLoading) {
+      answer.unavailable = absl::UnavailableError(absl::StrCat("model '", name, "' is loading"));
+    } else if (entry.unloaded) {
+      answer.unavailable = absl::NotFoundError(absl::StrCat("model '", name, "' is unloaded"));
+    } else {
+      answer.unavailable = absl::UnavailableError(
+          absl::StrCat("model '", name, "' is not available: ", entry.state.reason));
+    }
+  }
+  answers_ = std::move(answers);
+  generation_.fetch_add(1, std::memory_order_release);
+}
 
 void ModelRepository::Publish(const ModelState& state,
                               const std::shared_ptr<Model>& model,
@@ -69,6 +102,7 @@ void ModelRepository::Publish(const ModelState& state,
     entry.state = state;
     entry.model = model;
     entry.metrics = std::move(metrics);
+    Changed();
   }
   if (listener_) listener_->OnModelState(state, model);
 }
@@ -85,6 +119,7 @@ std::optional<ModelState> ModelRepository::Retire(const std::string& name,
     model = std::move(it->second.model);
     state = it->second.state;
     it->second.unloaded = on_request;
+    Changed();
   }
   const ModelState served = state;
   state.phase = ModelState::Phase::kUnavailable;
@@ -141,6 +176,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
     entry.attempted_version = versions.front().first;
     entry.attempted_fingerprint = Fingerprint(versions.front().second);
     entry.unloaded = false;
+    Changed();
   }
   std::string newest_failure;
   for (const auto& [version, directory] : versions) {
@@ -265,31 +301,40 @@ std::vector<ModelState> ModelRepository::Rescan() {
 
 absl::StatusOr<ModelRepository::Handle> ModelRepository::Get(
     absl::string_view name, absl::string_view version) const {
+  // Every request calls this: while the repository is unchanged it reads one
+  // shared atomic and this thread's copy of the answers, and takes no lock.
+  thread_local ThreadAnswers mine;
+  if (mine.repository != id_ || mine.generation != generation_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    mine = {id_, generation_.load(std::memory_order_relaxed), answers_};
+  }
+  if (auto found = Find(*mine.answers, name, version)) return *std::move(found);
+  // The version this thread's answers name was replaced and is gone: the
+  // current answers, under the lock, name versions that are alive.
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = models_.find(name);
-  if (it == models_.end()) {
+  mine = {id_, generation_.load(std::memory_order_relaxed), answers_};
+  return *Find(*mine.answers, name, version);
+}
+
+std::optional<absl::StatusOr<ModelRepository::Handle>> ModelRepository::Find(
+    const Answers& answers, absl::string_view name, absl::string_view version) {
+  auto it = answers.find(name);
+  if (it == answers.end()) {
     return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
   }
-  const Entry& entry = it->second;
-  if (!entry.model) {
-    if (entry.state.phase == ModelState::Phase::kLoading) {
-      return absl::UnavailableError(absl::StrCat("model '", name, "' is loading"));
-    }
-    if (entry.unloaded) {
-      return absl::NotFoundError(absl::StrCat("model '", name, "' is unloaded"));
-    }
-    return absl::UnavailableError(absl::StrCat("model '", name, "' is not available: ",
-                                               entry.state.reason));
-  }
+  const Answer& answer = it->second;
+  if (!answer.unavailable.ok()) return answer.unavailable;
   if (!version.empty()) {
     int64_t wanted = 0;
-    if (!absl::SimpleAtoi(version, &wanted) || wanted != entry.state.version) {
+    if (!absl::SimpleAtoi(version, &wanted) || wanted != answer.version) {
       return absl::NotFoundError(absl::StrCat("version '", version, "' of model '", name,
                                               "' is not served (serving version ",
-                                              entry.state.version, ")"));
+                                              answer.version, ")"));
     }
   }
-  return Handle{entry.model, entry.state.version, entry.metrics};
+  std::shared_ptr<Model> model = answer.model.lock();
+  if (!model) return std::nullopt;
+  return Handle{std::move(model), answer.version, answer.metrics.lock()};
 }
 
 std::vector<ModelState> ModelRepository::List() const {

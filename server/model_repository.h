@@ -9,10 +9,13 @@
 //
 // Thread safety: all methods may be called concurrently. Loads are
 // serialized (the AOTInductor loader is not thread-safe) and run outside the
-// lock that Get() takes, so serving continues while a model loads.
+// repository's lock, so serving continues while a model loads. Get() takes
+// no lock while the repository is unchanged: each thread keeps the answers
+// it last read and reads them again only after a change.
 #ifndef PRECOMPILE_SERVER_MODEL_REPOSITORY_H_
 #define PRECOMPILE_SERVER_MODEL_REPOSITORY_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -107,6 +110,23 @@ class ModelRepository {
     bool unloaded = false;
   };
 
+  // What Get says about a model name, as of one change to the repository.
+  // Weak references, so that a thread's copy keeps no model alive.
+  struct Answer {
+    absl::Status unavailable;  // OK when a version is served.
+    std::weak_ptr<Model> model;
+    int64_t version = 0;
+    std::weak_ptr<ModelMetrics> metrics;
+  };
+  using Answers = absl::flat_hash_map<std::string, Answer>;
+  struct ThreadAnswers;
+  // Get's answer from `answers`; nullopt if the version it names is gone.
+  static std::optional<absl::StatusOr<Handle>> Find(const Answers& answers,
+                                                    absl::string_view name,
+                                                    absl::string_view version);
+  // After every change to models_: new answers for Get.
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::StatusOr<ModelState> LoadLocked(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
   void Publish(const ModelState& state, const std::shared_ptr<Model>& model,
@@ -121,6 +141,11 @@ class ModelRepository {
   std::mutex load_mu_;  // Held while a load, unload or rescan runs.
   mutable std::mutex mu_;
   absl::flat_hash_map<std::string, Entry> models_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Answers> answers_ ABSL_GUARDED_BY(mu_);
+  // Counts changes; a thread's answers are current while it is unchanged.
+  std::atomic<uint64_t> generation_{0};
+  // Tells repositories apart in the threads' copies of their answers.
+  const uint64_t id_;
 };
 
 }  // namespace precompile::server

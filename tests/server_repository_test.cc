@@ -210,6 +210,48 @@ TEST(ServerRepository, UnloadingUnderLoadFailsOnlyLaterRequestsWithNotFound) {
   EXPECT_TRUE(harness.Infer(MlpRequest(), &response).ok());
 }
 
+TEST(ServerRepository, EveryThreadSeesAnUnloadAndALoadAtOnce) {
+  const std::string repository = ExampleRepository({"mlp"});
+  Harness harness(repository);
+  // Requests from 8 clients at once, so that every inference thread answers
+  // some (each keeps its own copy of the repository's answers).
+  auto infer_from_8_clients = [&harness](std::map<int, int>* codes) {
+    std::mutex mu;
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 8; ++c) {
+      clients.emplace_back([&] {
+        for (int i = 0; i < 8; ++i) {
+          inference::ModelInferResponse response;
+          const grpc::Status status = harness.Infer(MlpRequest(), &response);
+          std::lock_guard<std::mutex> lock(mu);
+          ++(*codes)[status.error_code()];
+        }
+      });
+    }
+    for (std::thread& t : clients) t.join();
+  };
+  std::map<int, int> before, unloaded, reloaded;
+  infer_from_8_clients(&before);
+  EXPECT_EQ(before, (std::map<int, int>{{grpc::StatusCode::OK, 64}}));
+
+  grpc::ClientContext unload_context;
+  inference::RepositoryModelUnloadRequest unload;
+  unload.set_model_name("mlp");
+  inference::RepositoryModelUnloadResponse unload_response;
+  ASSERT_TRUE(
+      harness.inference->RepositoryModelUnload(&unload_context, unload, &unload_response).ok());
+  infer_from_8_clients(&unloaded);
+  EXPECT_EQ(unloaded, (std::map<int, int>{{grpc::StatusCode::NOT_FOUND, 64}}));
+
+  grpc::ClientContext load_context;
+  inference::RepositoryModelLoadRequest load;
+  load.set_model_name("mlp");
+  inference::RepositoryModelLoadResponse load_response;
+  ASSERT_TRUE(harness.inference->RepositoryModelLoad(&load_context, load, &load_response).ok());
+  infer_from_8_clients(&reloaded);
+  EXPECT_EQ(reloaded, (std::map<int, int>{{grpc::StatusCode::OK, 64}}));
+}
+
 TEST(ServerRepository, ABrokenModelIsReportedAndDoesNotStopTheOthers) {
   const std::string repository = ExampleRepository({"mlp"});
   CopyTree(ExampleArtifact("loop"), repository + "/broken/1");
