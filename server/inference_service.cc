@@ -1,5 +1,6 @@
 #include "server/inference_service.h"
 
+#include <grpcpp/support/proto_buffer_reader.h>
 #include <spdlog/spdlog.h>
 
 #include <array>
@@ -18,8 +19,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "runtime/dtype.h"
+#include "runtime/value.h"
 #include "server/admin_token.h"
 #include "server/grpc_status.h"
+#include "server/infer_response.h"
 #include "server/tensor_codec.h"
 
 namespace precompile::server {
@@ -205,9 +208,10 @@ class InferenceService::InferCall {
   bool Unref() { return holders_.fetch_sub(1, std::memory_order_acq_rel) == 1; }
 
   grpc::ServerContext context;
-  inference::ModelInferRequest request;
-  inference::ModelInferResponse response;
-  grpc::ServerAsyncResponseWriter<inference::ModelInferResponse> responder;
+  // The request as it came: parsed when it runs, so that a request that does
+  // not parse is refused like any other invalid one.
+  grpc::ByteBuffer raw_request;
+  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder;
   absl::Time received;
 
  private:
@@ -259,8 +263,8 @@ void InferenceService::RequestCall() {
     // Its tags go to gRPC now (the done tag with the request) or later, and
     // come back on any thread.
     for (void* tag : call->tags()) HandToGrpc(tag);
-    RequestModelInfer(&call->context, &call->request, &call->responder, cq_.get(), cq_.get(),
-                      call->requested_tag());
+    RequestModelInfer(&call->context, &call->raw_request, &call->responder, cq_.get(),
+                      cq_.get(), call->requested_tag());
   }
   requesting_.fetch_sub(1);
 }
@@ -285,8 +289,7 @@ void InferenceService::ServeCalls() {
 void InferenceService::OnRequested(InferCall* call) {
   call->received = absl::Now();
   if (!state_.TryAdmit()) {
-    call->responder.Finish(
-        call->response,
+    call->responder.FinishWithError(
         grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                      absl::StrCat("the server is at its limit of ", state_.max_in_flight(),
                                   " concurrent inference requests; retry later")),
@@ -342,9 +345,13 @@ void InferenceService::RunWhileWork(InferCall* call) {
 }
 
 void InferenceService::Answer(InferCall* call) {
-  const grpc::Status status =
-      RunAdmitted(&call->context, call->request, &call->response, call->received);
-  call->responder.Finish(call->response, status, call->answered_tag());
+  grpc::ByteBuffer response;
+  const grpc::Status status = RunAdmitted(call, &response);
+  if (status.ok()) {
+    call->responder.Finish(response, status, call->answered_tag());
+  } else {
+    call->responder.FinishWithError(status, call->answered_tag());
+  }
   if (call->Unref()) Delete(call);
 }
 
@@ -458,14 +465,21 @@ grpc::Status InferenceService::ModelConfig(grpc::ServerContext*,
 }
 
 absl::Status InferenceService::Infer(grpc::ServerContext* context,
-                                     const inference::ModelInferRequest& request,
-                                     absl::Time received,
-                                     inference::ModelInferResponse* response,
-                                     RequestOutcome* outcome,
-                                     ModelRepository::Handle* handle,
-                                     RequestTiming* timing) {
+                                     grpc::ByteBuffer* raw_request, absl::Time received,
+                                     inference::ModelInferRequest* parsed,
+                                     grpc::ByteBuffer* wire_response, RequestOutcome* outcome,
+                                     ModelRepository::Handle* handle, RequestTiming* timing) {
   const absl::Time start = absl::Now();
   timing->queue = start - received;
+  {
+    // The one copy of the input bytes: out of gRPC's buffer into the message.
+    grpc::ProtoBufferReader reader(raw_request);
+    if (!parsed->ParseFromZeroCopyStream(&reader)) {
+      return absl::InvalidArgumentError(
+          "the request is not a ModelInferRequest (it does not parse)");
+    }
+  }
+  const inference::ModelInferRequest& request = *parsed;
   auto found = repository_.Get(request.model_name(), request.model_version());
   if (!found.ok()) {
     if (metrics_ && found.status().code() == absl::StatusCode::kNotFound) {
@@ -567,39 +581,41 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
 
   *outcome = result->outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
                                                         : RequestOutcome::kVariant;
-  response->set_model_name(request.model_name());
-  response->set_model_version(absl::StrCat(handle->version));
-  response->set_id(request.id());
+  inference::ModelInferResponse response;
+  response.set_model_name(request.model_name());
+  response.set_model_version(absl::StrCat(handle->version));
+  response.set_id(request.id());
   static const std::string* const kOutcomeKey = new std::string("precompile_outcome");
   static const std::string* const kVariantKey = new std::string("precompile_variant");
-  auto& params = *response->mutable_parameters();
+  auto& params = *response.mutable_parameters();
   params[*kOutcomeKey].set_string_param(std::string(OutcomeName(result->outcome)));
   params[*kVariantKey].set_string_param(result->variant_id);
+  std::vector<OutputTensor> outputs;
   for (size_t i = 0; i < result->outputs.size(); ++i) {
     if (i < wanted.size() && !wanted[i]) continue;
-    EncodeOutput(result->outputs[i], absl::StrCat("output", i), response);
+    DescribeOutput(result->outputs[i], absl::StrCat("output", i), &response);
+    outputs.push_back(std::move(result->outputs[i]));
   }
+  *wire_response = SerializeInferResponse(response, outputs);
   timing->output = absl::Now() - called;
   return absl::OkStatus();
 }
 
-grpc::Status InferenceService::RunAdmitted(grpc::ServerContext* context,
-                                           const inference::ModelInferRequest& request,
-                                           inference::ModelInferResponse* response,
-                                           absl::Time received) {
+grpc::Status InferenceService::RunAdmitted(InferCall* call, grpc::ByteBuffer* wire_response) {
   RequestOutcome outcome = RequestOutcome::kError;
   ModelRepository::Handle handle;
   RequestTiming timing;
-  absl::Status status = Infer(context, request, received, response, &outcome, &handle, &timing);
+  inference::ModelInferRequest request;
+  absl::Status status = Infer(&call->context, &call->raw_request, call->received, &request,
+                              wire_response, &outcome, &handle, &timing);
   state_.Release();
   const absl::Time done = absl::Now();
   if (!status.ok()) {
     outcome = OutcomeOfStatus(status);
-    response->Clear();
     LogFailure(request.model_name(), status);
   }
   if (handle.metrics) {
-    timing.total = done - received;
+    timing.total = done - call->received;
     handle.metrics->RecordRequest(outcome, timing);
   }
   return ToGrpcStatus(status);

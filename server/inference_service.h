@@ -31,6 +31,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/support/byte_buffer.h>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "proto/inference.grpc.pb.h"
@@ -41,7 +43,7 @@
 namespace precompile::server {
 
 class InferenceService final
-    : public inference::GRPCInferenceService::WithAsyncMethod_ModelInfer<
+    : public inference::GRPCInferenceService::WithRawMethod_ModelInfer<
           inference::GRPCInferenceService::Service> {
  public:
   // All references must outlive the service. `metrics` may be null.
@@ -102,16 +104,15 @@ class InferenceService final
   void RunWhileWork(InferCall* call);
   void Answer(InferCall* call);
   void Delete(InferCall* call);
-  // Runs an admitted request and records it. `received`: when the service
-  // took the call from gRPC.
-  grpc::Status RunAdmitted(grpc::ServerContext* context,
-                           const inference::ModelInferRequest& request,
-                           inference::ModelInferResponse* response, absl::Time received);
-  // Fills `timing` from `received` on.
-  absl::Status Infer(grpc::ServerContext* context, const inference::ModelInferRequest& request,
-                     absl::Time received, inference::ModelInferResponse* response,
-                     RequestOutcome* outcome, ModelRepository::Handle* handle,
-                     RequestTiming* timing);
+  // Runs an admitted call's request and records it; on success, `*response`
+  // is what to send.
+  grpc::Status RunAdmitted(InferCall* call, grpc::ByteBuffer* response);
+  // Parses `raw_request` into `request` and runs it: on success,
+  // `*response` is what to send. Fills `timing` from `received` on.
+  absl::Status Infer(grpc::ServerContext* context, grpc::ByteBuffer* raw_request,
+                     absl::Time received, inference::ModelInferRequest* request,
+                     grpc::ByteBuffer* response, RequestOutcome* outcome,
+                     ModelRepository::Handle* handle, RequestTiming* timing);
 
   // Logs a failed request, at most once a minute per model and status code:
   // one line per class of failure, the rest are counted in the metrics.

@@ -180,14 +180,12 @@ absl::StatusOr<TensorArg> DecodeInput(const inference::ModelInferRequest& reques
   return tensor;
 }
 
-void EncodeOutput(const OutputTensor& tensor, const std::string& name,
-                  inference::ModelInferResponse* response) {
+void DescribeOutput(const OutputTensor& tensor, const std::string& name,
+                    inference::ModelInferResponse* response) {
   auto* out = response->add_outputs();
   out->set_name(name);
   out->set_datatype(DatatypeOf(tensor.dtype));
   for (int64_t d : tensor.shape) out->add_shape(d);
-  response->add_raw_output_contents(static_cast<const char*>(tensor.data),
-                                    tensor.nbytes);
 }
 
 }  // namespace precompile::server

@@ -30,9 +30,10 @@ inference::DataType ConfigDataTypeOf(DType dtype);
 absl::StatusOr<TensorArg> DecodeInput(const inference::ModelInferRequest& request,
                                       int index, std::string* storage);
 
-// Appends `tensor` as output `name`, its bytes in raw_output_contents.
-void EncodeOutput(const OutputTensor& tensor, const std::string& name,
-                  inference::ModelInferResponse* response);
+// Appends `tensor`'s name, datatype and shape to the response's outputs; its
+// bytes go on the wire with SerializeInferResponse (server/infer_response.h).
+void DescribeOutput(const OutputTensor& tensor, const std::string& name,
+                    inference::ModelInferResponse* response);
 
 }  // namespace precompile::server
 

@@ -130,21 +130,20 @@ TEST(TensorCodec, RefusesWhatCannotBeDecoded) {
   }
 }
 
-TEST(TensorCodec, EncodesOutputsAsRawBytes) {
+TEST(TensorCodec, DescribesOutputsWithoutTheirBytes) {
   const std::vector<float> values = {1.5f, -2.0f};
   OutputTensor out;
-  out.dtype = DType::kFloat32;
-  out.shape = {2};
+  out.dtype = DType::kBFloat16;
+  out.shape = {2, 1};
   out.data = values.data();
-  out.nbytes = 8;
+  out.nbytes = 4;
   inference::ModelInferResponse response;
-  EncodeOutput(out, "output0", &response);
+  DescribeOutput(out, "output0", &response);
   ASSERT_EQ(response.outputs_size(), 1);
   EXPECT_EQ(response.outputs(0).name(), "output0");
-  EXPECT_EQ(response.outputs(0).datatype(), "FP32");
-  EXPECT_THAT(response.outputs(0).shape(), ElementsAre(2));
-  EXPECT_EQ(response.raw_output_contents(0),
-            std::string(reinterpret_cast<const char*>(values.data()), 8));
+  EXPECT_EQ(response.outputs(0).datatype(), "BF16");
+  EXPECT_THAT(response.outputs(0).shape(), ElementsAre(2, 1));
+  EXPECT_EQ(response.raw_output_contents_size(), 0);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "proto/admin.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/inference.grpc.pb.h"
+#include "server/infer_response.h"
 #include "server/server.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/http.h"
@@ -360,6 +361,48 @@ TEST_F(ServerTest, RejectsMalformedRequestsAndKeepsServing) {
     EXPECT_THAT(status.error_message(), HasSubstr(c.message)) << c.what;
   }
   EXPECT_EQ(Outcome(InferAndCompare("loop", "n1")), "eager_fallback");
+}
+
+TEST_F(ServerTest, RefusesBytesThatAreNotARequestAndKeepsServing) {
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->grpc_port()),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  // A varint that never ends.
+  grpc::Slice garbage(std::string("\x0a\xff\xff\xff\xff"));
+  grpc::ByteBuffer request(&garbage, 1);
+  auto call = generic.PrepareUnaryCall(&context, "/inference.GRPCInferenceService/ModelInfer",
+                                       request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("not a ModelInferRequest"));
+  EXPECT_EQ(Outcome(InferAndCompare("mlp", "batch8")), "variant");
+}
+
+TEST_F(ServerTest, SendsLargeOutputsIntact) {
+  // 1024 rows: a [1024, 3] FP32 output, large enough to be sent from the
+  // output tensor itself rather than copied (server/infer_response.h).
+  const ReferenceCall ref = Reference("mlp", "batch8");
+  const at::Tensor x = ref.tensors[0].repeat({128, 1}).contiguous();
+  inference::ModelInferRequest request = RequestFor("mlp", ref);
+  request.mutable_inputs(0)->set_shape(0, 1024);
+  request.set_raw_input_contents(0, std::string(static_cast<const char*>(x.data_ptr()),
+                                                x.nbytes()));
+  inference::ModelInferResponse response;
+  grpc::Status status = Infer(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.raw_output_contents_size(), 1);
+  EXPECT_GE(response.raw_output_contents(0).size(), server::kReferencedOutputBytes);
+  // The rows of an MLP are independent: 128 copies of the batch of 8.
+  EXPECT_TRUE(
+      at::allclose(OutputTensor(response, 0), ref.expected[0].repeat({128, 1}), 1e-4, 1e-5));
 }
 
 TEST_F(ServerTest, PassesNanAndInfThroughLikeTheModelWould) {

@@ -35,7 +35,8 @@ namespace precompile::fuzz {
 // that nbytes == product(shape) * element size (computed without overflow),
 // that data is non-null when nbytes > 0, that [data, data + nbytes) lies
 // inside the input's raw_input_contents or inside the decoding storage, that
-// typed contents round-trip, and that EncodeOutput writes the same bytes back.
+// typed contents round-trip, and that the response (DescribeOutput,
+// SerializeInferResponse) carries the same bytes back.
 // Every refusal must be INVALID_ARGUMENT with a message. INTERNAL names the
 // violated invariant.
 absl::Status CheckRequestDecoding(const uint8_t* data, size_t size);

@@ -46,7 +46,7 @@ bazel build --noshow_progress //proto:artifact_cc_proto //proto:inference_cc_pro
 # Not the bazel-bin symlink: it follows whichever configuration built last.
 gen=$(bazel info bazel-bin 2>/dev/null) || give_up "bazel info bazel-bin failed"
 
-pkgs=(protobuf absl_strings absl_str_format absl_status absl_statusor
+pkgs=(grpc++ protobuf absl_strings absl_str_format absl_status absl_statusor
       absl_flat_hash_map absl_synchronization)
 read -ra pkg_cflags <<<"$(pkg-config --cflags "${pkgs[@]}")"
 read -ra pkg_libs <<<"$(pkg-config --libs "${pkgs[@]}")"
@@ -55,7 +55,7 @@ cxxflags=(-std=c++20 -g -O1 -fno-omit-frame-pointer
           -fsanitize=address,undefined -fno-sanitize-recover=all
           -I. -I"$gen" "${pkg_cflags[@]}")
 sources=(
-  server/tensor_codec.cc runtime/guard_program.cc runtime/frame_dispatcher.cc
+  server/tensor_codec.cc server/infer_response.cc runtime/guard_program.cc runtime/frame_dispatcher.cc
   runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc
   tests/fuzz/fuzz_checks.cc
   "$gen/proto/artifact.pb.cc" "$gen/proto/inference.pb.cc" "$gen/proto/model_config.pb.cc"
