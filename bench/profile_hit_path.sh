@@ -92,8 +92,8 @@ for name, label in rows:
 text = subprocess.run(["callgrind_annotate", "--threshold=100", "--inclusive=yes",
                        f"{out}/ours.callgrind"], capture_output=True, text=True).stdout
 wanted = [
-    ("InferenceService::ModelInfer(", "ModelInfer (our handler, all of it)"),
-    ("InferenceService::Infer(", "  Infer: decode, call, encode"),
+    ("InferenceService::Answer(", "Answer (our handler, all of it)"),
+    ("InferenceService::Infer(", "  Infer: parse, decode, call, serialize"),
     ("precompile::Model::Call(", "    Model::Call"),
     ("precompile::Model::Impl::Dispatch(", "      Dispatch (one frame)"),
     ("precompile::Variant::Run(", "        Variant::Run"),
@@ -103,7 +103,7 @@ wanted = [
     ("precompile::Model::Impl::Report(", "        Report (counters, observer)"),
     ("at::TensorMaker::make_tensor(", "      at::from_blob (request tensor)"),
     ("grpc::ServerContextBase::IsCancelled(", "  ServerContext::IsCancelled"),
-    ("precompile::server::EncodeOutput(", "  EncodeOutput (copies output bytes)"),
+    ("precompile::server::SerializeInferResponse(", "  SerializeInferResponse (the response's bytes)"),
     ("precompile::server::DecodeInput(", "  DecodeInput"),
     ("precompile::server::ModelRepository::Get(", "  ModelRepository::Get"),
     ("ModelMetrics::RecordRequest(", "  ModelMetrics::RecordRequest"),
@@ -111,7 +111,7 @@ wanted = [
     ("absl::debian3::Mutex::Lock()", "absl::Mutex::Lock (all callers, gRPC's included)"),
     ("absl::debian3::Mutex::Unlock()", "absl::Mutex::Unlock (all callers)"),
     ("GraphCycles::GetId(", "  of which GraphCycles::GetId (deadlock detection)"),
-    ("malloc.c:malloc ", "malloc (all callers)"),
+    ("malloc.c:malloc ", "malloc (all callers; glibc's, in binaries without tcmalloc)"),
 ]
 print("\n### Where precompile_server's instructions go (inclusive, per request)\n")
 print("| function | instructions / request |")
