@@ -110,11 +110,11 @@ class GuardProgram {
     double float_value = 0;
   };
 
-  // Evaluates check `c`, reading and writing symbol slot values.
   // Index of the first check that fails, or -1 when all hold. `symbols`:
   // kMaxSymbols slots, left holding the sizes bound up to that check.
   int FirstFailure(absl::Span<const ArgView> args, const GlobalState& state,
                    int64_t* symbols) const;
+  // Evaluates check `c`, reading and writing symbol slot values.
   bool Holds(const Check& c, absl::Span<const ArgView> args,
              const GlobalState& state, int64_t* symbols) const;
   std::string Describe(const Check& c, absl::Span<const ArgView> args,
