@@ -556,7 +556,17 @@ absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args,
     }
     ASSIGN_OR_RETURN(c10::IValue value,
                      ToIValue(arg.name, entry.parameters(index).kind(), arg.value));
-    if (value.isTensor()) request_tensors.push_back(value.toTensor());
+    if (value.isTensor()) {
+      request_tensors.push_back(value.toTensor());
+      // Requests arrive in host memory; the model's guards, variants and
+      // eager programs see its arguments on the model's device.
+      if (impl.device == DeviceType::kCuda) {
+        absl::Status moved = CallTorch("copying a request tensor to the GPU", [&] {
+          value = value.toTensor().to(at::kCUDA);
+        });
+        if (!moved.ok()) return moved;
+      }
+    }
     bound[index] = std::move(value);
   }
   std::vector<c10::IValue> positional;
