@@ -122,19 +122,25 @@ export TORCHINDUCTOR_CACHE_DIR="$W/inductor"
 
 # 2. Capture CUDA artifacts.
 REPO="$W/repo"
+# The captures run at once: each is mostly AOTInductor compiling, and a GPU
+# machine has the cores for them (one after another took 280 s on an H200 host).
 capture() {  # name model calls [frames]
   log "capturing $1 for $DEVICE"
   local frames=()
   [[ -n "${4:-}" ]] && frames=(--frames "$4")
   "$PYTHON" -m precompile_capture --model "$2" --calls "$3" --name "$1" \
-    --out "$REPO/$1/1" --device "$DEVICE" "${frames[@]}" > "$OUT/capture_$1.log" 2>&1 ||
-    { log "capture of $1 failed: $(tail -3 "$OUT/capture_$1.log")"; exit 1; }
+    --out "$REPO/$1/1" --device "$DEVICE" "${frames[@]}" > "$OUT/capture_$1.log" 2>&1
 }
-capture mlp examples.models:make_mlp examples/mlp.calls.json
-capture loop examples.models:make_loop examples/loop.calls.json
-capture branch examples.models:make_branch examples/branch.calls.json
-capture nested examples.models:make_nested examples/nested.calls.json encoder,scale,wobble
-capture medium bench.models:make_medium bench/medium.calls.json
+captures=()
+capture mlp examples.models:make_mlp examples/mlp.calls.json & captures+=("mlp:$!")
+capture loop examples.models:make_loop examples/loop.calls.json & captures+=("loop:$!")
+capture branch examples.models:make_branch examples/branch.calls.json & captures+=("branch:$!")
+capture nested examples.models:make_nested examples/nested.calls.json encoder,scale,wobble &
+captures+=("nested:$!")
+capture medium bench.models:make_medium bench/medium.calls.json & captures+=("medium:$!")
+for c in "${captures[@]}"; do
+  wait "${c#*:}" || { log "capture of ${c%%:*} failed: $(tail -3 "$OUT/capture_${c%%:*}.log")"; exit 1; }
+done
 
 # 3. Serve them.
 PORT=${PORT:-28501}
