@@ -109,8 +109,27 @@ absl::Status ValidateFrames(const Manifest& m,
           frame.eager_program_path(),
           absl::StrCat("the eager program of frame '", frame.name(), "'")));
     }
+    absl::flat_hash_set<std::string> outputs;
+    int tensor_leaves = 0;
+    for (const auto& leaf : frame.outputs().leaves()) {
+      if (leaf.name().empty() || !outputs.insert(leaf.name()).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "frame '", frame.name(), "' has an empty or repeated output name '",
+            leaf.name(), "'"));
+      }
+      tensor_leaves += leaf.is_tensor() ? 1 : 0;
+    }
+    if (tensor_leaves == 0 && (!frame.variants().empty() || frame.eager_fallback())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("frame '", frame.name(), "' returns no tensor"));
+    }
     absl::flat_hash_set<std::string> ids;
     for (const auto& v : frame.variants()) {
+      if (v.num_outputs() != static_cast<uint32_t>(frame.outputs().leaves_size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "variant '", v.id(), "' returns ", v.num_outputs(), " values but frame '",
+            frame.name(), "' has ", frame.outputs().leaves_size(), " output leaves"));
+      }
       if (v.id().empty() || !ids.insert(v.id()).second) {
         return absl::InvalidArgumentError(absl::StrCat(
             "frame '", frame.name(), "' has an empty or repeated variant id '",
@@ -224,10 +243,11 @@ absl::StatusOr<Artifact> ReadArtifact(const std::string& directory,
     }
   }
   const Manifest& m = artifact.manifest;
-  if (m.format_version() != artifact::v1::FORMAT_VERSION_1) {
+  if (m.format_version() != artifact::v1::FORMAT_VERSION_2) {
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "format version ", m.format_version(),
-        " is not supported; this runtime reads format version 1")));
+        " is not supported; this runtime reads format version 2 (recapture the "
+        "model with this version's precompile_capture)")));
   }
   if (Release(m.torch_version()) != Release(options.torch_version)) {
     return fail(absl::FailedPreconditionError(absl::StrCat(

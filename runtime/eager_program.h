@@ -23,9 +23,11 @@ class EagerProgram {
   virtual ~EagerProgram() = default;
 
   // Runs the frame on `args` (one per parameter, in signature order) and
-  // returns its output tensors (one, or the elements of its tuple). A failing
-  // call of another frame inside it returns that frame's status unchanged.
-  virtual absl::StatusOr<std::vector<at::Tensor>> Run(
+  // returns what it returned flattened into leaves, in the order of
+  // torch.utils._pytree (tuples, lists and dict values in order; None and
+  // other scalars are leaves too). A failing call of another frame inside it
+  // returns that frame's status unchanged.
+  virtual absl::StatusOr<std::vector<c10::IValue>> Run(
       std::vector<c10::IValue> args) const = 0;
 };
 

@@ -146,6 +146,9 @@ class Model::Impl final : public FrameCaller {
     std::unique_ptr<FrameDispatcher> dispatcher;
     std::vector<std::unique_ptr<Variant>> variants;
     std::unique_ptr<EagerProgram> eager;
+    // Indices of the tensor leaves among the values a variant or the eager
+    // program returns: the frame's outputs.
+    std::vector<int> tensor_leaves;
     std::atomic<bool> warned{false};
     std::array<std::atomic<uint64_t>, 4> calls{};
     std::unique_ptr<std::atomic<uint64_t>[]> hits;
@@ -197,6 +200,11 @@ class Model::Impl final : public FrameCaller {
       absl::string_view name, std::vector<c10::IValue> args) override;
 
  private:
+  // The frame's outputs among `leaves`, one value per leaf of its outputs.
+  template <typename LeafValue>
+  absl::StatusOr<std::vector<at::Tensor>> TensorLeaves(
+      const FrameState& frame, absl::string_view what,
+      std::vector<LeafValue> leaves) const;
   absl::Status Views(const FrameState& frame,
                      const std::vector<c10::IValue>& args,
                      absl::InlinedVector<ArgView, 8>& views) const;
@@ -217,6 +225,9 @@ absl::Status Model::Impl::LoadFrames() {
     state->proto = &proto;
     state->index = static_cast<int>(frames.size());
     for (const auto& p : proto.parameters()) state->parameter_names.push_back(p.name());
+    for (int i = 0; i < proto.outputs().leaves_size(); ++i) {
+      if (proto.outputs().leaves(i).is_tensor()) state->tensor_leaves.push_back(i);
+    }
     std::vector<GuardProgram> programs;
     VariantOptions variant_options;
     variant_options.device = device;
@@ -250,6 +261,36 @@ absl::Status Model::Impl::LoadFrames() {
     frames.push_back(std::move(state));
   }
   return absl::OkStatus();
+}
+
+namespace {
+bool IsTensor(const at::Tensor& t) { return t.defined(); }
+bool IsTensor(const c10::IValue& v) { return v.isTensor(); }
+at::Tensor TakeTensor(at::Tensor& t) { return std::move(t); }
+at::Tensor TakeTensor(c10::IValue& v) { return std::move(v).toTensor(); }
+}  // namespace
+
+template <typename LeafValue>
+absl::StatusOr<std::vector<at::Tensor>> Model::Impl::TensorLeaves(
+    const FrameState& frame, absl::string_view what,
+    std::vector<LeafValue> leaves) const {
+  const auto& schema = frame.proto->outputs().leaves();
+  if (leaves.size() != static_cast<size_t>(schema.size())) {
+    return absl::InternalError(absl::StrCat(
+        what, " of frame '", frame.proto->name(), "' returned ", leaves.size(),
+        " values, but the frame returns ", schema.size(), " (its output leaves)"));
+  }
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(frame.tensor_leaves.size());
+  for (int i : frame.tensor_leaves) {
+    if (!IsTensor(leaves[i])) {
+      return absl::InternalError(absl::StrCat(
+          what, " of frame '", frame.proto->name(), "' returned no tensor for output '",
+          schema[i].name(), "'"));
+    }
+    tensors.push_back(TakeTensor(leaves[i]));
+  }
+  return tensors;
 }
 
 absl::Status Model::Impl::Views(const FrameState& frame,
@@ -402,6 +443,7 @@ absl::StatusOr<Model::Impl::FrameResult> Model::Impl::Dispatch(
     for (uint32_t p : v.tensor_inputs()) inputs.push_back(args[p].toTensor());
     absl::StatusOr<std::vector<at::Tensor>> out =
         frame.variants[hit]->Run(std::move(inputs));
+    if (out.ok()) out = TensorLeaves(frame, absl::StrCat("variant ", v.id()), *std::move(out));
     const absl::Time done = absl::Now();
     if (!out.ok()) {
       Report(frame, is_entry, Outcome::kError, -1, matched - start, done - matched);
@@ -427,11 +469,14 @@ absl::StatusOr<Model::Impl::FrameResult> Model::Impl::Dispatch(
     });
     if (!moved.ok()) return moved;
   }
-  absl::StatusOr<std::vector<at::Tensor>> out;
+  absl::StatusOr<std::vector<c10::IValue>> leaves;
   {
     ScopedFrameCaller scope(this);
-    out = frame.eager->Run(std::move(args));
+    leaves = frame.eager->Run(std::move(args));
   }
+  absl::StatusOr<std::vector<at::Tensor>> out =
+      leaves.ok() ? TensorLeaves(frame, "the eager program", *std::move(leaves))
+                  : absl::StatusOr<std::vector<at::Tensor>>(leaves.status());
   const absl::Time done = absl::Now();
   if (!out.ok()) {
     // A callee's refusal refuses the call; anything else is an error.

@@ -11,6 +11,20 @@
 namespace precompile {
 namespace {
 
+// Appends the leaves of `value` in torch.utils._pytree's order.
+void Flatten(const c10::IValue& value, std::vector<c10::IValue>& leaves) {
+  if (value.isTuple()) {
+    for (const c10::IValue& e : value.toTupleRef().elements()) Flatten(e, leaves);
+  } else if (value.isList()) {
+    for (const c10::IValue& e : value.toListRef()) Flatten(e, leaves);
+  } else if (value.isGenericDict()) {
+    // TorchScript dicts keep insertion order, as Python's do.
+    for (const auto& entry : value.toGenericDict()) Flatten(entry.value(), leaves);
+  } else {
+    leaves.push_back(value);
+  }
+}
+
 class TorchScriptProgram final : public EagerProgram {
  public:
   TorchScriptProgram(std::string frame, torch::jit::Module module)
@@ -18,24 +32,15 @@ class TorchScriptProgram final : public EagerProgram {
         run_what_(absl::StrCat("running frame ", frame_, " eagerly")),
         module_(std::move(module)) {}
 
-  absl::StatusOr<std::vector<at::Tensor>> Run(
+  absl::StatusOr<std::vector<c10::IValue>> Run(
       std::vector<c10::IValue> args) const override {
     // forward() is const in effect; torch::jit::Module's API is not.
     auto& module = const_cast<torch::jit::Module&>(module_);
-    absl::StatusOr<std::vector<at::Tensor>> result =
+    absl::StatusOr<std::vector<c10::IValue>> result =
         CallTorch(run_what_, [&] {
-          c10::IValue out = module.forward(std::move(args));
-          std::vector<at::Tensor> tensors;
-          if (out.isTuple()) {
-            for (const c10::IValue& e : out.toTupleRef().elements()) {
-              tensors.push_back(e.toTensor());
-            }
-          } else if (out.isTensorList()) {
-            for (const at::Tensor& t : out.toTensorVector()) tensors.push_back(t);
-          } else {
-            tensors.push_back(out.toTensor());
-          }
-          return tensors;
+          std::vector<c10::IValue> leaves;
+          Flatten(module.forward(std::move(args)), leaves);
+          return leaves;
         });
     if (!result.ok()) {
       if (std::optional<absl::Status> callee = TakeCalleeStatus()) {

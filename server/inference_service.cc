@@ -52,6 +52,8 @@ struct TensorMeta {
   std::string name;
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
+  // An input the request may leave out (its argument has a default).
+  bool optional = false;
 };
 
 // Merges the sizes the variants guard for one tensor: a dimension every
@@ -71,13 +73,18 @@ void MergeShape(std::optional<std::vector<int64_t>>& merged,
   }
 }
 
+// The tensor arguments the example calls passed: a tensor argument no call
+// passed keeps its default (None) in every variant, so it is not listed,
+// although a request that sends it is answered (refused by the guards).
 std::vector<TensorMeta> InputsOf(const Frame& frame) {
   std::vector<TensorMeta> inputs;
   for (int p = 0; p < frame.parameters_size(); ++p) {
     const Parameter& param = frame.parameters(p);
     if (!IsTensorKind(param.kind())) continue;
+    if (!param.passed() && param.has_default_value()) continue;
     TensorMeta meta;
     meta.name = param.name();
+    meta.optional = param.has_default_value();
     meta.dtype = DTypeFromProto(param.example_dtype()).value_or(DType::kFloat32);
     std::optional<std::vector<int64_t>> shape;
     for (const auto& variant : frame.variants()) {
@@ -99,10 +106,13 @@ std::vector<TensorMeta> InputsOf(const Frame& frame) {
   return inputs;
 }
 
+// The tensor leaves of what the frame returns; the others are not sent.
 std::vector<TensorMeta> OutputsOf(const Frame& frame) {
-  std::vector<TensorMeta> outputs(frame.outputs().num_tensors());
+  std::vector<TensorMeta> outputs;
+  for (const auto& leaf : frame.outputs().leaves()) {
+    if (leaf.is_tensor()) outputs.push_back({leaf.name()});
+  }
   std::vector<std::optional<std::vector<int64_t>>> shapes(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) outputs[i].name = absl::StrCat("output", i);
   for (const auto& variant : frame.variants()) {
     for (int i = 0; i < variant.outputs_size() && i < static_cast<int>(outputs.size());
          ++i) {
@@ -436,6 +446,7 @@ grpc::Status InferenceService::ModelConfig(grpc::ServerContext*,
     t->set_name(in.name);
     t->set_data_type(ConfigDataTypeOf(in.dtype));
     for (int64_t d : in.shape) t->add_dims(d);
+    t->set_optional(in.optional);
   }
   for (const TensorMeta& out : OutputsOf(entry)) {
     auto* t = config->add_output();
@@ -549,20 +560,34 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
     if (!v.ok()) return v.status();
     args.push_back({key, *std::move(v)});
   }
-  // Requested outputs must exist.
-  const int num_outputs = static_cast<int>(entry.outputs().num_tensors());
-  std::vector<bool> wanted(num_outputs, request.outputs_size() == 0);
+  // Requested outputs must be tensors the entry returns; `output_names`
+  // holds the names of its tensor leaves, in the order of the call's outputs.
+  absl::InlinedVector<const std::string*, 8> output_names;
+  for (const auto& leaf : entry.outputs().leaves()) {
+    if (leaf.is_tensor()) output_names.push_back(&leaf.name());
+  }
+  std::vector<bool> wanted(output_names.size(), request.outputs_size() == 0);
   for (const auto& out : request.outputs()) {
     int index = -1;
-    for (int i = 0; i < num_outputs; ++i) {
-      if (out.name() == absl::StrCat("output", i)) index = i;
+    for (size_t i = 0; i < output_names.size(); ++i) {
+      if (out.name() == *output_names[i]) index = static_cast<int>(i);
     }
-    if (index < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model '", request.model_name(), "' has no output '", out.name(),
-          "' (it has output0 to output", num_outputs - 1, ")"));
+    if (index >= 0) {
+      wanted[index] = true;
+      continue;
     }
-    wanted[index] = true;
+    for (const auto& leaf : entry.outputs().leaves()) {
+      if (leaf.name() == out.name()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "output '", out.name(), "' of model '", request.model_name(),
+            "' is not a tensor (", leaf.python_type(), "): only tensors are sent"));
+      }
+    }
+    std::vector<absl::string_view> names(output_names.size());
+    for (size_t i = 0; i < names.size(); ++i) names[i] = *output_names[i];
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", request.model_name(), "' has no output '", out.name(),
+        "' (its outputs: ", absl::StrJoin(names, ", "), ")"));
   }
 
   const absl::Time decoded = absl::Now();
@@ -591,9 +616,14 @@ absl::Status InferenceService::Infer(grpc::ServerContext* context,
   params[*kOutcomeKey].set_string_param(std::string(OutcomeName(result->outcome)));
   params[*kVariantKey].set_string_param(result->variant_id);
   std::vector<OutputTensor> outputs;
+  if (result->outputs.size() != output_names.size()) {
+    return absl::InternalError(absl::StrCat(
+        "model '", request.model_name(), "' returned ", result->outputs.size(),
+        " tensors for ", output_names.size(), " outputs"));
+  }
   for (size_t i = 0; i < result->outputs.size(); ++i) {
-    if (i < wanted.size() && !wanted[i]) continue;
-    DescribeOutput(result->outputs[i], absl::StrCat("output", i), &response);
+    if (!wanted[i]) continue;
+    DescribeOutput(result->outputs[i], *output_names[i], &response);
     outputs.push_back(std::move(result->outputs[i]));
   }
   *wire_response = SerializeInferResponse(response, outputs);

@@ -4,7 +4,7 @@ Layout (every path relative and '/'-separated):
 
     MANIFEST.pb                  binary precompile.artifact.v1.Manifest
     FRAMES                       the readable list of frames and variants
-    frames/<frame>/eager.pt      the frame's eager program (TorchScript)
+    frames/<frame>/eager.pt      a flagged frame's eager program (TorchScript)
     frames/<frame>/<n>.pt2       the AOTInductor package of variant n
 
 `<frame>` is the frame name with every character outside [A-Za-z0-9_-]
@@ -15,26 +15,25 @@ place; an existing target is replaced only if it is empty or an artifact.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import os
 import re
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, Any, Dict, List
+import warnings
+from typing import Any, Dict, List, Sequence
 
 import torch
 
 from proto import artifact_pb2 as pb
 
 from . import __version__
-from .eager import build_eager_programs
 from .errors import PrecompileError
-from .frames import Frame, Kind
+from .frames import Binding, Frame, Kind
 from .guards import GuardSet
-
-if TYPE_CHECKING:
-    from .capture import Capture
+from .summary import PrecompileSummary
 
 MANIFEST = "MANIFEST.pb"
 FRAMES = "FRAMES"
@@ -51,6 +50,7 @@ _DTYPES = {
     torch.float32: pb.DTYPE_FLOAT32,
     torch.float64: pb.DTYPE_FLOAT64,
 }
+_BINDINGS = {b: pb.Parameter.Binding.Value(b.value) for b in Binding}
 _KINDS = {
     Kind.TENSOR: pb.Parameter.TENSOR,
     Kind.INT: pb.Parameter.INT,
@@ -59,6 +59,19 @@ _KINDS = {
     Kind.STRING: pb.Parameter.STRING,
     Kind.OPTIONAL_TENSOR: pb.Parameter.OPTIONAL_TENSOR,
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactContents:
+    """What a capture saves: plain data for the writer."""
+
+    name: str
+    device: str
+    recompile_limit: int
+    frames: Sequence[Frame]  # The entry first.
+    summary: PrecompileSummary
+    # The eager program files of the flagged frames, by frame name.
+    eager_programs: Dict[str, str]
 
 
 def dtype_to_proto(dtype: torch.dtype) -> int:
@@ -132,13 +145,13 @@ def _guards_proto(variant_proto: pb.Variant, guards: GuardSet, frame: Frame) -> 
     variant_proto.global_state.default_dtype = dtype_to_proto(guards.default_dtype)
 
 
-def frames_text(capture: "Capture") -> str:
+def frames_text(contents: ArtifactContents) -> str:
     """The readable FRAMES list."""
     lines = [
-        f"# precompile artifact: model {capture.name}, torch {torch.__version__}, "
-        f"device {capture.device}, cpu isa {torch.backends.cpu.get_cpu_capability()}"
+        f"# precompile artifact: model {contents.name}, torch {torch.__version__}, "
+        f"device {contents.device}, cpu isa {torch.backends.cpu.get_cpu_capability()}"
     ]
-    for frame in capture._frames.values():
+    for frame in contents.frames:
         n = len(frame.variants)
         row = f"{frame.name}: {n} variant{'' if n == 1 else 's'}"
         if frame.eager_fallback:
@@ -149,17 +162,21 @@ def frames_text(capture: "Capture") -> str:
             row += f" # eager fallback ({frame.fallback_cause.value}: {short})"
             if frame.variantless_entry_fallback:
                 row += " # variantless entry: nothing to dispatch to"
+            else:
+                row += " # eager program: TorchScript"
         elif not frame.variants:
             if frame.compile_error:
                 row += " # uncovered (compile error suppressed)"
             else:
                 row += " # uncovered (no variant)"
         if frame.truncated:
-            row += f" # truncated (recompile limit {capture.recompile_limit} hit)"
+            row += f" # truncated (recompile limit {contents.recompile_limit} hit)"
         lines.append(row)
         names = [p.name for p in frame.params]
         for v in frame.variants:
-            lines.append(f"  {v.id}: {v.guards.describe(names, capture.device)}")
+            lines.append(f"  {v.id}: {v.guards.describe(names, contents.device)}")
+        if frame.outputs is not None:
+            lines.append(f"  returns {frame.outputs.describe()}")
     return "\n".join(lines) + "\n"
 
 
@@ -171,15 +188,38 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def build_manifest(capture: "Capture", root: str, structures: Dict[str, Any], dirs: Dict[str, str]) -> pb.Manifest:
+def _outputs_proto(f: pb.Frame, frame: Frame, eager_program: str) -> None:
+    if frame.outputs is not None:
+        for leaf in frame.outputs.leaves:
+            lp = f.outputs.leaves.add()
+            lp.name = leaf.name
+            lp.is_tensor = leaf.is_tensor
+            lp.python_type = leaf.python_type
+        f.outputs.tree_spec = frame.outputs.tree_spec
+        return
+    # Never called by the example calls: no variant, and a flagged frame's
+    # TorchScript says what it returns.
+    if eager_program:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            returns = torch.jit.load(eager_program).forward.schema.returns[0].type
+        n = len(returns.elements()) if isinstance(returns, torch._C.TupleType) else 1
+        for i in range(n):
+            lp = f.outputs.leaves.add()
+            lp.name = f"output{i}"
+            lp.is_tensor = True
+        f.outputs.tree_spec = str(returns)
+
+
+def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) -> pb.Manifest:
     m = pb.Manifest()
-    m.format_version = pb.FORMAT_VERSION_1
+    m.format_version = pb.FORMAT_VERSION_2
     m.torch_version = torch.__version__
-    m.device = capture.device
+    m.device = contents.device
     m.cpu_isa = torch.backends.cpu.get_cpu_capability()
-    m.model_name = capture.name
-    m.entry_frame = capture.entry.name
-    for frame in capture._frames.values():
+    m.model_name = contents.name
+    m.entry_frame = contents.frames[0].name
+    for frame in contents.frames:
         f = m.frames.add()
         f.name = frame.name
         for p in frame.params:
@@ -191,16 +231,16 @@ def build_manifest(capture: "Capture", root: str, structures: Dict[str, Any], di
                 pp.default_value.CopyFrom(scalar(p.default, kind))
             if p.example_dtype is not None:
                 pp.example_dtype = dtype_to_proto(p.example_dtype)
-        is_tuple, n = structures[frame.name]
-        f.outputs.is_tuple = is_tuple
-        f.outputs.num_tensors = n
+            pp.binding = _BINDINGS[p.binding]
+            pp.passed = p.passed
+        _outputs_proto(f, frame, contents.eager_programs.get(frame.name, ""))
         for v in frame.variants:
             vp = f.variants.add()
             vp.id = v.id
             vp.package_path = f"frames/{dirs[frame.name]}/{v.index}.pt2"
             _guards_proto(vp, v.guards, frame)
             vp.tensor_inputs.extend(v.tensor_inputs)
-            vp.num_outputs = v.num_outputs
+            vp.num_outputs = len(v.leaf_kinds)
             for dtype, shape in v.outputs:
                 out = vp.outputs.add()
                 out.dtype = dtype_to_proto(dtype)
@@ -210,10 +250,11 @@ def build_manifest(capture: "Capture", root: str, structures: Dict[str, Any], di
         if frame.fallback_cause is not None:
             f.fallback_cause = pb.FallbackCause.Value(frame.fallback_cause.value)
         f.fallback_detail = frame.fallback_detail
-        f.eager_program_path = f"frames/{dirs[frame.name]}/eager.pt"
+        if frame.name in contents.eager_programs:
+            f.eager_program_path = f"frames/{dirs[frame.name]}/eager.pt"
         f.truncated = frame.truncated
         f.variantless_entry_fallback = frame.variantless_entry_fallback
-    s = capture.summary()
+    s = contents.summary
     m.summary.frames.extend(s.frames)
     for name, count in s.variants_per_frame.items():
         m.summary.variants_per_frame[name] = count
@@ -254,26 +295,25 @@ def _check_target(target: str) -> None:
             )
 
 
-def write_artifact(capture: "Capture", directory: str) -> str:
+def write_artifact(contents: ArtifactContents, directory: str) -> str:
     target = os.path.abspath(directory)
     _check_target(target)
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
     try:
-        frames = list(capture._frames.values())
-        dirs = frame_dir_names(frames)
-        eager_paths = {}
-        for frame in frames:
+        dirs = frame_dir_names(list(contents.frames))
+        for frame in contents.frames:
             frame_dir = os.path.join(tmp, "frames", dirs[frame.name])
-            os.makedirs(frame_dir, exist_ok=True)
-            eager_paths[frame.name] = os.path.join(frame_dir, "eager.pt")
+            if frame.variants or frame.name in contents.eager_programs:
+                os.makedirs(frame_dir)
+            if frame.name in contents.eager_programs:
+                shutil.copyfile(contents.eager_programs[frame.name], os.path.join(frame_dir, "eager.pt"))
             for v in frame.variants:
                 shutil.copyfile(v.package, os.path.join(frame_dir, f"{v.index}.pt2"))
-        structures = build_eager_programs(capture, eager_paths)
         with open(os.path.join(tmp, FRAMES), "w") as f:
-            f.write(frames_text(capture))
-        manifest = build_manifest(capture, tmp, structures, dirs)
+            f.write(frames_text(contents))
+        manifest = build_manifest(contents, tmp, dirs)
         with open(os.path.join(tmp, MANIFEST), "wb") as f:
             f.write(manifest.SerializeToString())
         for dirpath, dirnames, filenames in os.walk(tmp):

@@ -12,7 +12,9 @@ torch.export as the tracer and AOTInductor as the backend):
   otherwise it is exported (static on the first capture, dimensions that
   changed since become dynamic), its guards are read off the exported program
   and AOTInductor compiles it into a new variant; a failure Dynamo falls back
-  on flags the frame, and the call then runs eagerly, seeing its callees.
+  on flags the frame (which must then get an eager program: it is scripted at
+  once, so that one that cannot be is reported at this call), and the call
+  runs eagerly, seeing its callees.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ import tempfile
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch._dynamo.exc as dynamo_exc
 from torch.export import Dim as ExportDim
 
-from . import ops
+from . import ops, outputs
+from .eager import ScriptContext, build_eager_programs, check_scriptable
 from .errors import PrecompileError
 from .frames import Frame, FrameInfo, Variant
 from .guards import (
@@ -43,9 +46,12 @@ from .guards import (
     NotPlainSymbol,
     extract_guards,
     output_specs,
-    output_structure,
 )
+from .outputs import exported_leaf_kinds
 from .summary import ALL_CAUSES_IN_WORDS, FallbackCause, PrecompileSummary
+
+if TYPE_CHECKING:
+    from .artifact import ArtifactContents
 
 DEVICES = ("cpu", "cuda")
 _DETAIL_LINES = 6
@@ -89,14 +95,21 @@ def _cause_chain(error: BaseException) -> Iterator[BaseException]:
 
 
 class _ExportWrapper(torch.nn.Module):
-    """The module torch.export traces for a frame: its code, positionally."""
+    """The module torch.export traces for a frame: its code, called from the
+    frame's inputs in order (so that the exported program's user inputs are
+    exactly those inputs, keywords and **kwargs entries included)."""
 
     def __init__(self, frame: Frame) -> None:
         super().__init__()
         self.frame_module = frame.module
         self._function = frame.function
+        self._positional, keyword = frame.call_layout()
+        self._keyword = [(name, i, frame.params[i].binding.value == "VAR_KEYWORD") for name, i in keyword]
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *inputs: Any) -> Any:
+        args = [inputs[i] for i in self._positional]
+        # An entry of **kwargs that is None was absent from the call.
+        kwargs = {name: inputs[i] for name, i, var in self._keyword if not (var and inputs[i] is None)}
         if self.frame_module is not None:
             return self.frame_module.forward(*args, **kwargs)
         return self._function(*args, **kwargs)
@@ -350,9 +363,25 @@ class Capture:
             return self._run_eager(frame, args, kwargs, intercept=True)
         self._check_devices(frame, values)
         try:
-            self._compile(frame, values, call_number)
+            try:
+                self._compile(frame, values, call_number)
+            except _CompileError:
+                if frame.outputs is not None:
+                    raise
+                # Outputs the capture cannot serve fail the export less clearly:
+                # run the call to say which (PrecompileError). A dataclass
+                # among them becomes a pytree node then; export once more.
+                registered = len(outputs.registered_dataclasses)
+                with self._interceptor.state(False):
+                    frame.observe_result(frame.call_original(*args, **kwargs))
+                if len(outputs.registered_dataclasses) == registered:
+                    raise
+                self._compile(frame, values, call_number)
         except _Fallback as fb:
             frame.flag(fb.cause, fb.detail, fb.error_type)
+            if not frame.variantless_entry_fallback:
+                with self._interceptor.state(False):
+                    check_scriptable(self._script_context(), frame)
         except _CompileError as e:
             if not self.suppress_errors:
                 raise PrecompileError(
@@ -367,8 +396,20 @@ class Capture:
                 stacklevel=2,
             )
         else:
-            return self._run_eager(frame, args, kwargs, intercept=False)
+            result = self._run_eager(frame, args, kwargs, intercept=False)
+            self._check_variant_outputs(frame, frame.variants[-1])
+            return result
         return self._run_eager(frame, args, kwargs, intercept=True)
+
+    def _check_variant_outputs(self, frame: Frame, variant: Variant) -> None:
+        assert frame.outputs is not None
+        kinds = tuple(leaf.is_tensor for leaf in frame.outputs.leaves)
+        if variant.leaf_kinds != kinds:
+            raise PrecompileError(
+                f"frame '{frame.name}': variant {variant.id} returns {len(variant.leaf_kinds)} "
+                f"values ({sum(variant.leaf_kinds)} tensors) but the frame returns "
+                f"{frame.outputs.describe()}"
+            )
 
     def _check_devices(self, frame: Frame, values: List[Any]) -> None:
         for p, v in zip(frame.params, values):
@@ -409,25 +450,19 @@ class Capture:
                     v = v.clone()
                 seen_ids.add(id(v))
             export_values.append(v)
-        args, kwargs = frame.split(export_values)
         dynamic_shapes = None
         if dynamic:
-            positional = [p for p in frame.params if not p.keyword_only]
-            keyword = [p for p in frame.params if p.keyword_only]
-            index = {p.name: i for i, p in enumerate(frame.params)}
-
-            def spec(p: Any) -> Any:
-                dims = dynamic.get(index[p.name])
-                return {d: ExportDim.AUTO for d in dims} if dims else None
-
-            # Keyed by the wrapper's parameters; "kwargs" only when it has some.
-            dynamic_shapes = {"args": tuple(spec(p) for p in positional)}
-            if keyword:
-                dynamic_shapes["kwargs"] = {p.name: spec(p) for p in keyword}
+            # Keyed by the wrapper's one parameter, *inputs.
+            dynamic_shapes = {
+                "inputs": tuple(
+                    {d: ExportDim.AUTO for d in dynamic[i]} if dynamic.get(i) else None
+                    for i in range(len(export_values))
+                )
+            }
         wrapper = _ExportWrapper(frame)
         self.export_count += 1
         with self._interceptor.state(False), _quiet():
-            return torch.export.export(wrapper, tuple(args), kwargs, dynamic_shapes=dynamic_shapes, strict=True)
+            return torch.export.export(wrapper, tuple(export_values), dynamic_shapes=dynamic_shapes, strict=True)
 
     def _trace(self, frame: Frame, values: List[Any], call_number: int) -> Tuple[torch.export.ExportedProgram, Any, List[int]]:
         if frame.is_generator:
@@ -471,18 +506,6 @@ class Capture:
 
     def _compile(self, frame: Frame, values: List[Any], call_number: int) -> None:
         ep, guards, tensor_inputs = self._trace(frame, values, call_number)
-        try:
-            structure = output_structure(ep)
-        except GuardExtractionError as e:
-            raise PrecompileError(
-                f"frame '{frame.name}': {e}; a frame must return a tensor or a tuple of tensors"
-            ) from e
-        if frame.outputs is not None and frame.outputs != structure:
-            raise PrecompileError(
-                f"frame '{frame.name}': the exported program returns {structure} (is_tuple, "
-                f"tensors) but the frame returned {frame.outputs} before"
-            )
-        frame.outputs = structure
         if self.decline is not None:
             try:
                 with self._interceptor.state(False):
@@ -521,7 +544,7 @@ class Capture:
             package=package,
             guards=guards,
             tensor_inputs=tensor_inputs,
-            num_outputs=structure[1],
+            leaf_kinds=exported_leaf_kinds(ep),
             outputs=output_specs(ep),
             captured_from=f"call {call_number}: {_describe_call(values, frame)}",
             compile_seconds=seconds,
@@ -542,6 +565,7 @@ class Capture:
             name=f.name,
             is_entry=f.is_entry,
             parameters=tuple((p.name, p.final_kind().value) for p in f.params),
+            outputs=f.outputs.tensor_names if f.outputs is not None else (),
             variants=tuple((v.id, v.guards.describe(names, self.device)) for v in f.variants),
             eager_fallback=f.eager_fallback,
             fallback_cause=f.fallback_cause,
@@ -613,10 +637,31 @@ class Capture:
             "require_complete=False to save it anyway."
         )
 
-    def frames_text(self) -> str:
-        from .artifact import frames_text  # noqa: PLC0415 - the protos load only when needed
+    def _script_context(self) -> ScriptContext:
+        return ScriptContext(
+            model=self.model,
+            frames=list(self._frames.values()),
+            globals_sites={
+                f.name: self._globals_sites(f) for f in self._frames.values() if f.function is not None
+            },
+        )
 
-        return frames_text(self)
+    def _contents(self, eager_programs: Dict[str, str]) -> "ArtifactContents":
+        from .artifact import ArtifactContents  # noqa: PLC0415 - the protos load only when needed
+
+        return ArtifactContents(
+            name=self.name,
+            device=self.device,
+            recompile_limit=self.recompile_limit,
+            frames=list(self._frames.values()),
+            summary=self.summary(),
+            eager_programs=eager_programs,
+        )
+
+    def frames_text(self) -> str:
+        from .artifact import frames_text  # noqa: PLC0415
+
+        return frames_text(self._contents({}))
 
     def save(self, directory: Union[str, "os.PathLike[str]"], require_complete: bool = True) -> str:
         """Writes the artifact into `directory` (atomically) and returns its path."""
@@ -629,7 +674,14 @@ class Capture:
             message = self.incompleteness_message()
             if message is not None:
                 raise PrecompileError(message)
-        return write_artifact(self, os.fspath(directory))
+        flagged = [f for f in self._frames.values() if f.eager_fallback]
+        eager_dir = tempfile.mkdtemp(prefix="eager-", dir=self._workdir)
+        try:
+            paths = {f.name: os.path.join(eager_dir, f"{i}.pt") for i, f in enumerate(flagged)}
+            build_eager_programs(self._script_context(), flagged, paths)
+            return write_artifact(self._contents(paths), os.fspath(directory))
+        finally:
+            shutil.rmtree(eager_dir, ignore_errors=True)
 
     def close(self) -> None:
         """Deletes the compiled packages kept for save() (also done at exit)."""

@@ -1,8 +1,10 @@
-"""Eager programs: every frame as TorchScript, for the runtime's eager path.
+"""Eager programs: a flagged frame as TorchScript, for the runtime's eager path.
 
-A frame's eager program is its TorchScript `forward`, taking the frame's
-parameters positionally in signature order and returning a tensor or a tuple
-of tensors. Calls of other captured frames inside it go through the operator
+Only a frame flagged `eager_fallback` may run eagerly at serve time, so only
+such a frame gets an eager program. It is the frame's TorchScript `forward`,
+taking the frame's inputs positionally in order and returning what the frame
+returns (the runtime flattens it into the frame's output leaves). Calls of
+other captured frames inside it go through the operator
 `precompile::call_frame(str frame, Any[] args) -> Tensor[]`, so that the
 runtime dispatches each callee to its own variants. To get there, scripting a
 frame temporarily replaces captured sub-modules by generated stub modules and
@@ -10,13 +12,19 @@ captured functions (in the globals of the code that calls them) by generated
 stub functions whose body calls the operator. TorchScript compiles from
 source, so the stubs are written to a real temporary file and imported.
 
+TorchScript cannot express much of the Python that makes Dynamo give up
+(`**kwargs`, dataclasses, most of `transformers`): the capture scripts a frame
+as soon as it is flagged, so that such a frame is reported at once, with the
+ways out, rather than when the artifact is saved.
+
 TorchScript is deprecated upstream; this module is the one place that knows
-about it (see DESIGN.md, `EagerProgram`).
+about it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import itertools
 import math
@@ -24,16 +32,13 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import ops
 from .errors import PrecompileError
-from .frames import Frame, Kind
-
-if TYPE_CHECKING:
-    from .capture import Capture
+from .frames import Binding, Frame, Kind
 
 _RESERVED = {"torch", "List", "Any", "Optional", "Tuple", "_pc_args", "_pc_outs", "self"}
 _ANNOTATIONS = {
@@ -52,7 +57,26 @@ _SCHEMA_TYPES = {
     Kind.BOOL: ("bool",),
     Kind.STRING: ("str",),
 }
+_WAYS_OUT = (
+    "Ways out: capture the parts Dynamo compiles as frames of their own (frames=[...]) and "
+    "a wrapper entry whose eager code TorchScript can script; move what makes Dynamo give up "
+    "out of the frame; or capture calls that Dynamo compiles, so that the frame is not flagged"
+)
 _module_counter = itertools.count()
+
+# A frame's output structure as TorchScript stubs return it: (is_tuple, number
+# of tensors), or None when the frame returns anything else (or is unknown).
+Structure = Optional[Tuple[bool, int]]
+
+
+@dataclasses.dataclass
+class ScriptContext:
+    """What scripting needs to know of a capture: its model and frames."""
+
+    model: Any  # The entry nn.Module or function.
+    frames: Sequence[Frame]
+    # Per function frame: the globals dicts in which the calling code finds it.
+    globals_sites: Dict[str, List[Dict[str, Any]]]
 
 
 def _literal(value: Any) -> str:
@@ -61,16 +85,22 @@ def _literal(value: Any) -> str:
     return repr(value)
 
 
+def _inexpressible(frame: Frame) -> Optional[str]:
+    """Why TorchScript cannot take the frame's signature, or None."""
+    if frame.var_positional or frame.var_keyword:
+        star = f"*{frame.var_positional}" if frame.var_positional else f"**{frame.var_keyword}"
+        return f"its signature takes {star}, which TorchScript cannot express"
+    for p in frame.params:
+        if p.name in _RESERVED or not p.name.isidentifier():
+            return f"parameter '{p.name}' has a name the generated TorchScript stubs cannot use"
+    return None
+
+
 def _signature_source(frame: Frame) -> str:
     # Every parameter positional, in signature order (TorchScript takes no
     # keyword-only parameters with defaults; callers may still pass keywords).
     parts = []
     for p in frame.params:
-        if p.name in _RESERVED:
-            raise PrecompileError(
-                f"frame '{frame.name}': parameter '{p.name}' has a name the generated "
-                "TorchScript stubs reserve; rename it"
-            )
         text = f"{p.name}: {_ANNOTATIONS[p.final_kind()]}"
         if p.has_default:
             text += f" = {_literal(p.default)}"
@@ -79,10 +109,10 @@ def _signature_source(frame: Frame) -> str:
 
 
 def _call_source(frame: Frame) -> str:
-    return ", ".join(p.name if not p.keyword_only else f"{p.name}={p.name}" for p in frame.params)
+    return ", ".join(p.name if p.binding is not Binding.KEYWORD_ONLY else f"{p.name}={p.name}" for p in frame.params)
 
 
-def _return_annotation(structure: Optional[Tuple[bool, int]]) -> str:
+def _return_annotation(structure: Structure) -> str:
     if structure is None:
         return ""
     is_tuple, n = structure
@@ -98,11 +128,20 @@ def _return_source(structure: Tuple[bool, int]) -> str:
     return "(" + ", ".join(f"_pc_outs[{i}]" for i in range(n)) + ("," if n == 1 else "") + ")"
 
 
-class _Stubs:
-    """A generated module of stubs (callee side) and wrappers (function frames)."""
+_NO_STUB = "precompile_capture: no TorchScript stub for frame"
 
-    def __init__(self, capture: "Capture", structures: Dict[str, Tuple[bool, int]]) -> None:
-        self.frames = list(capture._frames.values())
+
+class _Stubs:
+    """A generated module of stubs (callee side) and wrappers (function frames).
+
+    A frame TorchScript cannot call (a signature it cannot express, outputs
+    that are not a tensor or a tuple of tensors) gets a stub that only raises
+    (so that scripting code that never calls it succeeds); `check_calls` finds
+    a scripted frame that does call one.
+    """
+
+    def __init__(self, frames: Sequence[Frame], structures: Dict[str, Structure]) -> None:
+        self.frames = list(frames)
         lines = [
             "# Generated by precompile_capture: TorchScript stubs that call captured",
             "# frames through the runtime dispatcher.",
@@ -111,29 +150,58 @@ class _Stubs:
             "",
         ]
         self.stub_names: Dict[str, str] = {}
+        self.no_stub: Dict[str, str] = {}
         self.wrapper_names: Dict[str, str] = {}
         self.target_names: Dict[str, str] = {}
         for i, frame in enumerate(self.frames):
             structure = structures[frame.name]
-            values = ", ".join(p.name for p in frame.params)
-            body = [
-                f"        _pc_args: List[Any] = [{values}]",
-                f"        _pc_outs = torch.ops.precompile.call_frame({frame.name!r}, _pc_args)",
-                f"        return {_return_source(structure)}",
-            ]
+            if _inexpressible(frame):
+                self.no_stub[frame.name] = _inexpressible(frame) or ""
+            if frame.function is not None:
+                wrapper = f"Frame{i}"
+                target = f"_target{i}"
+                lines += [
+                    f"class {wrapper}(torch.nn.Module):",
+                    f"    # The eager program of frame {frame.name!r}.",
+                    f"    def forward({_signature_source(frame)}){_return_annotation(structure)}:",
+                    f"        return {target}({_call_source(frame)})",
+                    "",
+                    "",
+                ]
+                self.wrapper_names[frame.name] = wrapper
+                self.target_names[frame.name] = target
+            elif structure is None:
+                self.no_stub[frame.name] = (
+                    "it returns "
+                    + (frame.outputs.describe() if frame.outputs else "something never seen")
+                    + ", and a TorchScript eager program can call only frames that return a "
+                    "tensor or a tuple of tensors"
+                )
+            if frame.name in self.no_stub:
+                signature_source = "self" if _inexpressible(frame) else _signature_source(frame)
+                body = [f"        raise RuntimeError({_NO_STUB + ' ' + repr(frame.name)!r})"]
+                structure = (False, 1)
+            else:
+                signature_source = _signature_source(frame)
+                values = ", ".join(p.name for p in frame.params)
+                body = [
+                    f"        _pc_args: List[Any] = [{values}]",
+                    f"        _pc_outs = torch.ops.precompile.call_frame({frame.name!r}, _pc_args)",
+                    f"        return {_return_source(structure)}",
+                ]
             if frame.module is not None:
                 name = f"Stub{i}"
                 lines += [
                     f"class {name}(torch.nn.Module):",
                     f"    # Calls frame {frame.name!r}.",
-                    f"    def forward({_signature_source(frame)}){_return_annotation(structure)}:",
+                    f"    def forward({signature_source}){_return_annotation(structure)}:",
                     *body,
                     "",
                     "",
                 ]
             else:
                 name = f"stub{i}_{frame.function.__name__}"
-                signature = _signature_source(frame)[len("self, ") if frame.params else len("self"):]
+                signature = signature_source[len("self, ") if frame.params and signature_source != "self" else len("self"):]
                 lines += [
                     f"def {name}({signature}){_return_annotation(structure)}:",
                     f"    # Calls frame {frame.name!r}.",
@@ -141,18 +209,6 @@ class _Stubs:
                     "",
                     "",
                 ]
-                wrapper = f"Frame{i}"
-                target = f"_target{i}"
-                lines += [
-                    f"class {wrapper}(torch.nn.Module):",
-                    f"    # The eager program of frame {frame.name!r}.",
-                    f"    def forward({_signature_source(frame)}){_return_annotation(frame.outputs)}:",
-                    f"        return {target}({_call_source(frame)})",
-                    "",
-                    "",
-                ]
-                self.wrapper_names[frame.name] = wrapper
-                self.target_names[frame.name] = target
             self.stub_names[frame.name] = name
         self.source = "\n".join(lines) + "\n"
         self._dir = tempfile.mkdtemp(prefix="precompile-stubs-")
@@ -166,7 +222,7 @@ class _Stubs:
         sys.modules[self.module_name] = self.module
         spec.loader.exec_module(self.module)
         for frame in self.frames:
-            if frame.function is not None:
+            if frame.name in self.target_names:
                 setattr(self.module, self.target_names[frame.name], frame.function)
 
     def close(self) -> None:
@@ -180,6 +236,16 @@ class _Stubs:
     def stub(self, frame: Frame) -> Any:
         obj = getattr(self.module, self.stub_names[frame.name])
         return obj() if frame.module is not None else obj
+
+    def check_calls(self, caller: Frame, scripted: torch.jit.ScriptModule) -> None:
+        """Raises if `scripted` calls a frame that has only a raising stub."""
+        graph = str(scripted.inlined_graph)
+        for name, reason in self.no_stub.items():
+            if f"{_NO_STUB} {name!r}" in graph:
+                raise PrecompileError(
+                    f"frame '{caller.name}' calls captured frame '{name}', but its TorchScript "
+                    f"eager program cannot: {reason}"
+                )
 
     def wrapper(self, frame: Frame) -> torch.nn.Module:
         return getattr(self.module, self.wrapper_names[frame.name])()
@@ -197,7 +263,7 @@ def _clear_torchscript_caches() -> None:
 
 
 @contextlib.contextmanager
-def _patched(capture: "Capture", stubs: _Stubs, frame: Frame) -> Iterator[None]:
+def _patched(context: ScriptContext, stubs: _Stubs, frame: Frame) -> Iterator[None]:
     """Replaces captured callees of `frame` by their stubs."""
     undo: List[Callable[[], None]] = []
     try:
@@ -214,7 +280,7 @@ def _patched(capture: "Capture", stubs: _Stubs, frame: Frame) -> Iterator[None]:
             for path in outermost:
                 callee = next(f for f in stubs.frames if f.module_path == path)
                 parent_path, _, attr = path.rpartition(".")
-                parent = capture.model.get_submodule(parent_path) if parent_path else capture.model
+                parent = context.model.get_submodule(parent_path) if parent_path else context.model
                 original = parent._modules[attr]
                 parent._modules[attr] = stubs.stub(callee)
                 undo.append(lambda parent=parent, attr=attr, original=original: parent._modules.__setitem__(attr, original))
@@ -222,7 +288,7 @@ def _patched(capture: "Capture", stubs: _Stubs, frame: Frame) -> Iterator[None]:
             if callee.function is None or callee.is_entry:
                 continue
             name = callee.function.__name__
-            for g in capture._globals_sites(callee):
+            for g in context.globals_sites.get(callee.name, []):
                 original = g[name]
                 g[name] = stubs.stub(callee)
                 undo.append(lambda g=g, name=name, original=original: g.__setitem__(name, original))
@@ -232,15 +298,21 @@ def _patched(capture: "Capture", stubs: _Stubs, frame: Frame) -> Iterator[None]:
             fn()
 
 
-def _script(capture: "Capture", stubs: _Stubs, frame: Frame) -> torch.jit.ScriptModule:
+def _script(context: ScriptContext, stubs: _Stubs, frame: Frame) -> torch.jit.ScriptModule:
+    inexpressible = _inexpressible(frame)
+    if inexpressible:
+        raise PrecompileError(
+            f"frame '{frame.name}' cannot be scripted for its eager program: {inexpressible}"
+        )
     _clear_torchscript_caches()
-    with _patched(capture, stubs, frame), warnings.catch_warnings():
+    with _patched(context, stubs, frame), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         try:
             if frame.module is not None:
-                return torch.jit.script(frame.module)
-            return torch.jit.script(stubs.wrapper(frame))
+                scripted = torch.jit.script(frame.module)
+            else:
+                scripted = torch.jit.script(stubs.wrapper(frame))
         except Exception as e:  # noqa: BLE001 - TorchScript's reasons vary
             reason = "\n".join(str(e).strip().splitlines()[:12])
             raise PrecompileError(
@@ -249,9 +321,11 @@ def _script(capture: "Capture", stubs: _Stubs, frame: Frame) -> torch.jit.Script
             ) from e
         finally:
             _clear_torchscript_caches()
+    stubs.check_calls(frame, scripted)
+    return scripted
 
 
-def _return_structure(scripted: torch.jit.ScriptModule) -> Optional[Tuple[bool, int]]:
+def _return_structure(scripted: torch.jit.ScriptModule) -> Structure:
     returns = scripted.forward.schema.returns
     if len(returns) != 1:
         return None
@@ -263,7 +337,7 @@ def _return_structure(scripted: torch.jit.ScriptModule) -> Optional[Tuple[bool, 
     return None
 
 
-def _check_schema(frame: Frame, scripted: torch.jit.ScriptModule) -> Tuple[bool, int]:
+def _check_schema(frame: Frame, scripted: torch.jit.ScriptModule) -> None:
     schema = scripted.forward.schema
     arguments = schema.arguments[1:]  # Without self.
     if [a.name for a in arguments] != [p.name for p in frame.params]:
@@ -279,52 +353,65 @@ def _check_schema(frame: Frame, scripted: torch.jit.ScriptModule) -> Tuple[bool,
                 f"capture saw {kind.value}; annotate it (unannotated parameters are Tensor to "
                 "TorchScript)"
             )
-    structure = _return_structure(scripted)
-    if structure is None:
+    expected = frame.outputs.simple_structure() if frame.outputs is not None else None
+    if expected is not None and _return_structure(scripted) != expected:
         raise PrecompileError(
-            f"frame '{frame.name}': its TorchScript forward returns {schema.returns[0].type if schema.returns else 'nothing'}, "
-            "not a tensor or a tuple of tensors"
+            f"frame '{frame.name}': its TorchScript forward returns {schema.returns[0].type if schema.returns else 'nothing'}"
+            f" but the frame returned {frame.outputs.describe()} when captured"
         )
-    if frame.outputs is not None and structure != frame.outputs:
-        raise PrecompileError(
-            f"frame '{frame.name}': its TorchScript forward returns {schema.returns[0].type} but "
-            f"the frame returned {frame.outputs} (is_tuple, tensors) when captured"
-        )
-    return structure
 
 
-def build_eager_programs(capture: "Capture", paths: Dict[str, str]) -> Dict[str, Tuple[bool, int]]:
-    """Scripts every frame and saves it to `paths[frame name]`.
-
-    Returns each frame's output structure (is_tuple, number of tensors).
-    """
-    ops.ensure_registered()
-    frames = list(capture._frames.values())
-    structures: Dict[str, Tuple[bool, int]] = {f.name: f.outputs or (False, 1) for f in frames}
-    unknown = [f for f in frames if f.outputs is None]
+def _structures(context: ScriptContext) -> Dict[str, Structure]:
+    """Each frame's structure as a stub returns it; frames no call reached
+    are learned from TorchScript."""
+    structures: Dict[str, Structure] = {
+        f.name: f.outputs.simple_structure() if f.outputs is not None else None for f in context.frames
+    }
+    unknown = [f for f in context.frames if f.outputs is None and not _inexpressible(f)]
     if unknown:
-        # Frames no call reached: learn what they return from TorchScript.
-        stubs = _Stubs(capture, structures)
+        # While learning, a frame never seen is taken to return one tensor.
+        guesses = {f.name: (False, 1) if f.outputs is None else structures[f.name] for f in context.frames}
+        stubs = _Stubs(context.frames, guesses)
         try:
             for frame in unknown:
                 try:
-                    learned = _return_structure(_script(capture, stubs, frame))
+                    structures[frame.name] = _return_structure(_script(context, stubs, frame))
                 except PrecompileError:
-                    learned = None
-                if learned is not None:
-                    structures[frame.name] = learned
+                    pass
         finally:
             stubs.close()
-    stubs = _Stubs(capture, structures)
-    results: Dict[str, Tuple[bool, int]] = {}
+    return structures
+
+
+def check_scriptable(context: ScriptContext, frame: Frame) -> None:
+    """Raises PrecompileError, with the ways out, if `frame` (just flagged)
+    cannot get a TorchScript eager program."""
+    ops.ensure_registered()
+    stubs = _Stubs(context.frames, _structures(context))
+    try:
+        _check_schema(frame, _script(context, stubs, frame))
+    except PrecompileError as e:
+        raise PrecompileError(
+            f"{e}\nFrame '{frame.name}' is flagged eager_fallback ({frame.fallback_cause.value}: "
+            f"{frame.fallback_detail.splitlines()[0] if frame.fallback_detail else ''}), so the "
+            "server must run the calls its variants miss as its eager program, and this version "
+            f"builds eager programs with TorchScript only. {_WAYS_OUT}."
+        ) from e
+    finally:
+        stubs.close()
+
+
+def build_eager_programs(context: ScriptContext, frames: Sequence[Frame], paths: Dict[str, str]) -> None:
+    """Scripts each of `frames` and saves it to `paths[frame name]`."""
+    ops.ensure_registered()
+    stubs = _Stubs(context.frames, _structures(context))
     try:
         for frame in frames:
-            scripted = _script(capture, stubs, frame)
-            results[frame.name] = _check_schema(frame, scripted)
+            scripted = _script(context, stubs, frame)
+            _check_schema(frame, scripted)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", FutureWarning)
                 torch.jit.save(scripted, paths[frame.name])
     finally:
         stubs.close()
-    return results

@@ -1,10 +1,14 @@
 """Frames: the entry and the sub-frames a capture handles as units.
 
 A frame is a module's `forward` (the entry module, or a sub-module named by its
-path) or a plain function. Its parameters are its Python signature (without
-`self`); each has a kind (tensor, optional tensor, int, float, bool, str) taken
-from its annotation or, when there is none, from the first call that passes a
-value for it.
+path) or a plain function. Its inputs are its Python signature's parameters
+(without `self`), then the entries the example calls pass through `*args`
+("<args>.0", "<args>.1", ...) and `**kwargs` (by key), so that a signature as
+real models write it (keyword-only parameters, defaults, `Optional[Tensor] =
+None`, `**kwargs`) becomes a list of named inputs. Each has a kind (tensor,
+optional tensor, int, float, bool, str) taken from its annotation or, when
+there is none, from the first call that passes a value for it. What a frame
+returns is an OutputSchema (outputs.py).
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import types
 import typing
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from .errors import PrecompileError
+from .guards import ArgGuard
+from .outputs import OutputSchema, output_schema
 from .summary import FallbackCause
 
 
@@ -57,16 +64,48 @@ _ANNOTATION_KINDS = {
 }
 
 
-def _kind_of_annotation(annotation: Any) -> Optional[Kind]:
+class Binding(enum.Enum):
+    """How a signature takes an input (mirrors artifact.proto's Parameter.Binding)."""
+
+    POSITIONAL_OR_KEYWORD = "POSITIONAL_OR_KEYWORD"
+    POSITIONAL_ONLY = "POSITIONAL_ONLY"
+    KEYWORD_ONLY = "KEYWORD_ONLY"
+    VAR_POSITIONAL = "VAR_POSITIONAL"
+    VAR_KEYWORD = "VAR_KEYWORD"
+
+
+_BINDINGS = {
+    inspect.Parameter.POSITIONAL_OR_KEYWORD: Binding.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.POSITIONAL_ONLY: Binding.POSITIONAL_ONLY,
+    inspect.Parameter.KEYWORD_ONLY: Binding.KEYWORD_ONLY,
+}
+
+
+def _is_tensor_type(annotation: Any) -> bool:
+    # torch.LongTensor and friends are not subclasses of torch.Tensor.
+    return annotation is torch.Tensor or type(annotation).__name__ == "tensortype" or (
+        isinstance(annotation, type) and issubclass(annotation, torch.Tensor)
+    )
+
+
+def _kind_of_annotation(annotation: Any) -> Tuple[Optional[Kind], bool]:
+    """The kind an annotation names, and whether it admits None."""
     if annotation is inspect.Parameter.empty or annotation is None:
-        return None
+        return None, False
+    if _is_tensor_type(annotation):
+        return Kind.TENSOR, False
     if annotation in _ANNOTATION_KINDS:
-        return _ANNOTATION_KINDS[annotation]
-    if typing.get_origin(annotation) is typing.Union:
-        members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(members) == 1 and members[0] is torch.Tensor:
-            return Kind.OPTIONAL_TENSOR
-    return None
+        return _ANNOTATION_KINDS[annotation], False
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        members = [a for a in args if a is not type(None)]
+        optional = len(members) < len(args)
+        if len(members) == 1:
+            if _is_tensor_type(members[0]):
+                return (Kind.OPTIONAL_TENSOR if optional else Kind.TENSOR), optional
+            if members[0] in _ANNOTATION_KINDS:
+                return _ANNOTATION_KINDS[members[0]], optional
+    return None, False
 
 
 def kind_of_value(value: Any) -> Optional[Kind]:
@@ -91,10 +130,18 @@ class Param:
     annotated: bool
     has_default: bool
     default: Any
-    keyword_only: bool
+    binding: Binding = Binding.POSITIONAL_OR_KEYWORD
+    # The annotation admits None (Optional[int], Tensor | None).
+    optional: bool = False
     example_dtype: Optional[torch.dtype] = None
     # The kind was guessed from a None: a later scalar may still decide it.
     none_guess: bool = False
+    # Some call gave it a value other than its default.
+    passed: bool = False
+
+    @property
+    def keyword_only(self) -> bool:
+        return self.binding in (Binding.KEYWORD_ONLY, Binding.VAR_KEYWORD)
 
     def final_kind(self) -> Kind:
         """The kind recorded in the artifact (a guess for a never-seen value)."""
@@ -116,8 +163,9 @@ class Variant:
     package: str  # Path of the compiled .pt2 in the capture's work directory.
     guards: Any  # guards.GuardSet
     tensor_inputs: List[int]
-    num_outputs: int
-    outputs: List[Tuple[torch.dtype, List[int]]]  # (dtype, shape with -1 for dynamic) each.
+    # Per value run() returns: whether it is a tensor (a leaf of the outputs).
+    leaf_kinds: Tuple[bool, ...]
+    outputs: List[Tuple[torch.dtype, List[int]]]  # Tensor leaves: (dtype, shape, -1 dynamic).
     captured_from: str
     compile_seconds: float
 
@@ -129,6 +177,7 @@ class FrameInfo:
     name: str
     is_entry: bool
     parameters: Tuple[Tuple[str, str], ...]  # (name, kind) pairs.
+    outputs: Tuple[str, ...]  # The names of the tensors it returns.
     variants: Tuple[Tuple[str, str], ...]  # (id, guards in words) pairs.
     eager_fallback: bool
     fallback_cause: Optional[FallbackCause]
@@ -173,14 +222,18 @@ class Frame:
         except Exception:  # noqa: BLE001 - unresolvable string annotations
             hints = {}
         self.params: List[Param] = []
+        # The names of the signature's *args and **kwargs, if it has them.
+        self.var_positional: Optional[str] = None
+        self.var_keyword: Optional[str] = None
+        self.var_positional_count: Optional[int] = None
         for p in self.signature.parameters.values():
-            if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-                raise PrecompileError(
-                    f"{what}: parameter '{p.name}' is *args or **kwargs; a frame's "
-                    "parameters must be named"
-                )
-            annotation = hints.get(p.name, p.annotation)
-            kind = _kind_of_annotation(annotation)
+            if p.kind == inspect.Parameter.VAR_POSITIONAL:
+                self.var_positional = p.name
+                continue
+            if p.kind == inspect.Parameter.VAR_KEYWORD:
+                self.var_keyword = p.name
+                continue
+            kind, optional = _kind_of_annotation(hints.get(p.name, p.annotation))
             has_default = p.default is not inspect.Parameter.empty
             default = p.default if has_default else None
             if has_default and isinstance(default, torch.Tensor):
@@ -193,8 +246,6 @@ class Frame:
                     f"{what}: parameter '{p.name}' has a default of type "
                     f"{type(default).__name__}; defaults must be None, bool, int, float or str"
                 )
-            if kind is None and has_default and default is None:
-                kind = None  # Decided by the first value passed.
             self.params.append(
                 Param(
                     name=p.name,
@@ -202,7 +253,8 @@ class Frame:
                     annotated=kind is not None,
                     has_default=has_default,
                     default=default,
-                    keyword_only=p.kind == inspect.Parameter.KEYWORD_ONLY,
+                    binding=_BINDINGS[p.kind],
+                    optional=optional,
                 )
             )
         self.is_generator = inspect.isgeneratorfunction(self.code)
@@ -215,7 +267,7 @@ class Frame:
         self.truncated = False
         self.compile_error = ""  # A compile error suppress_errors swallowed.
         self.calls = 0
-        self.outputs: Optional[Tuple[bool, int]] = None  # (is_tuple, num_tensors)
+        self.outputs: Optional[OutputSchema] = None
         # Automatic dynamic: per parameter index, the sizes earlier captures saw
         # (None marks a dimension that is dynamic from now on).
         self.seen_sizes: Dict[int, List[Optional[int]]] = {}
@@ -228,19 +280,79 @@ class Frame:
         return self.code(*args, **kwargs)
 
     def bind(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
-        """The call's full argument list in signature order (defaults applied)."""
+        """The call's inputs in the frame's order (defaults applied; an entry of
+        **kwargs the call leaves out is None). An entry of *args or **kwargs
+        seen for the first time becomes a new input of the frame."""
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise PrecompileError(f"frame '{self.name}': {e}") from e
+            raise PrecompileError(
+                f"frame '{self.name}': the call does not match its signature "
+                f"{self.signature}: {e}"
+            ) from e
         bound.apply_defaults()
-        return [bound.arguments[p.name] for p in self.params]
+        if self.var_positional is not None:
+            extra = bound.arguments.get(self.var_positional, ())
+            if self.var_positional_count is None:
+                self.var_positional_count = len(extra)
+                for i in range(len(extra)):
+                    self._add_var_input(f"{self.var_positional}.{i}", Binding.VAR_POSITIONAL)
+            elif len(extra) != self.var_positional_count:
+                raise PrecompileError(
+                    f"frame '{self.name}': this call passes {len(extra)} values through "
+                    f"*{self.var_positional}, an earlier one {self.var_positional_count}; the "
+                    "example calls of a frame must pass the same number (capture a wrapper "
+                    "with named parameters otherwise)"
+                )
+        if self.var_keyword is not None:
+            known = {p.name for p in self.params}
+            for key in bound.arguments.get(self.var_keyword, {}):
+                if key not in known:
+                    self._add_var_input(key, Binding.VAR_KEYWORD)
+        values: List[Any] = []
+        for p in self.params:
+            if p.binding is Binding.VAR_POSITIONAL:
+                values.append(bound.arguments[self.var_positional][int(p.name.rsplit(".", 1)[1])])
+            elif p.binding is Binding.VAR_KEYWORD:
+                values.append(bound.arguments.get(self.var_keyword, {}).get(p.name))
+            else:
+                values.append(bound.arguments[p.name])
+        return values
 
-    def split(self, values: List[Any]) -> Tuple[List[Any], Dict[str, Any]]:
-        """Positional arguments and keyword-only arguments for `values`."""
-        args = [v for p, v in zip(self.params, values) if not p.keyword_only]
-        kwargs = {p.name: v for p, v in zip(self.params, values) if p.keyword_only}
-        return args, kwargs
+    def _add_var_input(self, name: str, binding: Binding) -> None:
+        if any(p.name == name for p in self.params):
+            raise PrecompileError(
+                f"frame '{self.name}': input '{name}' of *{self.var_positional} would have the "
+                "name of another input"
+            )
+        keyword = binding is Binding.VAR_KEYWORD
+        self.params.append(
+            Param(name=name, kind=None, annotated=False, has_default=keyword, default=None, binding=binding)
+        )
+        if keyword:
+            # Variants captured before it was seen were captured without it.
+            index = len(self.params) - 1
+            for v in self.variants:
+                v.guards = dataclasses.replace(
+                    v.guards, args=v.guards.args + (ArgGuard(parameter=index, is_none=True),)
+                )
+
+    def call_layout(self) -> Tuple[List[int], List[Tuple[str, int]]]:
+        """How to call the frame's code from its inputs in order: the indices
+        passed positionally, and (keyword, index) pairs (a None entry of
+        **kwargs is left out, as it was absent)."""
+        positional = [i for i, p in enumerate(self.params) if not p.keyword_only]
+        keyword = [(p.name, i) for i, p in enumerate(self.params) if p.keyword_only]
+        return positional, keyword
+
+    def call_with(self, values: List[Any]) -> Any:
+        positional, keyword = self.call_layout()
+        kwargs = {
+            name: values[i]
+            for name, i in keyword
+            if not (values[i] is None and self.params[i].binding is Binding.VAR_KEYWORD)
+        }
+        return self.call_original(*[values[i] for i in positional], **kwargs)
 
     def observe(self, values: List[Any]) -> None:
         """Infers parameter kinds from a call; rejects values a frame cannot take."""
@@ -252,14 +364,19 @@ class Frame:
                     p.none_guess = not p.annotated
                 elif p.kind is Kind.TENSOR and not p.annotated:
                     p.kind = Kind.OPTIONAL_TENSOR
-                elif p.kind is not Kind.OPTIONAL_TENSOR and not (p.has_default and p.default is None):
+                elif p.kind is not Kind.OPTIONAL_TENSOR and not p.optional and not (
+                    p.has_default and p.default is None
+                ):
                     raise PrecompileError(f"{where}: got None but it takes {p.kind.value}")
                 continue
+            if not (p.has_default and _same_default(p.default, v)):
+                p.passed = True
             seen = kind_of_value(v)
             if seen is None:
                 raise PrecompileError(
                     f"{where}: got a {type(v).__name__}; a frame's arguments must be "
-                    "tensors, None, bool, int, float or str"
+                    "tensors, None, bool, int, float or str (capture a wrapper that takes "
+                    "the tensors inside it, or capture the sub-modules it calls as frames)"
                 )
             if isinstance(v, torch.Tensor):
                 if v.dtype not in SUPPORTED_DTYPES:
@@ -288,23 +405,16 @@ class Frame:
     def observe_result(self, result: Any) -> None:
         if self.is_generator:
             return
-        if isinstance(result, torch.Tensor):
-            structure = (False, 1)
-        elif isinstance(result, tuple) and result and all(
-            isinstance(t, torch.Tensor) for t in result
-        ):
-            structure = (True, len(result))
-        else:
-            raise PrecompileError(
-                f"frame '{self.name}' returned {_describe_value(result)}; a frame must "
-                "return a tensor or a tuple of tensors"
-            )
+        schema = output_schema(self.name, result)
         if self.outputs is None:
-            self.outputs = structure
-        elif self.outputs != structure:
+            self.outputs = schema
+        elif self.outputs != schema:
             raise PrecompileError(
-                f"frame '{self.name}' returned {_structure_words(structure)} but an earlier "
-                f"call returned {_structure_words(self.outputs)}"
+                f"frame '{self.name}' returned {schema.describe()} as {schema.tree_spec} but an "
+                f"earlier call returned {self.outputs.describe()} as {self.outputs.tree_spec}; "
+                "a frame must return the same structure on every call (the same keys, and "
+                "lists of the same length): capture calls that differ in it as separate models, "
+                "or capture a wrapper that returns a fixed structure"
             )
 
     # -- state -------------------------------------------------------------------
@@ -325,13 +435,7 @@ class Frame:
         return self.eager_fallback or bool(self.compile_error)
 
 
-def _describe_value(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        inner = ", ".join(type(v).__name__ for v in value)
-        return f"a {type(value).__name__} of ({inner})"
-    return f"a {type(value).__name__}"
-
-
-def _structure_words(structure: Tuple[bool, int]) -> str:
-    is_tuple, n = structure
-    return f"a tuple of {n} tensors" if is_tuple else "a tensor"
+def _same_default(default: Any, value: Any) -> bool:
+    if isinstance(value, torch.Tensor) or default is None:
+        return False
+    return type(default) is type(value) and default == value

@@ -254,21 +254,3 @@ def output_specs(ep: torch.export.ExportedProgram) -> List[Tuple[torch.dtype, Li
                 shape.append(-1)
         specs.append((fake.dtype, shape))
     return specs
-
-
-def output_structure(ep: torch.export.ExportedProgram) -> Tuple[bool, int]:
-    """(is_tuple, number of tensors) of the exported program's outputs."""
-    spec = ep.call_spec.out_spec
-    user_outputs = [
-        s for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"
-    ]
-    for s in user_outputs:
-        if not isinstance(s.arg, TensorArgument):
-            raise GuardExtractionError(
-                f"an output is {type(s.arg).__name__} ({getattr(s.arg, 'value', '?')}), not a tensor"
-            )
-    if spec is None or spec.is_leaf():
-        return False, len(user_outputs)
-    if spec.type is tuple and all(c.is_leaf() for c in spec.children()):
-        return True, len(user_outputs)
-    raise GuardExtractionError(f"the outputs are structured as {spec}, not a tensor or a tuple of tensors")

@@ -106,15 +106,32 @@ class Kinds(torch.nn.Module):
 
 
 class UsesLambda(torch.nn.Module):
-    """Runs eagerly, but TorchScript cannot compile a lambda."""
+    """TorchScript cannot compile its lambda; n > 0 breaks the graph in a loop."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, n: int = 0) -> torch.Tensor:
         f = lambda t: t + 1.0  # noqa: E731
+        for _ in range(n):
+            x = opaque(x)
         return f(x)
 
 
 class UnannotatedInt(torch.nn.Module):
-    """`n` has no annotation and no default: TorchScript takes it for a Tensor."""
+    """`n` has no annotation and no default: TorchScript takes it for a Tensor.
+    It breaks the graph in a loop."""
 
     def forward(self, x: torch.Tensor, n) -> torch.Tensor:
+        for _ in range(2):
+            x = opaque(x)
         return x * n
+
+
+class Calls(torch.nn.Module):
+    """An entry that calls `inner(x, *args)`, for capturing `inner` as a frame."""
+
+    def __init__(self, inner: torch.nn.Module, *args) -> None:
+        super().__init__()
+        self.inner = inner
+        self.args = args
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x, *self.args)

@@ -191,37 +191,45 @@ def _uncompiled_capture(model):
     return precompile_capture.capture(model, name="m", suppress_errors=True, decline=decline)
 
 
-def test_a_frame_torchscript_cannot_compile_is_an_error_naming_it(tmp_path):
+def test_an_unflagged_frame_needs_no_torchscript(tmp_path):
     from models_for_tests import UsesLambda
 
     cap = _uncompiled_capture(UsesLambda())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         assert torch.equal(cap(torch.zeros(2)), torch.ones(2))
+    # It never runs eagerly at serve time, so TorchScript is never asked.
+    m = read_manifest(cap.save(tmp_path / "out", require_complete=False))
+    assert frame_proto(m, "forward").eager_program_path == ""
+
+
+def test_a_flagged_frame_torchscript_cannot_compile_is_an_error_at_its_call(tmp_path):
+    from models_for_tests import Calls, UsesLambda
+
+    # The entry breaks inside inner's loop too: both are flagged on their first call.
+    cap = precompile_capture.capture(Calls(UsesLambda(), 2), name="m", frames=["inner"])
     with pytest.raises(PrecompileError) as e:
-        cap.save(tmp_path / "out", require_complete=False)
+        cap(torch.zeros(2))
     msg = str(e.value)
-    assert msg.startswith("frame 'forward' cannot be scripted for its eager program: ")
+    assert msg.startswith("frame 'inner' cannot be scripted for its eager program: ")
     assert "Lambda" in msg or "lambda" in msg
-    assert os.listdir(tmp_path) == []  # nothing half-written is left
+    assert "Frame 'inner' is flagged eager_fallback (GRAPH_BREAK: " in msg
+    assert cap.export_count == 2  # Reported before anything was compiled.
 
 
-def test_a_parameter_torchscript_types_differently_is_an_error(tmp_path):
-    from models_for_tests import UnannotatedInt
+def test_a_parameter_torchscript_types_differently_is_an_error_at_its_call(tmp_path):
+    from models_for_tests import Calls, UnannotatedInt
 
-    cap = _uncompiled_capture(UnannotatedInt())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        cap(torch.ones(2), 3)
-    assert cap.frame("forward").parameters == (("x", "TENSOR"), ("n", "INT"))
+    cap = precompile_capture.capture(Calls(UnannotatedInt(), 3), name="m", frames=["inner"])
     with pytest.raises(PrecompileError) as e:
-        cap.save(tmp_path / "out", require_complete=False)
+        cap(torch.ones(2))
+    assert cap.frame("inner").parameters == (("x", "TENSOR"), ("n", "INT"))
     assert str(e.value).startswith(
-        "frame 'forward': TorchScript types parameter 'n' as Tensor but the capture saw INT; annotate it"
+        "frame 'inner': TorchScript types parameter 'n' as Tensor but the capture saw INT; annotate it"
     )
 
 
-def test_a_frame_no_call_reached_is_uncovered_and_still_gets_an_eager_program(tmp_path):
+def test_a_frame_no_call_reached_is_uncovered_and_gets_no_eager_program(tmp_path):
     from models_for_tests import Nested, picky, scale
 
     model = Nested().eval()
@@ -246,7 +254,10 @@ def test_a_frame_no_call_reached_is_uncovered_and_still_gets_an_eager_program(tm
     path = cap.save(tmp_path / "lenient", require_complete=False)
     m = read_manifest(path)
     pk = frame_proto(m, "picky")
-    assert (pk.outputs.is_tuple, pk.outputs.num_tensors) == (False, 1)  # learned from TorchScript
+    # Never called and not flagged: nothing says what it returns, and it has
+    # no eager program (only flagged frames may run eagerly).
+    assert list(pk.outputs.leaves) == [] and pk.eager_program_path == ""
     assert [p.kind for p in pk.parameters] == [pb.Parameter.TENSOR]
     fwd = frame_proto(m, "forward")
-    assert (fwd.outputs.is_tuple, fwd.outputs.num_tensors) == (True, 2)
+    assert [leaf.name for leaf in fwd.outputs.leaves] == ["output0", "output1"]
+    assert fwd.eager_program_path == ""

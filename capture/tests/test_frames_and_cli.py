@@ -49,14 +49,6 @@ def test_tensor_default_is_an_error():
         precompile_capture.capture(M(), name="m")
 
 
-def test_var_args_are_an_error():
-    def f(*xs):
-        return xs[0]
-
-    with pytest.raises(PrecompileError, match=r"parameter 'xs' is \*args or \*\*kwargs"):
-        precompile_capture.capture(f, name="f")
-
-
 def test_subframe_errors():
     with pytest.raises(PrecompileError, match="sub-frame 'decoder': the model has no such sub-module"):
         precompile_capture.capture(Nested(), name="n", frames=["decoder"])

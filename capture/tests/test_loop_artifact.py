@@ -84,7 +84,7 @@ def test_artifact_layout_and_checksums(artifact):
 
 def test_manifest_fields(artifact):
     m = read_manifest(artifact)
-    assert m.format_version == pb.FORMAT_VERSION_1
+    assert m.format_version == pb.FORMAT_VERSION_2
     assert m.torch_version == torch.__version__
     assert m.device == "cpu"
     assert m.cpu_isa == torch.backends.cpu.get_cpu_capability()
@@ -106,7 +106,11 @@ def test_manifest_fields(artifact):
     assert not f.parameters[0].HasField("default_value")
     assert f.parameters[0].example_dtype == pb.DTYPE_FLOAT32
     assert f.parameters[1].default_value.int_value == 0
-    assert f.outputs.is_tuple is False and f.outputs.num_tensors == 1
+    assert [p.binding for p in f.parameters] == [pb.Parameter.POSITIONAL_OR_KEYWORD] * 2
+    # Every call passed x; n was passed as 1 (not its default) once.
+    assert [p.passed for p in f.parameters] == [True, True]
+    assert [(leaf.name, leaf.is_tensor) for leaf in f.outputs.leaves] == [("output0", True)]
+    assert f.outputs.tree_spec == "*"
     assert f.eager_fallback and f.fallback_cause == pb.GRAPH_BREAK
     assert "torch.compiler.disable()" in f.fallback_detail
     assert f.eager_program_path == "frames/forward/eager.pt"
@@ -139,10 +143,11 @@ def test_frames_file_marks_the_eager_fallback(artifact):
     )
     assert lines[1] == (
         "forward: 1 variant # eager fallback (GRAPH_BREAK: Skip calling "
-        "`torch.compiler.disable()`d function)"
+        "`torch.compiler.disable()`d function) # eager program: TorchScript"
     )
     assert lines[2] == "  forward#0: x: float32[8, 4], n == 0"
-    assert len(lines) == 3
+    assert lines[3] == "  returns [output0]"
+    assert len(lines) == 4
 
 
 def test_empty_graph_variant_runs_through_aoti(artifact, loop):

@@ -86,7 +86,8 @@ def test_manifest_frames(artifact):
     fwd = frame_proto(m, "forward")
     assert fwd.eager_fallback and fwd.fallback_cause == pb.GRAPH_BREAK
     assert len(fwd.variants) == 1 and not fwd.variantless_entry_fallback
-    assert fwd.outputs.is_tuple and fwd.outputs.num_tensors == 2
+    assert [leaf.name for leaf in fwd.outputs.leaves] == ["output0", "output1"]
+    assert fwd.outputs.tree_spec == "tuple(*, *)"
     assert fwd.variants[0].num_outputs == 2
     sc = frame_proto(m, "scale")
     assert [(p.name, p.kind) for p in sc.parameters] == [("y", pb.Parameter.TENSOR), ("factor", pb.Parameter.FLOAT)]
@@ -94,6 +95,9 @@ def test_manifest_frames(artifact):
     (g_y, g_factor) = sc.variants[0].guards
     assert g_factor.parameter == 1 and g_factor.equals.float_value == 2.0
     assert sc.variants[0].package_path == "frames/scale/0.pt2"
+    # Not flagged: it may never run eagerly, so it has no eager program.
+    assert sc.eager_program_path == "" and not sc.eager_fallback
+    assert not os.path.exists(os.path.join(artifact, "frames", "scale", "eager.pt"))
     assert list(sc.variants[0].tensor_inputs) == [0]
     pk = frame_proto(m, "picky")
     assert pk.eager_fallback and pk.fallback_cause == pb.SKIP_FRAME and len(pk.variants) == 0
@@ -106,10 +110,12 @@ def test_frames_file_rows(artifact):
     with open(os.path.join(artifact, "FRAMES")) as f:
         rows = [r for r in f.read().splitlines()[1:] if not r.startswith("  ")]
     assert rows == [
-        "forward: 1 variant # eager fallback (GRAPH_BREAK: Skip calling `torch.compiler.disable()`d function)",
+        "forward: 1 variant # eager fallback (GRAPH_BREAK: Skip calling `torch.compiler.disable()`d function)"
+        " # eager program: TorchScript",
         "encoder: 1 variant",
         "scale: 1 variant",
-        "picky: 0 variants # eager fallback (SKIP_FRAME: Call to `torch._dynamo.skip_frame()`)",
+        "picky: 0 variants # eager fallback (SKIP_FRAME: Call to `torch._dynamo.skip_frame()`)"
+        " # eager program: TorchScript",
     ]
 
 
@@ -143,15 +149,14 @@ def test_eager_program_calls_callees_through_call_frame(artifact, nested):
         torch.testing.assert_close(g, w)
 
 
-def test_callee_eager_programs(artifact, nested):
+def test_only_flagged_callees_have_eager_programs(artifact, nested):
     x = nested[2]
-    program = jit_load(os.path.join(artifact, "frames/scale/eager.pt"))
-    assert [a.name for a in program.forward.schema.arguments[1:]] == ["y", "factor"]
-    torch.testing.assert_close(program(x), scale(x))  # recorded default factor=2.0
-    torch.testing.assert_close(program(x, 3.0), scale(x, 3.0))
-    enc = jit_load(os.path.join(artifact, "frames/encoder/eager.pt"))
-    with torch.no_grad():
-        torch.testing.assert_close(enc(x), nested[1].encoder(x))
+    # encoder and scale are never run eagerly at serve time.
+    assert sorted(os.listdir(os.path.join(artifact, "frames/scale"))) == ["0.pt2"]
+    assert sorted(os.listdir(os.path.join(artifact, "frames/encoder"))) == ["0.pt2"]
+    program = jit_load(os.path.join(artifact, "frames/picky/eager.pt"))
+    assert [a.name for a in program.forward.schema.arguments[1:]] == ["y"]
+    torch.testing.assert_close(program(x), picky(x))
 
 
 def test_interception_is_removed_after_the_capture(nested):

@@ -596,6 +596,20 @@ absl::Status CheckManifest(const uint8_t* data, size_t size) {
       return Violation(absl::StrCat("accepted flagged frame '", frame.name(),
                                     "' without a listed eager program"));
     }
+    absl::flat_hash_set<std::string> outputs;
+    for (const auto& leaf : frame.outputs().leaves()) {
+      if (!outputs.insert(leaf.name()).second) {
+        return Violation(absl::StrCat("accepted output '", leaf.name(), "' of frame '",
+                                      frame.name(), "' twice"));
+      }
+    }
+    for (const auto& v : frame.variants()) {
+      if (v.num_outputs() != static_cast<uint32_t>(frame.outputs().leaves_size())) {
+        return Violation(absl::StrCat("accepted variant '", v.id(), "' returning ",
+                                      v.num_outputs(), " values for ",
+                                      frame.outputs().leaves_size(), " output leaves"));
+      }
+    }
     // What the runtime does next with each frame.
     std::vector<std::string> names;
     for (const auto& p : frame.parameters()) names.push_back(p.name());

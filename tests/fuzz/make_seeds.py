@@ -292,6 +292,7 @@ def manifest_seeds(artifact_pb2, manifests):
         for i, f in enumerate(m.frames):
             m.frames[i].CopyFrom(small_frame(f))
         m.created_at = ""
+        m.cpu_isa = "AVX2"  # What the fuzz fixture's machine supports, wherever captured.
         for frame in m.frames:
             if frame.eager_program_path:
                 frame.eager_program_path = fit_fixture(frame.eager_program_path)
@@ -333,7 +334,7 @@ def manifest_seeds(artifact_pb2, manifests):
 
     refused("checksum", lambda m: setattr(m.files[0], "sha256", "0" * 64))
     refused("size", lambda m: setattr(m.files[0], "size_bytes", 1))
-    refused("format_version", lambda m: setattr(m, "format_version", 2))
+    refused("format_version", lambda m: setattr(m, "format_version", 1))
     refused("torch_version", lambda m: setattr(m, "torch_version", "2.10.0+cpu"))
     refused("device", lambda m: setattr(m, "device", "tpu"))
     refused("cpu_isa", lambda m: setattr(m, "cpu_isa", "AVX512"))
@@ -345,6 +346,9 @@ def manifest_seeds(artifact_pb2, manifests):
     refused("eager_missing", frame_edit(
         lambda f: (setattr(f, "eager_fallback", True), f.ClearField("eager_program_path"))))
     refused("eager_unlisted", frame_edit(lambda f: setattr(f, "eager_program_path", "nope.pt")))
+    refused("output_repeated", frame_edit(lambda f: f.outputs.leaves.add(name="output0", is_tensor=True)))
+    refused("output_count", frame_edit(lambda f: setattr(f.variants[0], "num_outputs", 2)))
+    refused("no_tensor_output", frame_edit(lambda f: setattr(f.outputs.leaves[0], "is_tensor", False)))
     refused("variant_id_repeated", frame_edit(lambda f: setattr(f.variants[1], "id", "forward#0")))
     refused("package_unlisted", frame_edit(
         lambda f: setattr(f.variants[0], "package_path", "frames/forward/2.pt2")))

@@ -1,0 +1,173 @@
+"""A frame's outputs: the leaves of its result as a pytree, named by their path.
+
+Real models return structures: `transformers` returns `ModelOutput` (an
+ordered dict and a dataclass), others return tuples, lists, dicts or their own
+dataclasses. The runtime serves tensors by name, so the capture flattens a
+result with torch's pytree (the flattening torch.export and AOTInductor use
+for outputs) and names each leaf by its path: mapping keys, attribute names
+and sequence indices joined by "." ("last_hidden_state",
+"past_key_values.0.1"); an index at the top is "output<i>" and a lone tensor
+is "output0". Leaves that are not tensors (None, ints, ...) stay in the list
+(a compiled variant returns a value for each) but are not served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Optional, Tuple
+
+import torch
+import torch.utils._pytree as pytree
+
+from .errors import PrecompileError
+
+# The dataclasses output_schema made pytree nodes, in order.
+registered_dataclasses: List[type] = []
+
+# Non-tensor leaves a frame may return: they are recorded, not served.
+_CONSTANT_TYPES = (type(None), bool, int, float, str)
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    name: str
+    is_tensor: bool
+    python_type: str = ""  # For a leaf that is not a tensor: "NoneType", "int", ...
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSchema:
+    """The leaves of a frame's result, in pytree order, and its spec in words."""
+
+    leaves: Tuple[Leaf, ...]
+    tree_spec: str
+
+    @property
+    def tensor_names(self) -> Tuple[str, ...]:
+        return tuple(leaf.name for leaf in self.leaves if leaf.is_tensor)
+
+    def simple_structure(self) -> Optional[Tuple[bool, int]]:
+        """(is_tuple, n) for a lone tensor or a flat tuple of tensors; else None."""
+        if len(self.leaves) == 1 and self.leaves[0].is_tensor and self.tree_spec == "*":
+            return (False, 1)
+        names = [f"output{i}" for i in range(len(self.leaves))]
+        if (
+            self.leaves
+            and all(leaf.is_tensor for leaf in self.leaves)
+            and [leaf.name for leaf in self.leaves] == names
+            and self.tree_spec.startswith("tuple(")
+        ):
+            return (True, len(self.leaves))
+        return None
+
+    def describe(self) -> str:
+        parts = [
+            leaf.name if leaf.is_tensor else f"{leaf.name} ({leaf.python_type}, not served)"
+            for leaf in self.leaves
+        ]
+        return "[" + ", ".join(parts) + "]"
+
+
+def _register_dataclasses(value: Any, seen: set) -> None:
+    """Makes the dataclasses in `value` pytree nodes, as torch.export needs them.
+
+    `transformers.ModelOutput` registers itself; a model's own dataclass would
+    otherwise be one opaque leaf.
+    """
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    cls = type(value)
+    if isinstance(value, torch.Tensor):
+        return
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if cls not in pytree.SUPPORTED_NODES:
+            torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+            registered_dataclasses.append(cls)
+        for f in dataclasses.fields(value):
+            _register_dataclasses(getattr(value, f.name, None), seen)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _register_dataclasses(v, seen)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _register_dataclasses(v, seen)
+
+
+def _key_words(key: Any) -> str:
+    if isinstance(key, pytree.MappingKey):
+        return str(key.key)
+    if isinstance(key, pytree.SequenceKey):
+        return str(key.idx)
+    if isinstance(key, pytree.GetAttrKey):
+        return key.name
+    return str(key).strip(".[]'\"")
+
+
+def _leaf_name(path: Tuple[Any, ...]) -> str:
+    if not path:
+        return "output0"
+    words = [_key_words(k) for k in path]
+    if isinstance(path[0], pytree.SequenceKey):
+        words[0] = f"output{words[0]}"
+    return ".".join(words)
+
+
+def _spec_words(spec: pytree.TreeSpec) -> str:
+    if spec.is_leaf():
+        return "*"
+    children = ", ".join(_spec_words(c) for c in spec.children())
+    return f"{getattr(spec.type, '__name__', str(spec.type))}({children})"
+
+
+def output_schema(frame: str, result: Any) -> OutputSchema:
+    """The schema of `result`, or PrecompileError naming what cannot be served."""
+    _register_dataclasses(result, set())
+    try:
+        with_paths, spec = pytree.tree_flatten_with_path(result)
+    except ValueError:
+        # A node type registered without keys: name its leaves by position.
+        leaves, spec = pytree.tree_flatten(result)
+        with_paths = [((pytree.SequenceKey(i),), leaf) for i, leaf in enumerate(leaves)]
+    out: List[Leaf] = []
+    names = set()
+    for path, leaf in with_paths:
+        name = _leaf_name(path)
+        if isinstance(leaf, torch.Tensor):
+            out.append(Leaf(name, True))
+        elif isinstance(leaf, _CONSTANT_TYPES):
+            out.append(Leaf(name, False, type(leaf).__name__))
+        else:
+            hint = (
+                " (a transformers cache: build the model with use_cache=False, or pass "
+                "use_cache=False)"
+                if type(leaf).__name__.endswith("Cache")
+                else ""
+            )
+            raise PrecompileError(
+                f"frame '{frame}' returns a {type(leaf).__qualname__} at '{name}'{hint}; a "
+                "frame's outputs are tensors (with None, bool, int, float or str leaves, which "
+                "are not served) in tuples, lists, dicts, dataclasses or other pytree nodes. "
+                "Register the type as a pytree node (torch.utils._pytree.register_pytree_node), "
+                "return its tensors instead, or capture a wrapper that does"
+            )
+        if name in names:
+            raise PrecompileError(f"frame '{frame}': two outputs are both named '{name}'")
+        names.add(name)
+    if not any(leaf.is_tensor for leaf in out):
+        raise PrecompileError(
+            f"frame '{frame}' returns no tensor ({_spec_words(spec)}); a frame must return "
+            "at least one tensor"
+        )
+    return OutputSchema(tuple(out), _spec_words(spec))
+
+
+def exported_leaf_kinds(ep: torch.export.ExportedProgram) -> Tuple[bool, ...]:
+    """Per value the exported program returns: whether it is a tensor."""
+    from torch.export.graph_signature import TensorArgument  # noqa: PLC0415
+
+    return tuple(
+        isinstance(s.arg, TensorArgument)
+        for s in ep.graph_signature.output_specs
+        if s.kind.name == "USER_OUTPUT"
+    )
