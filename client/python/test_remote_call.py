@@ -6,14 +6,9 @@ command-line client (bazel build //server:precompile_server //examples:artifacts
 project's environment: .venv/bin/python -m pytest client/python
 """
 
-import os
 import pathlib
-import re
-import signal
 import subprocess
 import sys
-import threading
-import time
 
 import grpc
 import numpy as np
@@ -22,6 +17,8 @@ import pytest
 import remote_call
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "testing"))
+from server_process import ServerProcess, copy_tree  # noqa: E402
 BIN = ROOT / "bazel-bin"
 TOKEN = "python-test-token"
 
@@ -33,63 +30,16 @@ def _built(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def _copy_tree(source: pathlib.Path, destination: pathlib.Path) -> None:
-    """Copies with symbolic links dereferenced, into writable plain files
-    (bazel-bin's are read-only links into Bazel's cache)."""
-    for directory, _, files in os.walk(source, followlinks=True):
-        target = destination / pathlib.Path(directory).relative_to(source)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            (target / name).write_bytes((pathlib.Path(directory) / name).read_bytes())
-
-
-class ServerProcess:
-    """precompile_server on 127.0.0.1 with a port of its choice."""
-
-    def __init__(self, repository: pathlib.Path, token_file: pathlib.Path):
-        self.process = subprocess.Popen(
-            [str(_built(BIN / "server" / "precompile_server")),
-             f"--model_repository={repository}", "--listen_address=127.0.0.1",
-             "--grpc_port=0", "--metrics_port=-1", f"--admin_token_file={token_file}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.output = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self.port = int(self.await_output(r"event=listening grpc_port=(\d+)"))
-        self.await_output(r"event=ready")
-        self.address = f"127.0.0.1:{self.port}"
-
-    def _read(self):
-        for line in self.process.stdout:
-            self.output.append(line)
-
-    def await_output(self, pattern: str, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = re.search(pattern, "".join(self.output))
-            if match:
-                return match.group(1) if match.groups() else match.group(0)
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.02)
-        pytest.fail(f"no {pattern!r} from the server:\n{''.join(self.output)}")
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=30)
-        self._reader.join(timeout=5)
-        return code
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    _copy_tree(_built(BIN / "examples" / "mlp"), root / "repository" / "mlp" / "1")
+    copy_tree(_built(BIN / "examples" / "mlp"), root / "repository" / "mlp" / "1")
     token_file = root / "token"
     token_file.write_text(TOKEN + "\n")
-    process = ServerProcess(root / "repository", token_file)
+    process = ServerProcess(_built(BIN / "server" / "precompile_server"), root / "repository",
+                            [f"--admin_token_file={token_file}"])
     yield process
-    assert process.stop() == 0, "".join(process.output)
+    assert process.stop() == 0, process.log()
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs deploy test files with pytest in the project's virtual environment.
+# Runs Python test files with pytest in the project's virtual environment.
 # Usage: run_pytest.sh PYTHON [NAME=PATH ...] TEST_FILE...
 # NAME=PATH arguments are exported as absolute paths (runfiles of the test).
 set -euo pipefail
