@@ -1,0 +1,55 @@
+"""The gallery: models nobody here wrote, built the way their users build them.
+
+Tiny configurations with random weights (seeded), so that nothing is
+downloaded; the code that runs is the libraries' own. Each factory returns the
+model in eval mode; the capture calls it the way its users call it (see the
+*.calls.json beside this file), and the gallery's tests call the served model
+the same way and compare with these models run eagerly.
+"""
+
+import torch
+
+
+def make_bert() -> torch.nn.Module:
+    """A Hugging Face encoder, called as model(input_ids=..., attention_mask=...)."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+    )
+    return BertModel(config).eval()
+
+
+def make_gpt2() -> torch.nn.Module:
+    """A Hugging Face decoder with its language-model head, for scoring whole
+    sequences: use_cache=False, as a model served without generation state
+    is configured (with the cache on it returns a DynamicCache object, which
+    the capture refuses with a message that says so)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=1000,
+        n_positions=128,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+def make_resnet18() -> torch.nn.Module:
+    """torchvision's resnet18 as torchvision.models.resnet18() builds it."""
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None).eval()

@@ -1,0 +1,53 @@
+"""Shared by the gallery's tests: the real server serving the gallery's
+artifacts on loopback, and the same models run eagerly.
+
+The tests run under Bazel, from its runfiles: //gallery:gallery_test and
+//gallery:tritonclient_test (tritonclient's protos and the project's share a
+package name, so the two cannot be imported into one process).
+"""
+
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # Tiny configs: nothing to download.
+# The runfiles tree (no resolve(): its files are links into the sources).
+ROOT = pathlib.Path(os.path.abspath(__file__)).parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "testing"))
+
+from server_process import ServerProcess  # noqa: E402
+
+MODELS = ("bert", "gpt2", "resnet18")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("repository")
+    for name in MODELS:
+        (repository / name).mkdir()
+        # The artifact's real directory: in runfiles each file is a link.
+        artifact = (ROOT / "gallery" / name / "MANIFEST.pb").resolve().parent
+        (repository / name / "1").symlink_to(artifact)
+    process = ServerProcess(ROOT / "server" / "precompile_server", repository)
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def tokens(batch, sequence, seed):
+    """Token ids and an attention mask whose first sequence is padded."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 1000, (batch, sequence), dtype=np.int64)
+    mask = np.ones((batch, sequence), dtype=np.int64)
+    mask[0, sequence - 3:] = 0
+    return ids, mask
+
+
+def eager(factory, *args, **kwargs):
+    """The gallery model `factory` builds, run eagerly on the arguments."""
+    with torch.no_grad():
+        return factory()(*args, **kwargs)

@@ -1,0 +1,123 @@
+"""The gallery served end to end: models nobody here wrote, captured at build
+time by the capture tool, served by the real server on loopback, called the
+way their users call them (through the KServe v2 stubs generated from the
+project's protos), and compared with the same models run eagerly.
+
+Every call here but one uses a shape the capture never saw (within a
+variant's guards), so a variant compiled for the example calls has to
+generalise.
+"""
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from conftest import eager, tokens
+
+from gallery import models
+from proto import inference_pb2, inference_pb2_grpc
+
+DATATYPES = {np.dtype("int64"): "INT64", np.dtype("float32"): "FP32"}
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with grpc.insecure_channel(server.address) as channel:
+        yield inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def infer(stub, model, inputs, outputs=()):
+    """ModelInfer with `inputs` (name -> numpy array) as raw contents; returns
+    (outputs by name, the response's parameters)."""
+    request = inference_pb2.ModelInferRequest(model_name=model)
+    for name, array in inputs.items():
+        array = np.ascontiguousarray(array)
+        request.inputs.add(name=name, datatype=DATATYPES[array.dtype], shape=list(array.shape))
+        request.raw_input_contents.append(array.tobytes())
+    for name in outputs:
+        request.outputs.add(name=name)
+    response = stub.ModelInfer(request, timeout=60)
+    got = {}
+    for output, raw in zip(response.outputs, response.raw_output_contents):
+        assert output.datatype == "FP32", output
+        got[output.name] = np.frombuffer(raw, dtype="<f4").reshape(tuple(output.shape))
+    parameters = {k: v.string_param for k, v in response.parameters.items()}
+    return got, parameters
+
+
+def test_bert_called_with_keywords_returns_its_model_output(stub):
+    ids, mask = tokens(3, 11, seed=0)
+    got, parameters = infer(stub, "bert", {"input_ids": ids, "attention_mask": mask})
+    assert parameters == {"precompile_outcome": "variant", "precompile_variant": "forward#1"}
+    want = eager(models.make_bert, input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    assert list(got) == ["last_hidden_state", "pooler_output"]
+    np.testing.assert_allclose(got["last_hidden_state"], want.last_hidden_state.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["pooler_output"], want.pooler_output.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_bert_sends_only_the_outputs_asked_for(stub):
+    ids, mask = tokens(2, 8, seed=1)  # The static variant's shape.
+    got, parameters = infer(stub, "bert", {"input_ids": ids, "attention_mask": mask}, ["pooler_output"])
+    assert parameters["precompile_outcome"] == "variant"
+    want = eager(models.make_bert, input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    assert list(got) == ["pooler_output"]
+    np.testing.assert_allclose(got["pooler_output"], want.pooler_output.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_gpt2_logits_on_a_new_batch_and_sequence_length(stub):
+    ids, mask = tokens(3, 29, seed=2)
+    got, parameters = infer(stub, "gpt2", {"input_ids": ids, "attention_mask": mask})
+    assert parameters["precompile_variant"] == "forward#1"
+    want = eager(models.make_gpt2, input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    assert list(got) == ["logits"] and got["logits"].shape == (3, 29, 1000)
+    np.testing.assert_allclose(got["logits"], want.logits.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_resnet18_on_a_new_batch_size(stub):
+    x = np.random.default_rng(3).standard_normal((3, 3, 224, 224), dtype=np.float32)
+    got, parameters = infer(stub, "resnet18", {"x": x})
+    assert parameters["precompile_variant"] == "forward#1"
+    want = eager(models.make_resnet18, torch.from_numpy(x))
+    assert list(got) == ["output0"] and got["output0"].shape == (3, 1000)
+    np.testing.assert_allclose(got["output0"], want.numpy(), rtol=1e-3, atol=1e-3)
+
+
+def test_metadata_names_the_inputs_the_calls_passed_and_the_outputs_by_path(stub):
+    meta = stub.ModelMetadata(inference_pb2.ModelMetadataRequest(name="bert"), timeout=10)
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
+        ("input_ids", "INT64", [-1, -1]),
+        ("attention_mask", "INT64", [-1, -1]),
+    ]
+    assert [(t.name, list(t.shape)) for t in meta.outputs] == [
+        ("last_hidden_state", [-1, -1, 64]),
+        ("pooler_output", [-1, 64]),
+    ]
+    config = stub.ModelConfig(inference_pb2.ModelConfigRequest(name="gpt2"), timeout=10).config
+    assert [(t.name, t.optional) for t in config.input] == [("input_ids", True), ("attention_mask", True)]
+    assert [t.name for t in config.output] == ["logits"]
+
+
+@pytest.mark.parametrize("inputs, outputs, code, message", [
+    ({"input_idz": np.zeros((2, 8), np.int64)}, (), grpc.StatusCode.INVALID_ARGUMENT,
+     "model 'bert' has no input 'input_idz' (its inputs: input_ids, attention_mask)"),
+    ({"input_ids": np.zeros((2, 8), np.int64), "attention_mask": np.ones((2, 8), np.int64)}, ["logits"],
+     grpc.StatusCode.INVALID_ARGUMENT,
+     "model 'bert' has no output 'logits' (its outputs: last_hidden_state, pooler_output)"),
+    # An argument no example call passed is guarded to stay None.
+    ({"input_ids": np.zeros((2, 8), np.int64), "attention_mask": np.ones((2, 8), np.int64),
+      "token_type_ids": np.zeros((2, 8), np.int64)}, (), grpc.StatusCode.FAILED_PRECONDITION,
+     "token_type_ids: expected None, got a tensor"),
+    # The capture always passed a mask.
+    ({"input_ids": np.zeros((2, 8), np.int64)}, (), grpc.StatusCode.FAILED_PRECONDITION,
+     "attention_mask: expected a tensor, got None"),
+    ({"input_ids": np.zeros((2, 8), np.float32), "attention_mask": np.ones((2, 8), np.int64)}, (),
+     grpc.StatusCode.FAILED_PRECONDITION, "input_ids.dtype: expected int64, got float32"),
+])
+def test_bad_calls_are_refused_by_name_and_the_server_keeps_serving(stub, inputs, outputs, code, message):
+    with pytest.raises(grpc.RpcError) as error:
+        infer(stub, "bert", inputs, outputs)
+    assert error.value.code() == code
+    assert message in error.value.details()
+    ids, mask = tokens(2, 8, seed=5)
+    got, _ = infer(stub, "bert", {"input_ids": ids, "attention_mask": mask})
+    assert got["pooler_output"].shape == (2, 64)
