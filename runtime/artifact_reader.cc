@@ -98,6 +98,11 @@ absl::Status ValidateFrames(const Manifest& m,
             "frame '", frame.name(), "' has an empty or repeated parameter name '",
             p.name(), "'"));
       }
+      if (p.has_index_range() && p.index_range().min() >= p.index_range().max()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", p.name(), "' of frame '", frame.name(),
+            "' has an empty index range"));
+      }
     }
     if (frame.eager_fallback() && frame.eager_program_path().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -135,6 +135,39 @@ absl::StatusOr<c10::IValue> ToIValue(const std::string& name,
   return c10::IValue(s);
 }
 
+template <typename T>
+std::optional<std::pair<size_t, int64_t>> FirstOutside(const void* data, size_t n,
+                                                       int64_t min, int64_t max) {
+  const T* values = static_cast<const T*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t v = static_cast<int64_t>(values[i]);
+    if (v < min || v >= max) return std::make_pair(i, v);
+  }
+  return std::nullopt;
+}
+
+// Compiled code that indexes a table past its end ends the process (the
+// bounds check throws inside an OpenMP region), so the values the capture
+// found used as indices are checked before any code runs.
+absl::Status CheckIndexRange(const std::string& name, const TensorArg& t,
+                             const artifact::v1::IndexRange& range) {
+  std::optional<std::pair<size_t, int64_t>> outside;
+  const size_t n = t.nbytes / DTypeSize(t.dtype);
+  switch (t.dtype) {
+    case DType::kInt64: outside = FirstOutside<int64_t>(t.data, n, range.min(), range.max()); break;
+    case DType::kInt32: outside = FirstOutside<int32_t>(t.data, n, range.min(), range.max()); break;
+    case DType::kInt16: outside = FirstOutside<int16_t>(t.data, n, range.min(), range.max()); break;
+    case DType::kInt8: outside = FirstOutside<int8_t>(t.data, n, range.min(), range.max()); break;
+    case DType::kUInt8: outside = FirstOutside<uint8_t>(t.data, n, range.min(), range.max()); break;
+    default: return absl::OkStatus();  // Not indices: the guards refuse its dtype.
+  }
+  if (!outside) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "argument '", name, "' holds ", outside->second, " at flat index ", outside->first,
+      ", but the model uses its values as indices into a table: each must be in [",
+      range.min(), ", ", range.max(), ")"));
+}
+
 }  // namespace
 
 class Model::Impl final : public FrameCaller {
@@ -601,6 +634,10 @@ absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args,
     }
     ASSIGN_OR_RETURN(c10::IValue value,
                      ToIValue(arg.name, entry.parameters(index).kind(), arg.value));
+    if (entry.parameters(index).has_index_range() && value.isTensor()) {
+      RETURN_IF_ERROR(CheckIndexRange(arg.name, std::get<TensorArg>(arg.value),
+                                      entry.parameters(index).index_range()));
+    }
     if (value.isTensor()) {
       request_tensors.push_back(value.toTensor());
       // Requests arrive in host memory; the model's guards, variants and

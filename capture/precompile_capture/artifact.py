@@ -23,7 +23,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -145,6 +145,17 @@ def _guards_proto(variant_proto: pb.Variant, guards: GuardSet, frame: Frame) -> 
     variant_proto.global_state.default_dtype = dtype_to_proto(guards.default_dtype)
 
 
+def index_ranges(frame: Frame) -> Dict[int, Tuple[int, int]]:
+    """Per parameter, the values every variant's compiled code can index with."""
+    ranges: Dict[int, Tuple[int, int]] = {}
+    for v in frame.variants:
+        for i, lo, hi in v.guards.index_ranges:
+            if i in ranges:
+                lo, hi = max(lo, ranges[i][0]), min(hi, ranges[i][1])
+            ranges[i] = (lo, hi)
+    return ranges
+
+
 def frames_text(contents: ArtifactContents) -> str:
     """The readable FRAMES list."""
     lines = [
@@ -175,6 +186,8 @@ def frames_text(contents: ArtifactContents) -> str:
         names = [p.name for p in frame.params]
         for v in frame.variants:
             lines.append(f"  {v.id}: {v.guards.describe(names, contents.device)}")
+        for i, (lo, hi) in index_ranges(frame).items():
+            lines.append(f"  {frame.params[i].name}: values in [{lo}, {hi}) (indices into a table)")
         if frame.outputs is not None:
             lines.append(f"  returns {frame.outputs.describe()}")
     return "\n".join(lines) + "\n"
@@ -233,6 +246,9 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
                 pp.example_dtype = dtype_to_proto(p.example_dtype)
             pp.binding = _BINDINGS[p.binding]
             pp.passed = p.passed
+        for i, (lo, hi) in index_ranges(frame).items():
+            f.parameters[i].index_range.min = lo
+            f.parameters[i].index_range.max = hi
         _outputs_proto(f, frame, contents.eager_programs.get(frame.name, ""))
         for v in frame.variants:
             vp = f.variants.add()

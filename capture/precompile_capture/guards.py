@@ -70,6 +70,11 @@ class GuardSet:
     symbols: Tuple[SymbolRange, ...]
     grad_enabled: bool
     default_dtype: torch.dtype
+    # Integer tensor inputs the compiled code indexes a table with: parameter
+    # -> [min, max) of the values it can take. Not a guard (no variant would
+    # serve other values, and compiled code cannot report an index out of
+    # range without ending the process): the runtime refuses such calls.
+    index_ranges: Tuple[Tuple[int, int, int], ...] = ()
 
     def holds(self, values: Sequence[Any]) -> bool:
         if torch.is_grad_enabled() != self.grad_enabled:
@@ -221,19 +226,95 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
             args.append(ArgGuard(parameter=i, has_value=True, value=value))
     if not_plain:
         raise NotPlainSymbol(not_plain)
+    inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
+    index_ranges, symbol_limits = _index_limits(ep, inputs)
     symbols = []
     for sym, sid in symbol_ids.items():
         vr = ep.range_constraints.get(sym)
         lower = _int_bound(vr.lower) if vr is not None else None
         upper = _int_bound(vr.upper) if vr is not None else None
+        if sym in symbol_limits:
+            upper = symbol_limits[sym] if upper is None else min(upper, symbol_limits[sym])
         symbols.append(SymbolRange(symbol=sid, min=lower if lower is not None else 0, max=upper, name=str(sym)))
     guards = GuardSet(
         args=tuple(args),
         symbols=tuple(symbols),
         grad_enabled=torch.is_grad_enabled(),
         default_dtype=torch.get_default_dtype(),
+        index_ranges=tuple((i, lo, hi) for i, (lo, hi) in sorted(index_ranges.items())),
     )
     return guards, tensor_inputs
+
+
+_aten = torch.ops.aten
+# Ops whose output holds only values of their first input.
+_SAME_VALUES = {
+    _aten.view.default, _aten.reshape.default, _aten._unsafe_view.default, _aten.unsqueeze.default,
+    _aten.squeeze.dim, _aten.squeeze.dims, _aten.squeeze.default, _aten.expand.default,
+    _aten.clone.default, _aten.alias.default, _aten.flatten.using_ints, _aten.permute.default,
+    _aten.transpose.int, _aten.t.default, _aten.slice.Tensor, _aten.select.int,
+}
+
+
+def _index_source(node: Any) -> Optional[Tuple[str, Any, int]]:
+    """Where the values of an index tensor come from, up to an added constant:
+    ("input", placeholder, offset) or ("arange", end, offset) (arange from 0)."""
+    offset = 0
+    while isinstance(node, torch.fx.Node):
+        if node.op == "placeholder":
+            return ("input", node, offset)
+        if node.op != "call_function":
+            return None
+        target, args = node.target, node.args
+        if target in _SAME_VALUES:
+            node = args[0]
+        elif target in (_aten.add.Tensor, _aten.add.Scalar) and isinstance(args[1], int) and not isinstance(args[1], bool):
+            offset += args[1]
+            node = args[0]
+        elif target is _aten.arange.default and len(args) == 1:
+            return ("arange", args[0], offset)
+        elif target is _aten.arange.start and len(args) == 2 and isinstance(args[0], int) and args[0] >= 0:
+            return ("arange", args[1], offset)
+        else:
+            return None
+    return None
+
+
+def _index_limits(
+    ep: torch.export.ExportedProgram, inputs: Dict[str, int]
+) -> Tuple[Dict[int, Tuple[int, int]], Dict[sympy.Symbol, int]]:
+    """What indexing a table (an embedding) requires of the inputs.
+
+    Returns the value range [min, max) of each integer input (by parameter)
+    used as embedding indices, and the largest size of each symbol that is
+    the length of an arange used so (position ids): compiled code that reads
+    past a table ends the process, so these become refusals instead.
+    """
+    ranges: Dict[int, Tuple[int, int]] = {}
+    limits: Dict[sympy.Symbol, int] = {}
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or node.target is not _aten.embedding.default:
+            continue
+        weight = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if weight is None or not isinstance(weight.shape[0], int):
+            continue
+        rows = weight.shape[0]
+        source = _index_source(node.args[1])
+        if source is None:
+            continue
+        kind, origin, offset = source
+        if kind == "input" and origin.name in inputs:
+            i = inputs[origin.name]
+            lo, hi = -offset, rows - offset
+            if i in ranges:
+                lo, hi = max(lo, ranges[i][0]), min(hi, ranges[i][1])
+            ranges[i] = (lo, hi)
+        elif kind == "arange" and isinstance(origin, torch.fx.Node):
+            end = origin.meta.get("val")
+            expr = end.node.expr if isinstance(end, torch.SymInt) else None
+            if isinstance(expr, sympy.Symbol):
+                limits[expr] = min(limits.get(expr, rows - offset), rows - offset)
+    return ranges, limits
 
 
 def output_specs(ep: torch.export.ExportedProgram) -> List[Tuple[torch.dtype, List[int]]]:

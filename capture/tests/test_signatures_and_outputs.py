@@ -73,6 +73,10 @@ def test_inputs_follow_the_signature_and_the_calls(keyword_capture):
         ("bias", pb.Parameter.TENSOR, pb.Parameter.VAR_KEYWORD, True),
     ]
     assert f.parameters[3].default_value.none
+    # input_ids index the embedding's 50 rows.
+    assert f.parameters[0].HasField("index_range")
+    assert (f.parameters[0].index_range.min, f.parameters[0].index_range.max) == (0, 50)
+    assert not f.parameters[1].HasField("index_range")
 
 
 def test_which_optional_arguments_were_given_is_guarded(keyword_capture):
@@ -258,6 +262,10 @@ def test_the_server_takes_keywords_and_sends_outputs_by_path(keyword_capture, tm
                 infer({"input_ids": ids}, ["count"])
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "output 'count' of model 'kw' is not a tensor (int): only tensors are sent" in e.value.details()
+            with pytest.raises(grpc.RpcError) as e:
+                infer({"input_ids": np.array([[3, -1]], np.int64)})
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "argument 'input_ids' holds -1 at flat index 1" in e.value.details()
             with pytest.raises(grpc.RpcError) as e:
                 infer({"input_ids": ids}, parameters={"scale": 2.0})
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION

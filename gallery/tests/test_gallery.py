@@ -112,6 +112,12 @@ def test_metadata_names_the_inputs_the_calls_passed_and_the_outputs_by_path(stub
      "attention_mask: expected a tensor, got None"),
     ({"input_ids": np.zeros((2, 8), np.float32), "attention_mask": np.ones((2, 8), np.int64)}, (),
      grpc.StatusCode.FAILED_PRECONDITION, "input_ids.dtype: expected int64, got float32"),
+    # A token id past the vocabulary: compiled code would read past the
+    # embedding table (and end the process), so the value is checked first.
+    ({"input_ids": np.full((2, 8), 1000, np.int64), "attention_mask": np.ones((2, 8), np.int64)}, (),
+     grpc.StatusCode.INVALID_ARGUMENT,
+     "argument 'input_ids' holds 1000 at flat index 0, but the model uses its values as indices into a "
+     "table: each must be in [0, 1000)"),
 ])
 def test_bad_calls_are_refused_by_name_and_the_server_keeps_serving(stub, inputs, outputs, code, message):
     with pytest.raises(grpc.RpcError) as error:
@@ -121,3 +127,17 @@ def test_bad_calls_are_refused_by_name_and_the_server_keeps_serving(stub, inputs
     ids, mask = tokens(2, 8, seed=5)
     got, _ = infer(stub, "bert", {"input_ids": ids, "attention_mask": mask})
     assert got["pooler_output"].shape == (2, 64)
+
+
+def test_gpt2_refuses_a_sequence_longer_than_its_positions(stub):
+    # torch.export leaves the sequence length unbounded, but the positions
+    # index a table of n_positions=128 rows: the capture bounds it.
+    ids, mask = tokens(2, 129, seed=6)
+    with pytest.raises(grpc.RpcError) as error:
+        infer(stub, "gpt2", {"input_ids": ids, "attention_mask": mask})
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "input_ids.size(1): expected" in error.value.details()
+    assert "got 129" in error.value.details()
+    ids, mask = tokens(2, 128, seed=7)
+    got, _ = infer(stub, "gpt2", {"input_ids": ids, "attention_mask": mask})
+    assert got["logits"].shape == (2, 128, 1000)

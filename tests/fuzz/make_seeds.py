@@ -349,6 +349,7 @@ def manifest_seeds(artifact_pb2, manifests):
     refused("output_repeated", frame_edit(lambda f: f.outputs.leaves.add(name="output0", is_tensor=True)))
     refused("output_count", frame_edit(lambda f: setattr(f.variants[0], "num_outputs", 2)))
     refused("no_tensor_output", frame_edit(lambda f: setattr(f.outputs.leaves[0], "is_tensor", False)))
+    refused("index_range_empty", frame_edit(lambda f: setattr(f.parameters[0].index_range, "max", 0)))
     refused("variant_id_repeated", frame_edit(lambda f: setattr(f.variants[1], "id", "forward#0")))
     refused("package_unlisted", frame_edit(
         lambda f: setattr(f.variants[0], "package_path", "frames/forward/2.pt2")))
