@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sets up the machine (tools/setup.sh), builds the server and the bundled
-# example artifacts, and serves them: gRPC (KServe v2, admin, health,
+# Sets up the machine (tools/setup.sh), builds the server, the bundled example
+# artifacts and the gallery's (BERT, GPT-2, resnet18), and serves them: gRPC (KServe v2, admin, health,
 # reflection) on port 8001, Prometheus metrics on http://localhost:8002/metrics.
 # Extra arguments go to the server (see `precompile_server --help`).
 # Ctrl-C or SIGTERM drains and stops it.
@@ -8,14 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh
-echo "[serve] bazel build //server:precompile_server //examples:artifacts"
-bazel build //server:precompile_server //examples:artifacts
+echo "[serve] bazel build //server:precompile_server //examples:artifacts //gallery:artifacts"
+bazel build //server:precompile_server //examples:artifacts //gallery:artifacts
 
 # A model repository of plain copies: <repository>/<model>/1/.
 repository=.serve/repository
 rm -rf "$repository"
 mkdir -p "$repository"
-for artifact in bazel-bin/examples/*/; do
+for artifact in bazel-bin/examples/*/ bazel-bin/gallery/*/; do
   [[ -f $artifact/MANIFEST.pb ]] || continue
   name=$(basename "$artifact")
   mkdir -p "$repository/$name"
