@@ -14,6 +14,10 @@
 //   aoti_direct_bench --mode=loader --package=DIR/frames/forward/0.pt2
 //       --shape=8,4 --threads=1,8,64 --duration=3 --json_out=out.json
 //
+// --inputs gives several tensor arguments instead of one (the gallery's BERT:
+// --inputs='input_ids:int64:3x11;attention_mask:int64:3x11'), in the order
+// the package takes them; int64 tensors hold small values (valid token ids).
+//
 // All modes run under c10::InferenceMode, as the server's calls do, with the
 // same number of runners per variant as the server's default (2).
 //
@@ -56,6 +60,9 @@ ABSL_FLAG(std::string, artifact, "", "model: the artifact directory");
 ABSL_FLAG(std::string, input, "x", "model: the tensor argument's name");
 ABSL_FLAG(std::string, params, "", "model: int arguments, name=value,...");
 ABSL_FLAG(std::string, shape, "8,4", "the float32 input's shape");
+ABSL_FLAG(std::string, inputs, "",
+          "name:dtype:d0xd1x...;... (dtype float32 or int64): several tensor arguments, "
+          "replacing --input and --shape");
 ABSL_FLAG(std::string, threads, "1,8,64", "calling threads, one phase each");
 ABSL_FLAG(double, warmup, 0.5, "seconds not recorded before each phase");
 ABSL_FLAG(double, duration, 3, "seconds recorded per phase");
@@ -127,9 +134,9 @@ PhaseResult RunPhase(int threads, double warmup, double duration, Fn call) {
   return r;
 }
 
-std::vector<int64_t> ParseInts(const std::string& text) {
+std::vector<int64_t> ParseInts(const std::string& text, char separator = ',') {
   std::vector<int64_t> values;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+  for (absl::string_view part : absl::StrSplit(text, separator, absl::SkipEmpty())) {
     int64_t v;
     if (!absl::SimpleAtoi(part, &v)) {
       fprintf(stderr, "not an integer: %s\n", std::string(part).c_str());
@@ -147,16 +154,35 @@ int main(int argc, char** argv) {
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (absl::GetFlag(FLAGS_torch_threads) > 0)
     at::set_num_threads(absl::GetFlag(FLAGS_torch_threads));
-  const std::vector<int64_t> shape = ParseInts(absl::GetFlag(FLAGS_shape));
-  at::Tensor host_input = at::randn(shape, at::kFloat);
-  at::Tensor input = host_input;
+  // The tensor arguments, by name, in host memory.
+  std::vector<std::pair<std::string, at::Tensor>> host_inputs;
+  if (absl::GetFlag(FLAGS_inputs).empty()) {
+    host_inputs.emplace_back(absl::GetFlag(FLAGS_input),
+                             at::randn(ParseInts(absl::GetFlag(FLAGS_shape)), at::kFloat));
+  }
+  for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_inputs), ';', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(spec, ':');
+    if (parts.size() != 3 || (parts[1] != "float32" && parts[1] != "int64")) {
+      fprintf(stderr, "--inputs takes name:float32|int64:d0xd1...: %s\n", std::string(spec).c_str());
+      return 2;
+    }
+    const std::vector<int64_t> dims = ParseInts(parts[2], 'x');
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    host_inputs.emplace_back(parts[0], parts[1] == "int64"
+                                           ? at::arange(n, at::kLong).remainder(97).reshape(dims)
+                                           : at::randn(dims, at::kFloat));
+  }
+  const std::vector<int64_t> shape = host_inputs.front().second.sizes().vec();
+  std::vector<at::Tensor> inputs;
+  for (const auto& [name, t] : host_inputs) inputs.push_back(t);
   const bool cuda = absl::GetFlag(FLAGS_device) == "cuda";
   if (cuda) {
     if (absl::Status s = precompile::LoadCudaSupport(); !s.ok()) {
       fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;
     }
-    input = host_input.to(at::kCUDA);
+    for (at::Tensor& t : inputs) t = t.to(at::kCUDA);
   } else if (absl::GetFlag(FLAGS_device) != "cpu") {
     fprintf(stderr, "--device is cpu or cuda\n");
     return 2;
@@ -173,8 +199,7 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_package), "model", false,
         static_cast<size_t>(absl::GetFlag(FLAGS_num_runners)));
     call = [&] {
-      std::vector<at::Tensor> inputs{input};
-      std::vector<at::Tensor> out = loader->boxed_run(std::move(inputs));
+      std::vector<at::Tensor> out = loader->boxed_run(std::vector<at::Tensor>(inputs));
       if (cuda && !out.empty()) out[0] = out[0].cpu();
       return !out.empty();
     };
@@ -189,7 +214,7 @@ int main(int argc, char** argv) {
     }
     variant = *std::move(loaded);
     call = [&] {
-      auto out = variant->Run({input});
+      auto out = variant->Run(inputs);
       if (cuda && out.ok() && !out->empty()) (*out)[0] = (*out)[0].cpu();
       return out.ok();
     };
@@ -202,12 +227,15 @@ int main(int argc, char** argv) {
       return 1;
     }
     model = *std::move(loaded);
-    precompile::TensorArg tensor;
-    tensor.dtype = precompile::DType::kFloat32;
-    tensor.shape = shape;
-    tensor.data = host_input.data_ptr();
-    tensor.nbytes = host_input.nbytes();
-    args.push_back({absl::GetFlag(FLAGS_input), tensor});
+    for (const auto& [name, t] : host_inputs) {
+      precompile::TensorArg tensor;
+      tensor.dtype = t.scalar_type() == at::kLong ? precompile::DType::kInt64
+                                                  : precompile::DType::kFloat32;
+      tensor.shape = t.sizes().vec();
+      tensor.data = t.data_ptr();
+      tensor.nbytes = t.nbytes();
+      args.push_back({name, tensor});
+    }
     for (absl::string_view kv :
          absl::StrSplit(absl::GetFlag(FLAGS_params), ',', absl::SkipEmpty())) {
       std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
