@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # CUDA check and benchmark, for a machine with an NVIDIA GPU and torch 2.11
-# but no Bazel. UNVERIFIED: written by reading the code on a machine without a
-# GPU; see bench/RESULTS.md ("CUDA").
+# but no Bazel. Its runs on an H200 are in bench/RESULTS.md ("CUDA").
 #
 # Two steps:
 #
@@ -22,12 +21,14 @@
 #      binaries at that torch with LD_LIBRARY_PATH (their run paths name this
 #      build machine's paths; LD_LIBRARY_PATH comes first for RUNPATH);
 #   2. captures CUDA variants of the bundled examples (mlp, loop, branch,
-#      nested) and bench's medium MLP with `python -m precompile_capture
-#      --device cuda`;
+#      nested), bench's medium MLP and the gallery's BERT (which needs
+#      transformers) with `python -m precompile_capture --device cuda`, all
+#      at once;
 #   3. serves them with the carried precompile_server --device=cuda;
 #   4. checks each example call's outputs (served with precompile_client
-#      infer) against the same model run eagerly on the CPU in that Python,
-#      and how each call was served (variant, eager fallback, refusal);
+#      infer; BERT with keyword inputs, by output name) against the same
+#      model run eagerly on the CPU in that Python, and how each call was
+#      served (variant, eager fallback, refusal);
 #   5. runs precompile_load at concurrency 1, 8, 64 on mlp and medium, and
 #      aoti_direct_bench --device=cuda on medium (the in-process limit);
 #   6. prints one summary and writes $OUT/gpu_summary.json.
@@ -138,6 +139,7 @@ capture branch examples.models:make_branch examples/branch.calls.json & captures
 capture nested examples.models:make_nested examples/nested.calls.json encoder,scale,wobble &
 captures+=("nested:$!")
 capture medium bench.models:make_medium bench/medium.calls.json & captures+=("medium:$!")
+capture bert gallery.models:make_bert gallery/bert.calls.json & captures+=("bert:$!")
 for c in "${captures[@]}"; do
   wait "${c#*:}" || { log "capture of ${c%%:*} failed: $(tail -3 "$OUT/capture_${c%%:*}.log")"; exit 1; }
 done
@@ -166,10 +168,11 @@ import numpy as np
 import torch
 from examples import models
 from bench import models as bench_models
+from gallery import models as gallery_models
 
 out = sys.argv[1]
 g = torch.Generator().manual_seed(0)
-# name, model, factory, input shape, params, expected outcome
+# name, model, factory, input shape, params, expected outcome; the input is x.
 cases = [
     ("mlp_b8", "mlp", models.make_mlp, [8, 4], {}, "variant"),
     ("mlp_b16", "mlp", models.make_mlp, [16, 4], {}, "variant"),
@@ -191,7 +194,19 @@ for name, model, factory, shape, params, outcome in cases:
         with torch.no_grad():
             y = factory()(x, **params)
         np.save(f"{out}/{name}.expected.npy", y.numpy())
-    index.append({"name": name, "model": model, "params": params, "outcome": outcome})
+    index.append({"name": name, "model": model, "inputs": {"x": f"{name}.x.npy"},
+                  "output": "output0", "params": params, "outcome": outcome})
+# A model nobody here wrote, called with keywords, on a shape it was not captured at.
+ids = torch.randint(0, 1000, (3, 11), generator=g)
+mask = torch.ones(3, 11, dtype=torch.long)
+np.save(f"{out}/bert.input_ids.npy", ids.numpy())
+np.save(f"{out}/bert.attention_mask.npy", mask.numpy())
+with torch.no_grad():
+    y = gallery_models.make_bert()(input_ids=ids, attention_mask=mask).last_hidden_state
+np.save(f"{out}/bert.expected.npy", y.numpy())
+index.append({"name": "bert", "model": "bert", "output": "last_hidden_state", "params": {},
+              "outcome": "variant",
+              "inputs": {"input_ids": "bert.input_ids.npy", "attention_mask": "bert.attention_mask.npy"}})
 with open(f"{out}/cases.json", "w") as f:
     json.dump(index, f)
 EOF
@@ -202,8 +217,9 @@ cases_dir, out, client = sys.argv[1], sys.argv[2], sys.argv[3:]
 results = []
 for case in json.load(open(f"{cases_dir}/cases.json")):
     name = case["name"]
-    cmd = client + ["--json", "infer", case["model"], "--input", f"x={cases_dir}/{name}.x.npy",
-                    "--output_dir", f"{cases_dir}/{name}.out"]
+    cmd = client + ["--json", "infer", case["model"], "--output_dir", f"{cases_dir}/{name}.out"]
+    for input_name, path in case["inputs"].items():
+        cmd += ["--input", f"{input_name}={cases_dir}/{path}"]
     for k, v in case["params"].items():
         cmd += ["--param", f"{k}={json.dumps(v)}"]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -218,7 +234,7 @@ for case in json.load(open(f"{cases_dir}/cases.json")):
         except ValueError:
             outcome = "?"
         try:
-            got = np.load(f"{cases_dir}/{name}.out/output0.npy")
+            got = np.load(f"{cases_dir}/{name}.out/{case['output']}.npy")
             want = np.load(f"{cases_dir}/{name}.expected.npy")
             err = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("inf")
             close = got.shape == want.shape and np.allclose(got, want, rtol=1e-3, atol=1e-3)
