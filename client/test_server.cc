@@ -24,6 +24,9 @@ std::unique_ptr<server::Server> StartExampleServer(
   // server costs each server about 2 s.
   options.metrics_address = "";
   options.drain_timeout = absl::Seconds(5);
+  // The client tools' tests load, unload and rescan without a token; the
+  // refusal without one is tested in tests/server_repository_test.cc.
+  options.allow_unauthenticated_control = true;
   if (configure) configure(options);
   absl::StatusOr<std::unique_ptr<server::Server>> server = server::Server::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();

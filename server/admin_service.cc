@@ -1,7 +1,6 @@
 #include "server/admin_service.h"
 
 #include "absl/time/time.h"
-#include "server/admin_token.h"
 #include "server/grpc_status.h"
 
 namespace precompile::server {
@@ -24,14 +23,14 @@ void ToProto(const ModelState& state, v1::ModelStatus* out) {
 
 grpc::Status AdminService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest*,
                                       v1::ListModelsResponse* response) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckRead(*context); !s.ok()) return s;
   for (const ModelState& state : repository_.List()) ToProto(state, response->add_models());
   return grpc::Status::OK;
 }
 
 grpc::Status AdminService::GetSummary(grpc::ServerContext* context, const v1::ModelRequest* request,
                                       v1::SummaryResponse* response) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckRead(*context); !s.ok()) return s;
   auto handle = repository_.Get(request->name(), "");
   if (!handle.ok()) return ToGrpcStatus(handle.status());
   const auto& m = handle->model->manifest();
@@ -54,7 +53,7 @@ grpc::Status AdminService::GetSummary(grpc::ServerContext* context, const v1::Mo
 
 grpc::Status AdminService::GetFrames(grpc::ServerContext* context, const v1::ModelRequest* request,
                                      v1::FramesResponse* response) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckRead(*context); !s.ok()) return s;
   auto handle = repository_.Get(request->name(), "");
   if (!handle.ok()) return ToGrpcStatus(handle.status());
   response->set_frames(handle->model->frames_text());
@@ -63,7 +62,7 @@ grpc::Status AdminService::GetFrames(grpc::ServerContext* context, const v1::Mod
 
 grpc::Status AdminService::GetCoverage(grpc::ServerContext* context, const v1::ModelRequest* request,
                                        v1::CoverageResponse* response) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckRead(*context); !s.ok()) return s;
   auto handle = repository_.Get(request->name(), "");
   if (!handle.ok()) return ToGrpcStatus(handle.status());
   response->set_name(request->name());
@@ -83,7 +82,7 @@ grpc::Status AdminService::GetCoverage(grpc::ServerContext* context, const v1::M
 
 grpc::Status AdminService::ListWarnings(grpc::ServerContext* context, const v1::ModelRequest* request,
                                         v1::WarningsResponse* response) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckRead(*context); !s.ok()) return s;
   auto handle = repository_.Get(request->name(), "");
   if (!handle.ok()) return ToGrpcStatus(handle.status());
   for (const EagerFallbackWarning& w : handle->model->Warnings()) {
@@ -97,7 +96,7 @@ grpc::Status AdminService::ListWarnings(grpc::ServerContext* context, const v1::
 
 grpc::Status AdminService::LoadModel(grpc::ServerContext* context, const v1::ModelRequest* request,
                                      v1::LoadModelResponse* response) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckControl(*context); !s.ok()) return s;
   auto state = repository_.Load(request->name());
   if (!state.ok()) return ToGrpcStatus(state.status());
   ToProto(*state, response->mutable_status());
@@ -106,7 +105,7 @@ grpc::Status AdminService::LoadModel(grpc::ServerContext* context, const v1::Mod
 
 grpc::Status AdminService::UnloadModel(grpc::ServerContext* context, const v1::ModelRequest* request,
                                        v1::UnloadModelResponse* response) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckControl(*context); !s.ok()) return s;
   auto state = repository_.Unload(request->name());
   if (!state.ok()) return ToGrpcStatus(state.status());
   ToProto(*state, response->mutable_status());
@@ -115,7 +114,7 @@ grpc::Status AdminService::UnloadModel(grpc::ServerContext* context, const v1::M
 
 grpc::Status AdminService::Rescan(grpc::ServerContext* context, const v1::RescanRequest*,
                                   v1::RescanResponse* response) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckControl(*context); !s.ok()) return s;
   for (const ModelState& state : repository_.Rescan()) ToProto(state, response->add_models());
   return grpc::Status::OK;
 }

@@ -11,15 +11,17 @@
 #include <utility>
 
 #include "proto/admin.grpc.pb.h"
+#include "server/control_access.h"
 #include "server/model_repository.h"
 
 namespace precompile::server {
 
 class AdminService final : public precompile::v1::PrecompileAdmin::Service {
  public:
-  // `admin_token`: see CheckAdminToken; empty for none.
-  AdminService(ModelRepository& repository, std::string admin_token)
-      : repository_(repository), admin_token_(std::move(admin_token)) {}
+  // `access` decides who may read (the listing, summaries, FRAMES, coverage,
+  // warnings) and who may control (load, unload, rescan).
+  AdminService(ModelRepository& repository, ControlAccess access)
+      : repository_(repository), access_(std::move(access)) {}
 
   grpc::Status ListModels(grpc::ServerContext*, const v1::ListModelsRequest*,
                           v1::ListModelsResponse*) override;
@@ -40,7 +42,7 @@ class AdminService final : public precompile::v1::PrecompileAdmin::Service {
 
  private:
   ModelRepository& repository_;
-  const std::string admin_token_;
+  const ControlAccess access_;
 };
 
 }  // namespace precompile::server

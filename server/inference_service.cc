@@ -20,7 +20,7 @@
 #include "absl/time/clock.h"
 #include "runtime/dtype.h"
 #include "runtime/value.h"
-#include "server/admin_token.h"
+#include "server/control_access.h"
 #include "server/grpc_status.h"
 #include "server/infer_response.h"
 #include "server/tensor_codec.h"
@@ -232,12 +232,12 @@ class InferenceService::InferCall {
 };
 
 InferenceService::InferenceService(ModelRepository& repository, ServerMetrics* metrics,
-                                   ServingState& state, std::string admin_token,
+                                   ServingState& state, ControlAccess access,
                                    int inference_threads, int pollers)
     : repository_(repository),
       metrics_(metrics),
       state_(state),
-      admin_token_(std::move(admin_token)),
+      access_(std::move(access)),
       inference_threads_(inference_threads),
       pollers_(pollers) {}
 
@@ -726,14 +726,14 @@ grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext*,
 grpc::Status InferenceService::RepositoryModelLoad(
     grpc::ServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckControl(*context); !s.ok()) return s;
   return ToGrpcStatus(repository_.Load(request->model_name()).status());
 }
 
 grpc::Status InferenceService::RepositoryModelUnload(
     grpc::ServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
-  if (grpc::Status s = CheckAdminToken(*context, admin_token_); !s.ok()) return s;
+  if (grpc::Status s = access_.CheckControl(*context); !s.ok()) return s;
   return ToGrpcStatus(repository_.Unload(request->model_name()).status());
 }
 

@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "proto/inference.grpc.pb.h"
 #include "server/metrics.h"
+#include "server/control_access.h"
 #include "server/model_repository.h"
 #include "server/serving_state.h"
 
@@ -47,10 +48,10 @@ class InferenceService final
           inference::GRPCInferenceService::Service> {
  public:
   // All references must outlive the service. `metrics` may be null.
-  // `admin_token` guards RepositoryModelLoad/Unload (see CheckAdminToken).
+  // `access` guards RepositoryModelLoad/Unload (ControlAccess::CheckControl).
   // REQUIRES: 1 <= inference_threads < pollers.
   InferenceService(ModelRepository& repository, ServerMetrics* metrics,
-                   ServingState& state, std::string admin_token, int inference_threads,
+                   ServingState& state, ControlAccess access, int inference_threads,
                    int pollers);
   // Stops serving (see StopServing): the gRPC server must be shut down first.
   ~InferenceService() override;
@@ -122,7 +123,7 @@ class InferenceService final
   ModelRepository& repository_;
   ServerMetrics* const metrics_;
   ServingState& state_;
-  const std::string admin_token_;
+  const ControlAccess access_;
   std::mutex log_mu_;
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 

@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/torch_threads.h"
-#include "server/admin_token.h"
+#include "server/control_access.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, model_repository, "",
@@ -62,7 +62,11 @@ ABSL_FLAG(int, shutdown_delay_seconds, 0,
           "load balancers stop sending new requests");
 ABSL_FLAG(std::string, admin_token_file, "",
           "File holding a token that admin and repository-control calls must send "
-          "as 'authorization: Bearer <token>'");
+          "as 'authorization: Bearer <token>' (readable by the server's user or group "
+          "only; a trailing newline is fine)");
+ABSL_FLAG(bool, allow_unauthenticated_control, false,
+          "Without --admin_token_file, let any client load, unload and rescan models "
+          "(for local development; without either, such calls are refused)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -141,9 +145,16 @@ int main(int argc, char** argv) {
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   if (const std::string token_file = absl::GetFlag(FLAGS_admin_token_file);
       !token_file.empty()) {
-    absl::StatusOr<std::string> token = precompile::server::ReadSecretFile(token_file);
+    absl::StatusOr<std::string> token = precompile::server::ReadAdminTokenFile(token_file);
     if (!token.ok()) return Fail(std::string(token.status().message()));
     options.admin_token = *token;
+  }
+  options.allow_unauthenticated_control = absl::GetFlag(FLAGS_allow_unauthenticated_control);
+  if (options.admin_token.empty() && options.allow_unauthenticated_control) {
+    spdlog::warn(
+        "event=unauthenticated_control note=\"any client that reaches the gRPC port can load, "
+        "unload and rescan models (--allow_unauthenticated_control): for local development "
+        "only; use --admin_token_file elsewhere\"");
   }
   if (absl::GetFlag(FLAGS_torch_threads) > 0) {
     precompile::SetTorchThreads(absl::GetFlag(FLAGS_torch_threads));

@@ -121,10 +121,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   };
   server->repository_ =
       std::make_unique<ModelRepository>(std::move(repository_options), server.get());
+  const ControlAccess access(o.admin_token, o.allow_unauthenticated_control);
   server->inference_ = std::make_unique<InferenceService>(
-      *server->repository_, metrics, server->state_, o.admin_token, o.inference_threads,
+      *server->repository_, metrics, server->state_, access, o.inference_threads,
       o.inference_pollers);
-  server->admin_ = std::make_unique<AdminService>(*server->repository_, o.admin_token);
+  server->admin_ = std::make_unique<AdminService>(*server->repository_, access);
 
   if (absl::Status s = server->Listen(); !s.ok()) return s;
   spdlog::info("event=listening grpc_port={} metrics_port={} repository={}",

@@ -75,8 +75,12 @@ struct ServerOptions {
   // How long Stop() waits for running calls.
   absl::Duration drain_timeout = absl::Seconds(30);
   // When non-empty, admin and repository-control calls need the metadata
-  // "authorization: Bearer <token>".
+  // "authorization: Bearer <token>" (see server/control_access.h).
   std::string admin_token;
+  // Without a token, calls that load, unload or rescan models are refused
+  // (PERMISSION_DENIED) unless this is set. For local development only.
+  // Default: false.
+  bool allow_unauthenticated_control = false;
   // TLS: PEM files. With a certificate and key the server speaks TLS only;
   // with a client CA too, clients must present a certificate it signed.
   std::string tls_cert_file;

@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <regex>
@@ -211,6 +213,41 @@ TEST(ServerProcess, RefusesToStartWithoutARepository) {
   ServerProcess server({"--model_repository=/nonexistent", "--grpc_port=0", "--metrics_port=-1"});
   EXPECT_EQ(server.Wait(), 2);
   EXPECT_THAT(server.output(), HasSubstr("'/nonexistent' is not a directory"));
+}
+
+TEST(ServerProcess, RefusesToStartWithATokenFileOthersCanRead) {
+  const std::string token = std::string(std::getenv("TEST_TMPDIR")) + "/token";
+  FILE* f = std::fopen(token.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("s3cret\n", f);
+  std::fclose(f);
+  chmod(token.c_str(), 0644);
+  std::vector<std::string> flags = Flags(testing::ExampleRepository({"mlp"}), 5, 0);
+  flags.push_back("--admin_token_file=" + token);
+  ServerProcess refused(flags);
+  EXPECT_EQ(refused.Wait(), 2);
+  EXPECT_THAT(refused.output(), HasSubstr("event=startup_failed reason=\"admin token file " + token +
+                                          ": readable by every user (mode 644)"));
+  EXPECT_THAT(refused.output(), ::testing::Not(HasSubstr("s3cret")));
+
+  // The same file readable by its owner only: the server starts, and says
+  // nothing of unauthenticated control.
+  chmod(token.c_str(), 0600);
+  ServerProcess started(flags);
+  started.AwaitOutput("event=ready", absl::Seconds(60));
+  EXPECT_THAT(started.output(), ::testing::Not(HasSubstr("event=unauthenticated_control")));
+  started.Signal(SIGTERM);
+  EXPECT_EQ(started.Wait(), 0);
+}
+
+TEST(ServerProcess, WarnsAtStartWhenControlNeedsNoToken) {
+  std::vector<std::string> flags = Flags(testing::ExampleRepository({"mlp"}), 5, 0);
+  flags.push_back("--allow_unauthenticated_control");
+  ServerProcess server(flags);
+  server.AwaitOutput("event=ready", absl::Seconds(60));
+  EXPECT_THAT(server.output(), HasSubstr("warning event=unauthenticated_control"));
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0);
 }
 
 }  // namespace

@@ -49,6 +49,9 @@ class Harness {
     options.metrics_address = "127.0.0.1:0";
     options.max_concurrent_requests = max_concurrent_requests;
     options.inference_threads = inference_threads;
+    // These tests load, unload and rescan without a token; the default, which
+    // refuses that, is ControlIsRefusedWithoutATokenAndChangesNothing.
+    options.allow_unauthenticated_control = true;
     auto started = server::Server::Start(options);
     EXPECT_TRUE(started.ok()) << started.status();
     server = *std::move(started);
@@ -496,6 +499,80 @@ TEST(ServerRepository, AdminAndRepositoryCallsNeedTheTokenWhenOneIsSet) {
               grpc::StatusCode::UNAUTHENTICATED);
   }
   // Inference itself needs no token.
+  grpc::ClientContext context;
+  inference::ModelInferResponse response;
+  EXPECT_TRUE(inference->ModelInfer(&context, MlpRequest(), &response).ok());
+}
+
+TEST(ServerRepository, ControlIsRefusedWithoutATokenAndChangesNothing) {
+  const std::string repository = ExampleRepository({"mlp", "loop"});
+  server::ServerOptions options;  // No token, and control not allowed: the default.
+  options.model_repository = repository;
+  options.grpc_address = "127.0.0.1:0";
+  options.metrics_address = "";
+  auto server = server::Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // A model that appears after the start, which a rescan would load.
+  CopyTree(ExampleArtifact("branch"), repository + "/branch/1");
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->grpc_port()),
+                                     grpc::InsecureChannelCredentials());
+  auto admin = precompile::v1::PrecompileAdmin::NewStub(channel);
+  auto inference = inference::GRPCInferenceService::NewStub(channel);
+  auto expect_refused = [](const grpc::Status& status, const char* call) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << call;
+    EXPECT_THAT(status.error_message(), HasSubstr("--admin_token_file")) << call;
+    EXPECT_THAT(status.error_message(), HasSubstr("--allow_unauthenticated_control")) << call;
+  };
+  precompile::v1::ModelRequest mlp;
+  mlp.set_name("mlp");
+  {
+    grpc::ClientContext context;
+    precompile::v1::UnloadModelResponse response;
+    expect_refused(admin->UnloadModel(&context, mlp, &response), "UnloadModel");
+  }
+  {
+    grpc::ClientContext context;
+    precompile::v1::LoadModelResponse response;
+    expect_refused(admin->LoadModel(&context, mlp, &response), "LoadModel");
+  }
+  {
+    grpc::ClientContext context;
+    precompile::v1::RescanResponse response;
+    expect_refused(admin->Rescan(&context, {}, &response), "Rescan");
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer anything");
+    inference::RepositoryModelUnloadRequest unload;
+    unload.set_model_name("mlp");
+    inference::RepositoryModelUnloadResponse response;
+    expect_refused(inference->RepositoryModelUnload(&context, unload, &response),
+                   "RepositoryModelUnload");
+  }
+  {
+    grpc::ClientContext context;
+    inference::RepositoryModelLoadRequest load;
+    load.set_model_name("branch");
+    inference::RepositoryModelLoadResponse response;
+    expect_refused(inference->RepositoryModelLoad(&context, load, &response),
+                   "RepositoryModelLoad");
+  }
+  // Reading calls answer, and show the repository as it was.
+  {
+    grpc::ClientContext context;
+    precompile::v1::ListModelsResponse listed;
+    ASSERT_TRUE(admin->ListModels(&context, {}, &listed).ok());
+    std::vector<std::string> ready;
+    for (const auto& m : listed.models()) {
+      if (m.state() == precompile::v1::ModelStatus::READY) ready.push_back(m.name());
+    }
+    EXPECT_THAT(ready, ::testing::UnorderedElementsAre("mlp", "loop"));
+  }
+  {
+    grpc::ClientContext context;
+    precompile::v1::SummaryResponse summary;
+    EXPECT_TRUE(admin->GetSummary(&context, mlp, &summary).ok());
+  }
   grpc::ClientContext context;
   inference::ModelInferResponse response;
   EXPECT_TRUE(inference->ModelInfer(&context, MlpRequest(), &response).ok());
