@@ -2,8 +2,12 @@
 # Sets up the machine (tools/setup.sh), builds the server, the bundled example
 # artifacts and the gallery's (BERT, GPT-2, resnet18), and serves them: gRPC (KServe v2, admin, health,
 # reflection) on port 8001, Prometheus metrics on http://localhost:8002/metrics.
-# Extra arguments go to the server (see `precompile_server --help`).
-# Ctrl-C or SIGTERM drains and stops it.
+# It listens on 127.0.0.1 only and lets any local client load, unload and
+# rescan models without a token (--allow_unauthenticated_control): a
+# development setup. Extra arguments go to the server and win over these
+# (see `precompile_server --help`); e.g. --listen_address=0.0.0.0
+# --allow_unauthenticated_control=false --admin_token_file=FILE to serve
+# others. Ctrl-C or SIGTERM drains and stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,4 +29,5 @@ if [[ -z $(ls "$repository") ]]; then
   echo "[serve] no example artifacts yet"
 fi
 echo "[serve] serving $(ls "$repository" | tr '\n' ' ')from $repository"
-exec bazel-bin/server/precompile_server --model_repository="$repository" "$@"
+exec bazel-bin/server/precompile_server --model_repository="$repository" \
+  --listen_address=127.0.0.1 --allow_unauthenticated_control "$@"

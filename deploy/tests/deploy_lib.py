@@ -309,6 +309,34 @@ def image_user():
     return users[-1].args
 
 
+def local_server_args(objects, deployment, directory, token: str = "a-token"):
+    """The server container's args, runnable here: each --flagfile's ConfigMap
+    key and the --admin_token_file (holding `token`, readable by its owner's
+    group only, as the Secret volume mounts it) are written under
+    `directory` (a pathlib.Path) and the flags point there."""
+    container = server_container(deployment)
+    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container.get("volumeMounts", [])}
+    args = []
+    for arg in container.get("args", []):
+        name, value = split_flag(arg)
+        if name == "admin_token_file":
+            local = directory / "admin-token"
+            local.write_text(token + "\n")
+            local.chmod(0o440)
+            arg = f"--admin_token_file={local}"
+        elif name == "flagfile":
+            paths = []
+            for path in value.split(","):
+                mount, key = os.path.split(path)
+                cm = configmap_for_volume(objects, deployment, mounts[mount])
+                local = directory / key
+                local.write_text(cm["data"][key])
+                paths.append(str(local))
+            arg = "--flagfile=" + ",".join(paths)
+        args.append(arg)
+    return args
+
+
 def effective_flags(objects, deployment):
     """What the server runs with: main.cc's defaults, then the image's
     ENTRYPOINT flags, then the container's args in order, --flagfile

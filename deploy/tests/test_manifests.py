@@ -181,22 +181,7 @@ def test_the_real_server_accepts_the_flags(overlay, tmp_path):
     if not server:
         pytest.skip("PRECOMPILE_SERVER is not set (bazel test sets it)")
     objects = render(overlay)
-    dep = one(objects, "Deployment")
-    container = server_container(dep)
-    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container.get("volumeMounts", [])}
-    args = []
-    for arg in container.get("args", []):
-        name, value = lib.split_flag(arg)
-        if name == "flagfile":
-            paths = []
-            for path in value.split(","):
-                directory, key = os.path.split(path)
-                cm = lib.configmap_for_volume(objects, dep, mounts[directory])
-                local = tmp_path / key
-                local.write_text(cm["data"][key])
-                paths.append(str(local))
-            arg = "--flagfile=" + ",".join(paths)
-        args.append(arg)
+    args = lib.local_server_args(objects, one(objects, "Deployment"), tmp_path)
     missing = tmp_path / "no-such-repository"
     entry = lib.entrypoint()
     command = [server] + [a for a in entry[1:] if not a.startswith("--model_repository=")]
@@ -207,6 +192,86 @@ def test_the_real_server_accepts_the_flags(overlay, tmp_path):
         f"{overlay}: precompile_server refused its flags (exit {result.returncode}):\n{output}\n"
         f"command: {command}"
     )
+
+
+ADMIN_SECRET = "precompile-serve-admin-token"
+ADMIN_JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "k8s", "admin",
+                         "rescan-job.yaml")
+
+
+def secret_file_mount(spec, container, path):
+    """The Secret volume whose file `path` is in `container`, with its mount."""
+    directory, key = os.path.split(path)
+    mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"].rstrip("/") == directory]
+    assert len(mounts) == 1, f"{path}: nothing (or several things) mounted at {directory}"
+    volume = next(v for v in spec["volumes"] if v["name"] == mounts[0]["name"])
+    assert "secret" in volume, f"{path} comes from volume {volume}, not from a Secret"
+    secret = volume["secret"]
+    keys = [item["path"] for item in secret.get("items", [])] or [key]
+    assert key in keys, f"{path}: the Secret volume does not provide the file {key}"
+    return secret, mounts[0]
+
+
+def assert_no_token_in_env_or_literals(objects, containers, where):
+    assert not [o for o in objects if o["kind"] == "Secret"], (
+        f"{where}: the manifests carry a Secret: the token must come from one the operator creates"
+    )
+    for c in containers:
+        for source in c.get("envFrom", []):
+            assert "secretRef" not in source, (
+                f"{where}: container {c['name']} takes a Secret as environment variables"
+            )
+        for env in c.get("env", []):
+            assert "secretKeyRef" not in env.get("valueFrom", {}), (
+                f"{where}: container {c['name']} takes a secret as the environment variable "
+                f"{env['name']}: mount it as a file"
+            )
+            assert "token" not in env["name"].lower(), f"{where}: environment variable {env['name']}"
+
+
+@overlays
+def test_model_control_needs_the_admin_token_from_a_secret_file(overlay):
+    objects = render(overlay)
+    values = flags(overlay)
+    assert values["allow_unauthenticated_control"] is False, (
+        f"{overlay}: --allow_unauthenticated_control lets any client load and unload models"
+    )
+    path = values["admin_token_file"]
+    assert path, f"{overlay}: no --admin_token_file: model control would be refused to everyone"
+    spec = pod_spec(overlay)
+    secret, mount = secret_file_mount(spec, server_container(deployment(overlay)), path)
+    assert secret["secretName"] == ADMIN_SECRET and not secret.get("optional", False)
+    assert mount.get("readOnly") is True
+    # The server refuses a token file every user can read (Kubernetes' default
+    # mode for Secret files is 0644); fsGroup makes it the pod's group's.
+    assert secret.get("defaultMode", 0o644) & 0o007 == 0, oct(secret.get("defaultMode", 0o644))
+    assert spec["securityContext"].get("fsGroup") == spec["securityContext"].get("runAsGroup")
+    assert_no_token_in_env_or_literals(objects, all_containers(spec), overlay)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_rescan_job_sends_the_token_from_the_secret_file(version):
+    import kubernetes_validate
+    import yaml
+
+    with open(ADMIN_JOB) as f:
+        job = yaml.safe_load(f)
+    if version == "latest":
+        version = kubernetes_validate.latest_version()
+    kubernetes_validate.validate(job, version, strict=True)
+    template = job["spec"]["template"]
+    # The NetworkPolicy admits it to the gRPC port.
+    assert template["metadata"]["labels"].get("precompile-serve/client") == "true"
+    spec = template["spec"]
+    (container,) = spec["containers"]
+    script = "\n".join(container["args"])
+    match = re.search(r"token=\$\(cat (\S+)\)", script)
+    assert match, "the Job's script does not read the token from a file"
+    secret, _ = secret_file_mount(spec, container, match.group(1))
+    assert secret["secretName"] == ADMIN_SECRET
+    assert secret.get("defaultMode", 0o644) & 0o007 == 0
+    assert 'authorization: Bearer $token' in script and "PrecompileAdmin/Rescan" in script
+    assert_no_token_in_env_or_literals([job], spec["containers"], "the rescan Job")
 
 
 @overlays

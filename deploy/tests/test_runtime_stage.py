@@ -164,17 +164,7 @@ def test_serves_from_the_staged_layout_and_drains(staged, tmp_path):
     shutil.copytree(artifact, repository / "mlp" / "1", symlinks=False)
 
     objects = lib.render("cpu")
-    dep = lib.one(objects, "Deployment")
-    container = lib.server_container(dep)
-    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container["volumeMounts"]}
-    args = []
-    for arg in container["args"]:
-        name, value = lib.split_flag(arg)
-        assert name == "flagfile"
-        directory, key = os.path.split(value)
-        cm = lib.configmap_for_volume(objects, dep, mounts[directory])
-        (tmp_path / key).write_text(cm["data"][key])
-        args.append(f"--flagfile={tmp_path / key}")
+    args = lib.local_server_args(objects, lib.one(objects, "Deployment"), tmp_path, token="t0ken")
     delay = 2
     command = (
         [str(staged / "bin/precompile_server"), f"--model_repository={repository}"]
@@ -207,6 +197,14 @@ def test_serves_from_the_staged_layout_and_drains(staged, tmp_path):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             assert health(channel, "") == "SERVING"
             assert health(channel, "mlp") == "SERVING"
+            # Model control needs the token from the Secret's file.
+            rescan = channel.unary_unary("/precompile.v1.PrecompileAdmin/Rescan",
+                                         request_serializer=lambda _: b"",
+                                         response_deserializer=lambda b: b)
+            with pytest.raises(grpc.RpcError) as refused:
+                rescan(None, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            rescan(None, timeout=10, metadata=[("authorization", "Bearer t0ken")])
             server.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             wait_for(lambda: health(channel, "") == "NOT_SERVING", 1, "health '' to turn NOT_SERVING", log)
