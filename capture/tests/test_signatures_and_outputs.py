@@ -18,12 +18,17 @@ import torch
 import precompile_capture
 import proto.artifact_pb2 as pb
 from conftest import frame_proto, read_manifest
-from models_for_tests import opaque
+from models_for_tests import Calls, opaque
 from precompile_capture import PrecompileError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = ROOT / "bazel-bin"
 sys.path.insert(0, str(ROOT / "tests" / "testing"))
+
+
+def skip_every_graph(ep):
+    """A backend that declines every graph: frames fall back, nothing compiles."""
+    raise torch._dynamo.exc.SkipFrame("not compiling in this test")
 
 
 class KeywordModel(torch.nn.Module):
@@ -130,10 +135,7 @@ def test_a_dataclass_output_is_a_pytree(tmp_path):
         def forward(self, x):
             return Pair(x + 1, None), x * 2
 
-    def decline(ep):  # Keep the test free of AOTInductor compiles.
-        raise torch._dynamo.exc.SkipFrame("not compiling in this test")
-
-    cap = precompile_capture.capture(Model(), name="dc", decline=decline)
+    cap = precompile_capture.capture(Model(), name="dc", decline=skip_every_graph)
     cap(torch.randn(2))
     with pytest.raises(PrecompileError, match="fell back to eager on its first call"):
         cap.save(tmp_path / "dc")
@@ -150,10 +152,7 @@ def test_args_must_keep_their_count():
     def total(*tensors):
         return sum(tensors)
 
-    def decline(ep):
-        raise torch._dynamo.exc.SkipFrame("not compiling in this test")
-
-    cap = precompile_capture.capture(total, name="total", decline=decline)
+    cap = precompile_capture.capture(total, name="total", decline=skip_every_graph)
     x = torch.ones(2)
     cap(x, x)
     assert cap.frame("total").parameters == (("tensors.0", "TENSOR"), ("tensors.1", "TENSOR"))
@@ -183,10 +182,7 @@ def test_outputs_must_keep_their_structure():
         def forward(self, x: torch.Tensor, n: int) -> list:
             return [x * i for i in range(n)]
 
-    def decline(ep):
-        raise torch._dynamo.exc.SkipFrame("not compiling in this test")
-
-    cap = precompile_capture.capture(Model(), name="m", decline=decline)
+    cap = precompile_capture.capture(Model(), name="m", decline=skip_every_graph)
     cap(torch.randn(2), 1)
     with pytest.raises(PrecompileError) as e:
         cap(torch.randn(2), 2)
@@ -202,17 +198,8 @@ class KwargsLoop(torch.nn.Module):
         return x
 
 
-class Outer(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = KwargsLoop()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x, 2) + 1
-
-
 def test_a_flagged_frame_torchscript_cannot_express_is_refused_at_the_call():
-    cap = precompile_capture.capture(Outer(), name="outer", frames=["inner"])
+    cap = precompile_capture.capture(Calls(KwargsLoop(), 2), name="outer", frames=["inner"])
     with pytest.raises(PrecompileError) as e:
         # The entry breaks inside inner's loop and runs eagerly; inner breaks
         # too and is flagged, and it takes **kwargs.
