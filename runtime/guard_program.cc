@@ -206,7 +206,10 @@ bool GuardProgram::Holds(const Check& c, absl::Span<const ArgView> args,
     case Op::kIntEquals:
       return a.kind == ArgView::Kind::kInt && a.int_value == c.value;
     case Op::kFloatEquals:
-      return a.kind == ArgView::Kind::kFloat && a.float_value == c.float_value;
+      // A variant captured with NaN folded NaN into its code: NaN holds.
+      return a.kind == ArgView::Kind::kFloat &&
+             (a.float_value == c.float_value ||
+              (std::isnan(a.float_value) && std::isnan(c.float_value)));
     case Op::kStringEquals:
       return a.kind == ArgView::Kind::kString &&
              a.string_value == strings_[c.value];

@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "google/protobuf/text_format.h"
@@ -123,6 +126,125 @@ TEST(GuardProgram, ExplainsEachKindOfMismatchInWords) {
 
   EXPECT_EQ(Explain(p, Call{}, GlobalState{/*grad_enabled=*/true}),
             "grad mode: expected disabled, got enabled");
+}
+
+// Every kind of check, each refusing a call that differs from the guards in
+// that one respect: deleting or inverting any check makes a case fail.
+// forward(x, ids, mask, flag, n, alpha, mode, opt, eps).
+const char kEveryKind[] = R"pb(
+  id: "forward#0"
+  global_state { grad_enabled: true default_dtype: DTYPE_FLOAT64 }
+  symbols { symbol: 1 min: 2 max: 16 name: "s0" }
+  guards {
+    parameter: 0
+    tensor { dtype: DTYPE_FLOAT32 device: "cuda" dims { symbol: 1 } dims { static_size: 3 } }
+  }
+  guards { parameter: 1 tensor { dtype: DTYPE_INT64 device: "cpu" dims { symbol: 1 } } }
+  guards { parameter: 2 tensor { is_none: true } }
+  guards { parameter: 3 equals { bool_value: true } }
+  guards { parameter: 4 equals { int_value: -7 } }
+  guards { parameter: 5 equals { float_value: 0.5 } }
+  guards { parameter: 6 equals { string_value: "mean" } }
+  guards { parameter: 7 equals { none: true } }
+  guards { parameter: 8 equals { float_value: nan } }
+)pb";
+
+struct EveryKindCall {
+  std::vector<int64_t> x_shape = {4, 3};
+  std::vector<int64_t> ids_shape = {4};
+  std::vector<ArgView> views = std::vector<ArgView>(9);
+  GlobalState state{/*grad_enabled=*/true, DType::kFloat64};
+
+  EveryKindCall() {
+    views[0].kind = ArgView::Kind::kTensor;
+    views[0].device = DeviceType::kCuda;
+    views[1].kind = ArgView::Kind::kTensor;
+    views[1].dtype = DType::kInt64;
+    views[3].kind = ArgView::Kind::kBool;
+    views[3].bool_value = true;
+    views[4].kind = ArgView::Kind::kInt;
+    views[4].int_value = -7;
+    views[5].kind = ArgView::Kind::kFloat;
+    views[5].float_value = 0.5;
+    views[6].kind = ArgView::Kind::kString;
+    views[6].string_value = "mean";
+    views[8].kind = ArgView::Kind::kFloat;
+    views[8].float_value = std::nan("");
+  }
+  // The views, with the tensors' sizes pointing at this call's shapes.
+  absl::Span<const ArgView> Args() {
+    views[0].rank = static_cast<int32_t>(x_shape.size());
+    views[0].sizes = x_shape.data();
+    views[1].rank = static_cast<int32_t>(ids_shape.size());
+    views[1].sizes = ids_shape.data();
+    return views;
+  }
+};
+
+TEST(GuardProgram, EveryKindOfCheckRefusesItsOwnMismatch) {
+  const std::vector<std::string> names = {"x",     "ids",  "mask", "flag", "n",
+                                          "alpha", "mode", "opt",  "eps"};
+  absl::StatusOr<GuardProgram> compiled = GuardProgram::Compile(ParseVariant(kEveryKind), names);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  const GuardProgram& p = *compiled;
+  auto explain = [&](EveryKindCall call) {
+    auto m = p.ExplainMismatch(call.Args(), call.state);
+    EXPECT_EQ(p.Matches(call.Args(), call.state), !m.has_value());
+    return m ? m->reason : "matches";
+  };
+  EXPECT_EQ(explain(EveryKindCall{}), "matches");
+  // Both ends of the symbol's range hold.
+  for (int64_t size : {2, 16}) {
+    EveryKindCall edge;
+    edge.x_shape[0] = edge.ids_shape[0] = size;
+    EXPECT_EQ(explain(edge), "matches") << size;
+  }
+
+  struct Case {
+    std::string reason;
+    std::function<void(EveryKindCall&)> change;
+  };
+  const std::vector<Case> cases = {
+      {"grad mode: expected enabled, got disabled", [](auto& c) { c.state.grad_enabled = false; }},
+      {"default dtype: expected float64, got float32",
+       [](auto& c) { c.state.default_dtype = DType::kFloat32; }},
+      {"x: expected a tensor, got None", [](auto& c) { c.views[0].kind = ArgView::Kind::kNone; }},
+      {"x.dtype: expected float32, got bfloat16",
+       [](auto& c) { c.views[0].dtype = DType::kBFloat16; }},
+      {"x.device: expected cuda, got cpu", [](auto& c) { c.views[0].device = DeviceType::kCpu; }},
+      {"x.dim(): expected 2, got 3", [](auto& c) { c.x_shape = {4, 3, 1}; }},
+      {"x.size(0): expected a size in [2, 16], got 1",
+       [](auto& c) { c.x_shape[0] = c.ids_shape[0] = 1; }},
+      {"x.size(0): expected a size in [2, 16], got 17",
+       [](auto& c) { c.x_shape[0] = c.ids_shape[0] = 17; }},
+      {"x.size(1): expected 3, got 4", [](auto& c) { c.x_shape[1] = 4; }},
+      {"ids.dtype: expected int64, got int32", [](auto& c) { c.views[1].dtype = DType::kInt32; }},
+      {"ids.size(0): expected x.size(0) (4), got 5", [](auto& c) { c.ids_shape[0] = 5; }},
+      {"mask: expected None, got a tensor",
+       [](auto& c) { c.views[2].kind = ArgView::Kind::kTensor; }},
+      {"flag: expected True, got False", [](auto& c) { c.views[3].bool_value = false; }},
+      {"flag: expected a bool, got an int", [](auto& c) {
+         c.views[3].kind = ArgView::Kind::kInt;
+         c.views[3].int_value = 1;
+       }},
+      {"n: expected -7, got 7", [](auto& c) { c.views[4].int_value = 7; }},
+      {"n: expected an int, got a bool", [](auto& c) { c.views[4].kind = ArgView::Kind::kBool; }},
+      {"alpha: expected 0.5, got 0.25", [](auto& c) { c.views[5].float_value = 0.25; }},
+      {"alpha: expected 0.5, got nan", [](auto& c) { c.views[5].float_value = std::nan(""); }},
+      {"alpha: expected a float, got an int", [](auto& c) {
+         c.views[5].kind = ArgView::Kind::kInt;
+         c.views[5].int_value = 0;
+       }},
+      {"mode: expected 'mean', got 'sum'", [](auto& c) { c.views[6].string_value = "sum"; }},
+      {"mode: expected a string, got None", [](auto& c) { c.views[6].kind = ArgView::Kind::kNone; }},
+      {"opt: expected None, got an int", [](auto& c) { c.views[7].kind = ArgView::Kind::kInt; }},
+      {"eps: expected nan, got 1", [](auto& c) { c.views[8].float_value = 1.0; }},
+  };
+  for (const Case& c : cases) {
+    EveryKindCall call;
+    c.change(call);
+    EXPECT_EQ(explain(call), c.reason);
+  }
 }
 
 TEST(GuardProgram, FailsFastOnTheFirstFailingCheck) {
