@@ -113,11 +113,13 @@ def frame_dir_names(frames: List[Frame]) -> Dict[str, str]:
     return out
 
 
-def _guards_proto(variant_proto: pb.Variant, guards: GuardSet, frame: Frame) -> None:
+def guards_proto(variant_proto: pb.Variant, guards: GuardSet, kinds: Sequence[Kind]) -> None:
+    """Writes `guards` into `variant_proto`; `kinds` are the frame's
+    parameters' kinds, which say how a None or a number is written."""
     for g in guards.args:
         ag = variant_proto.guards.add()
         ag.parameter = g.parameter
-        kind = frame.params[g.parameter].final_kind()
+        kind = kinds[g.parameter]
         if g.tensor is not None:
             ag.tensor.dtype = dtype_to_proto(g.tensor.dtype)
             ag.tensor.device = g.tensor.device
@@ -254,7 +256,7 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
             vp = f.variants.add()
             vp.id = v.id
             vp.package_path = f"frames/{dirs[frame.name]}/{v.index}.pt2"
-            _guards_proto(vp, v.guards, frame)
+            guards_proto(vp, v.guards, [p.final_kind() for p in frame.params])
             vp.tensor_inputs.extend(v.tensor_inputs)
             vp.num_outputs = len(v.leaf_kinds)
             for dtype, shape in v.outputs:

@@ -351,6 +351,7 @@ class Capture:
     def _dispatch(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         values = frame.bind(args, kwargs)
         frame.observe(values)
+        values = frame.normalize(values)
         frame.calls += 1
         call_number = next(self._call_counter)
         if frame.skipped:

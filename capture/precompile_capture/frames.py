@@ -393,6 +393,14 @@ class Frame:
                 pass
             elif p.kind is Kind.INT and seen is Kind.FLOAT and not p.annotated:
                 p.kind = Kind.FLOAT
+                # The manifest writes earlier variants' values of it as floats.
+                index = self.params.index(p)
+                for variant in self.variants:
+                    variant.guards = dataclasses.replace(variant.guards, args=tuple(
+                        dataclasses.replace(g, value=float(g.value))
+                        if g.parameter == index and g.has_value and type(g.value) is int else g
+                        for g in variant.guards.args
+                    ))
             elif p.none_guess and not seen.is_tensor:
                 p.kind = seen
                 p.none_guess = False
@@ -401,6 +409,13 @@ class Frame:
                     f"{where}: got {seen.value} but earlier calls or its annotation made it "
                     f"{p.kind.value}"
                 )
+
+    def normalize(self, values: List[Any]) -> List[Any]:
+        """The values as the runtime's guards see them: a float parameter's
+        ints are floats (the runtime converts them before its guards)."""
+        return [
+            float(v) if p.kind is Kind.FLOAT and type(v) is int else v for p, v in zip(self.params, values)
+        ]
 
     def observe_result(self, result: Any) -> None:
         if self.is_generator:

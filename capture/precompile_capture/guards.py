@@ -142,17 +142,15 @@ class GuardSet:
 
 
 def same_scalar(expected: Any, actual: Any) -> bool:
-    if expected is None or actual is None:
-        return expected is None and actual is None
-    if isinstance(expected, bool) or isinstance(actual, bool):
-        return isinstance(expected, bool) and isinstance(actual, bool) and expected == actual
-    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
-        if isinstance(expected, float) and math.isnan(expected):
-            return isinstance(actual, float) and math.isnan(actual)
-        return expected == actual
-    if isinstance(expected, str) and isinstance(actual, str):
-        return expected == actual
-    return False
+    """The runtime's equality guard (runtime/guard_program.cc, the reference):
+    the same kind (bool, int, float, str or None) and the same value, NaN
+    equal to NaN. A float parameter's ints are floats by then
+    (Frame.normalize), as the runtime converts them before its guards."""
+    if type(expected) is not type(actual):
+        return False
+    if isinstance(expected, float) and math.isnan(expected):
+        return math.isnan(actual)
+    return expected == actual
 
 
 class NotPlainSymbol(Exception):

@@ -520,6 +520,25 @@ absl::Status CheckGuards(const uint8_t* data, size_t size) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int>> EvaluateGuards(const uint8_t* data, size_t size) {
+  ByteReader in(data, size);
+  const auto frame_length = static_cast<size_t>(in.U64(2));
+  artifact::v1::Frame frame;
+  const absl::string_view frame_bytes = in.Bytes(frame_length);
+  if (!frame.ParseFromArray(frame_bytes.data(), static_cast<int>(frame_bytes.size()))) {
+    return absl::InvalidArgumentError("the frame does not parse");
+  }
+  std::vector<std::string> names;
+  for (const auto& p : frame.parameters()) names.push_back(p.name());
+  const Call call = ReadCall(in, static_cast<int>(names.size()));
+  std::vector<int> results;
+  for (const auto& variant : frame.variants()) {
+    absl::StatusOr<GuardProgram> program = GuardProgram::Compile(variant, names);
+    results.push_back(!program.ok() ? -1 : program->Matches(call.views, call.state) ? 1 : 0);
+  }
+  return results;
+}
+
 std::vector<std::string> ManifestFixtureFiles() {
   std::vector<std::string> files = {kFixtureFrames};
   for (const char* frame : {"forward", "encoder", "scale"}) {

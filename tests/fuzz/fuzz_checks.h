@@ -60,6 +60,12 @@ absl::Status CheckRequestDecoding(const uint8_t* data, size_t size);
 inline constexpr int kMaxFuzzParameters = 64;
 absl::Status CheckGuards(const uint8_t* data, size_t size);
 
+// The runtime's answer for a CheckGuards input: per variant of the frame, 1
+// if its guards hold for the call, 0 if not, -1 if they do not compile.
+// INVALID_ARGUMENT when the frame does not parse. For the differential test
+// against the capture's Python evaluator (tests/guards).
+absl::StatusOr<std::vector<int>> EvaluateGuards(const uint8_t* data, size_t size);
+
 // Writes `data` as MANIFEST.pb into the fixture artifact directory (created
 // once per process, see ManifestFixtureFiles()) and calls ReadArtifact with
 // FuzzReaderOptions(). Any status is fine; an accepted artifact must have
