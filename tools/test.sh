@@ -15,22 +15,30 @@ cd "$(dirname "$0")/.."
 tools/setup.sh || exit 1
 failed=0
 
+# Each bazel test run writes its build events here; the summary counts only
+# what that run reports (a target that failed to build is a failure, not the
+# test.xml an earlier run left behind).
+events=$(mktemp -d)
+trap 'rm -rf "$events"' EXIT
+
 # Prints "<label>: N passed, N failed, N skipped" for the tests Bazel ran.
 summarize() {
   local label=$1 config=$2
   shift 2
   local testlogs
   testlogs=$(bazel info $config bazel-testlogs 2>/dev/null)
-  .venv/bin/python3 tools/test_summary.py --label "$label" "$testlogs" "$@" || failed=1
+  .venv/bin/python3 tools/test_summary.py --label "$label" --bep "$events/$label.json" \
+    "$testlogs" "$@" || failed=1
 }
 
 echo "[test] bazel test //... (the first run builds libtorch-heavy code and captures the example artifacts: several minutes)"
-bazel test //... --keep_going || failed=1
+bazel test //... --keep_going --build_event_json_file="$events/bazel.json" || failed=1
 summarize bazel "" $(bazel query 'tests(//...)' 2>/dev/null)
 
 sanitized=(//runtime/... //server/... //client/... //tests/...)
 echo "[test] AddressSanitizer: bazel test --config=asan ${sanitized[*]}"
-bazel test --config=asan "${sanitized[@]}" --keep_going || failed=1
+bazel test --config=asan "${sanitized[@]}" --keep_going --build_event_json_file="$events/asan.json" ||
+  failed=1
 summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]}))" 2>/dev/null)
 
 # ThreadSanitizer slows everything down ~10x: the tests that exercise threads
@@ -38,13 +46,14 @@ summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]}))" 2>/dev/
 tsan=(//runtime/... //server/... //client/... //tests:server_e2e_test //tests:server_repository_test
       //tests:torch_grpc_coexistence_test)
 echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
-bazel test --config=tsan "${tsan[@]}" --keep_going || failed=1
+bazel test --config=tsan "${tsan[@]}" --keep_going --build_event_json_file="$events/tsan.json" ||
+  failed=1
 summarize tsan --config=tsan $(bazel query "tests(set(${tsan[*]}))" 2>/dev/null)
 
 echo "[test] fuzzing: 3 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
 tests/fuzz/run_fuzzers.sh 20 || failed=1
 
-echo "[test] pytest capture/tests client/python"
-.venv/bin/python3 -m pytest capture/tests client/python -q -p no:cacheprovider || failed=1
+echo "[test] pytest capture/tests client/python tools/tests"
+.venv/bin/python3 -m pytest capture/tests client/python tools/tests -q -p no:cacheprovider || failed=1
 
 exit $failed

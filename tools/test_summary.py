@@ -1,27 +1,51 @@
-"""Counts the C++ test cases Bazel ran, from each test target's JUnit XML.
+"""Counts the test cases Bazel ran, from each test target's JUnit XML.
 
-Usage: test_summary.py [--label LABEL] BAZEL_TESTLOGS //pkg:target...
-Prints "LABEL: N passed, N failed, N skipped" (LABEL defaults to "bazel"; a
-target that crashed before writing its results counts as one failed case) and
-exits 1 if any failed.
+Usage: test_summary.py [--label LABEL] --bep BEP_JSON BAZEL_TESTLOGS //pkg:target...
+
+BEP_JSON is the build event file of the `bazel test` run being summarized
+(--build_event_json_file): it says which targets ran (or were answered from
+the cache) in that run and how they ended. A target it has no result for
+(one that failed to build, or was never reached) counts as one failed case:
+the test.xml left in BAZEL_TESTLOGS by an earlier run is not a result. So
+does a target Bazel says failed whose XML shows no failure, and one that ran
+but left no readable XML.
+
+Prints "LABEL: N passed, N failed, N skipped" (LABEL defaults to "bazel")
+and exits 1 if any failed.
 """
 
+import json
 import os
 import sys
 import xml.etree.ElementTree as ET
 
+# Bazel's overall test statuses that mean the target passed.
+PASSED = {"PASSED", "FLAKY"}
 
-def count(testlogs: str, target: str):
+
+def bazel_statuses(bep: str) -> dict:
+    """Target label -> its overallStatus in the build event file."""
+    statuses = {}
+    with open(bep) as f:
+        for line in f:
+            event = json.loads(line)
+            summary = event.get("id", {}).get("testSummary")
+            if summary:
+                statuses[summary["label"]] = event.get("testSummary", {}).get("overallStatus", "NO_STATUS")
+    return statuses
+
+
+def count_xml(testlogs: str, target: str):
+    """(passed, failed, skipped) from the target's test.xml, or None."""
     package, name = target.lstrip("/").split(":")
     xml = os.path.join(testlogs, package, name, "test.xml")
     passed = failed = skipped = 0
     try:
         root = ET.parse(xml).getroot()
     except (OSError, ET.ParseError):
-        return 0, 1, 0
-    cases = root.iter("testcase")
+        return None
     found = False
-    for case in cases:
+    for case in root.iter("testcase"):
         found = True
         if case.find("failure") is not None or case.find("error") is not None:
             failed += 1
@@ -36,10 +60,27 @@ def count(testlogs: str, target: str):
     return passed, failed, skipped
 
 
-def main(label: str, testlogs: str, targets) -> int:
+def count(testlogs: str, target: str, statuses: dict):
+    status = statuses.get(target)
+    if status is None or status == "NO_STATUS":
+        print(f"  {target}: no result in this run (it did not build, or was not reached)")
+        return 0, 1, 0
+    counted = count_xml(testlogs, target)
+    if counted is None:
+        print(f"  {target}: {status}, and no readable test.xml")
+        return 0, 1, 0
+    passed, failed, skipped = counted
+    if status not in PASSED and failed == 0:
+        print(f"  {target}: {status}")
+        return passed, 1, skipped
+    return counted
+
+
+def main(label: str, bep: str, testlogs: str, targets) -> int:
+    statuses = bazel_statuses(bep)
     totals = [0, 0, 0]
     for target in targets:
-        for i, n in enumerate(count(testlogs, target)):
+        for i, n in enumerate(count(testlogs, target, statuses)):
             totals[i] += n
     print(f"{label}: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
     return 1 if totals[1] else 0
@@ -50,4 +91,6 @@ if __name__ == "__main__":
     label = "bazel"
     if args[:1] == ["--label"]:
         label, args = args[1], args[2:]
-    sys.exit(main(label, args[0], args[1:]))
+    if args[:1] != ["--bep"] or len(args) < 3:
+        sys.exit(__doc__)
+    sys.exit(main(label, args[1], args[2], args[3:]))
