@@ -378,6 +378,17 @@ TEST(Model, RefusesAnIncompleteArtifactOnlyWhenCompletenessIsRequired) {
         Model::Load(ExampleArtifact(example), options);
     EXPECT_TRUE(model.ok()) << example << ": " << model.status();
   }
+  const std::string incomplete = testing::NewTempDirectory("incomplete");
+  testing::CopyTree(ExampleArtifact("nested"), incomplete);
+  testing::MarkIncomplete(incomplete, "wobble");
+  absl::StatusOr<std::shared_ptr<Model>> refused = Model::Load(incomplete, options);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(),
+            "model 'nested': the capture is incomplete (uncovered frames: [wobble], truncated by "
+            "the recompile limit) and complete artifacts are required");
+  options.require_complete = false;
+  absl::StatusOr<std::shared_ptr<Model>> loaded = Model::Load(incomplete, options);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
 }
 
 TEST(Model, RefusesAnArtifactForAnotherDevice) {

@@ -215,6 +215,30 @@ TEST(ServerProcess, RefusesToStartWithoutARepository) {
   EXPECT_THAT(server.output(), HasSubstr("'/nonexistent' is not a directory"));
 }
 
+TEST(ServerProcess, RequireCompleteRefusesAnIncompleteModelAndReadinessFollowsTheFlag) {
+  const std::string repository = testing::ExampleRepository({"mlp", "nested"});
+  testing::MarkIncomplete(repository + "/nested/1", "wobble");
+  for (bool strict : {true, false}) {
+    std::vector<std::string> flags = Flags(repository, 5, 0);
+    flags.push_back("--require_complete");
+    flags.push_back(strict ? "--strict_readiness" : "--strict_readiness=false");
+    ServerProcess server(flags);
+    server.AwaitOutput("event=(not_)?ready models_ready=1 models_failed=1", absl::Seconds(60));
+    EXPECT_THAT(server.output(),
+                HasSubstr("event=model_load_failed model=nested version=1 reason=\"model 'nested': "
+                          "the capture is incomplete (uncovered frames: [wobble], truncated by the "
+                          "recompile limit) and complete artifacts are required\""));
+    Clients clients(server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(5)));
+    grpc::ClientContext context;
+    inference::ServerReadyResponse ready;
+    ASSERT_TRUE(clients.inference->ServerReady(&context, {}, &ready).ok());
+    // Strict: not ready while a model of the repository is not served.
+    EXPECT_EQ(ready.ready(), !strict) << "strict_readiness=" << strict;
+    server.Signal(SIGTERM);
+    EXPECT_EQ(server.Wait(), 0);
+  }
+}
+
 TEST(ServerProcess, RefusesToStartWithATokenFileOthersCanRead) {
   const std::string token = std::string(std::getenv("TEST_TMPDIR")) + "/token";
   FILE* f = std::fopen(token.c_str(), "w");

@@ -5,14 +5,31 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include <mutex>
+
+#include "proto/artifact.pb.h"
 
 namespace precompile::testing {
 namespace {
 namespace fs = std::filesystem;
 }  // namespace
+
+void MarkIncomplete(const std::string& directory, const std::string& uncovered_frame) {
+  const fs::path path = fs::path(directory) / "MANIFEST.pb";
+  artifact::v1::Manifest manifest;
+  {
+    std::ifstream in(path, std::ios::binary);
+    ASSERT_TRUE(manifest.ParseFromIstream(&in)) << path;
+  }
+  manifest.mutable_summary()->add_uncovered_frames(uncovered_frame);
+  manifest.mutable_summary()->set_truncated(true);
+  manifest.mutable_summary()->set_complete(false);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  ASSERT_TRUE(manifest.SerializeToOstream(&out)) << path;
+}
 
 std::string ExampleArtifact(const std::string& name) {
   static std::mutex mu;

@@ -19,6 +19,12 @@ std::string NewTempDirectory(const std::string& prefix);
 // following symbolic links so that the copy holds plain files.
 void CopyTree(const std::string& source, const std::string& destination);
 
+// Rewrites the MANIFEST.pb of the artifact in `directory` (a copy) so that
+// its summary reports `uncovered_frame` uncovered and the capture truncated:
+// an incomplete artifact, as require_complete=False saves one. (The summary
+// is not checksummed: a manifest lists the other files' digests.)
+void MarkIncomplete(const std::string& directory, const std::string& uncovered_frame);
+
 // A model repository in a new temporary directory: each named example
 // artifact copied to <repository>/<name>/1/. Returns the repository root.
 std::string ExampleRepository(const std::initializer_list<std::string>& names);
