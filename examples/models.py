@@ -17,6 +17,9 @@ precompile workflow (DESIGN.md section 1):
           `encoder` and the function `scale`, are captured on their own with
           static shapes; its callee `wobble` is a graph break on its first
           call, so it is flagged with no variant and always runs eagerly.
+- passthrough: returns its input, a view of it and a new tensor: outputs
+          that share the request's memory, large enough (16 KiB) for the
+          server to send them by reference, so it must copy them first.
 """
 
 import torch
@@ -105,3 +108,12 @@ class Nested(torch.nn.Module):
 def make_nested() -> Nested:
     torch.manual_seed(0)
     return Nested().eval()
+
+
+class Passthrough(torch.nn.Module):
+    def forward(self, x: torch.Tensor):
+        return x, x[: x.size(0) // 2], x * 2.0
+
+
+def make_passthrough() -> Passthrough:
+    return Passthrough().eval()

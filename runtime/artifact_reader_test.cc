@@ -67,7 +67,7 @@ void ExpectRefused(const std::string& dir, absl::StatusCode code,
 }
 
 TEST(ArtifactReader, AcceptsEveryExampleArtifact) {
-  for (const char* example : {"mlp", "loop", "branch", "nested"}) {
+  for (const char* example : {"mlp", "loop", "branch", "nested", "passthrough"}) {
     absl::StatusOr<Artifact> artifact = ReadArtifact(ExampleArtifact(example), Options());
     ASSERT_TRUE(artifact.ok()) << example << ": " << artifact.status();
     EXPECT_EQ(artifact->manifest.model_name(), example);

@@ -373,7 +373,7 @@ TEST(Model, RefusesAnIncompleteArtifactOnlyWhenCompletenessIsRequired) {
   ModelOptions options;
   options.require_complete = true;
   // Every example is complete: flagged frames do not make a capture incomplete.
-  for (const char* example : {"mlp", "loop", "branch", "nested"}) {
+  for (const char* example : {"mlp", "loop", "branch", "nested", "passthrough"}) {
     absl::StatusOr<std::shared_ptr<Model>> model =
         Model::Load(ExampleArtifact(example), options);
     EXPECT_TRUE(model.ok()) << example << ": " << model.status();

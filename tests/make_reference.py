@@ -45,6 +45,9 @@ CASES = {
         "k2": ({"x": _input((8, 4), 42)}, {"k": 2}),
         "wide_k1": ({"x": _input((16, 4), 43)}, {"k": 1}),
     }),
+    "passthrough": (models.make_passthrough, {
+        "rows1024": ({"x": _input((1024, 4), 50)}, {}),
+    }),
 }
 
 

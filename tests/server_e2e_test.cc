@@ -73,7 +73,8 @@ at::Tensor OutputTensor(const inference::ModelInferResponse& response, int i) {
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    repository_ = new std::string(ExampleRepository({"mlp", "loop", "branch", "nested"}));
+    repository_ = new std::string(
+        ExampleRepository({"mlp", "loop", "branch", "nested", "passthrough"}));
     server::ServerOptions options;
     options.model_repository = *repository_;
     options.grpc_address = "127.0.0.1:0";
@@ -405,6 +406,23 @@ TEST_F(ServerTest, SendsLargeOutputsIntact) {
       at::allclose(OutputTensor(response, 0), ref.expected[0].repeat({128, 1}), 1e-4, 1e-5));
 }
 
+TEST_F(ServerTest, OutputsThatShareTheRequestsMemoryOutliveTheRequest) {
+  // The input itself and a view of its first half, both large enough to be
+  // sent by reference: sent from the request's bytes, they would be read
+  // after the request is gone (AddressSanitizer: heap-use-after-free).
+  const ReferenceCall ref = Reference("passthrough", "rows1024");
+  for (int round = 0; round < 3; ++round) {
+    inference::ModelInferResponse response;
+    grpc::Status status = Infer(RequestFor("passthrough", ref), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.raw_output_contents_size(), 3);
+    EXPECT_GE(response.raw_output_contents(1).size(), server::kReferencedOutputBytes);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(at::equal(OutputTensor(response, i), ref.expected[i])) << "output" << i;
+    }
+  }
+}
+
 TEST_F(ServerTest, PassesNanAndInfThroughLikeTheModelWould) {
   ReferenceCall ref = Reference("loop", "n0");
   at::Tensor x = ref.tensors[0].clone();
@@ -454,7 +472,7 @@ TEST_F(ServerTest, ReportsSummaryFramesAndStatistics) {
                         "precompile_model_eager_fallback_frames{model=\"loop\",version=\"1\"}"),
             1);
   EXPECT_EQ(MetricValue(metrics, "precompile_model_variants{model=\"nested\",version=\"1\"}"), 3);
-  EXPECT_EQ(MetricValue(metrics, "precompile_models_loaded"), 4);
+  EXPECT_EQ(MetricValue(metrics, "precompile_models_loaded"), 5);
   EXPECT_THAT(metrics, HasSubstr("precompile_request_duration_seconds_bucket{model=\"loop\","));
   EXPECT_THAT(metrics, HasSubstr("precompile_guard_dispatch_duration_seconds_bucket{frame="));
 }
