@@ -53,6 +53,11 @@ summarize tsan --config=tsan $(bazel query "tests(set(${tsan[*]}))" 2>/dev/null)
 echo "[test] fuzzing: 3 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
 tests/fuzz/run_fuzzers.sh 20 || failed=1
 
+# The Python tests run the binaries under bazel-bin, which the sanitizer runs
+# pointed at their own builds: point it back at the plain one (cached).
+bazel build --noshow_progress //server:precompile_server //client:precompile_client \
+  //examples:artifacts //proto:python || failed=1
+
 echo "[test] pytest capture/tests client/python tools/tests"
 .venv/bin/python3 -m pytest capture/tests client/python tools/tests -q -p no:cacheprovider || failed=1
 

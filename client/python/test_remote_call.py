@@ -36,6 +36,7 @@ def server(tmp_path_factory):
     copy_tree(_built(BIN / "examples" / "mlp"), root / "repository" / "mlp" / "1")
     token_file = root / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # The server refuses a token file every user can read.
     process = ServerProcess(_built(BIN / "server" / "precompile_server"), root / "repository",
                             [f"--admin_token_file={token_file}"])
     yield process
