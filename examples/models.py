@@ -17,6 +17,9 @@ precompile workflow (DESIGN.md section 1):
           `encoder` and the function `scale`, are captured on their own with
           static shapes; its callee `wobble` is a graph break on its first
           call, so it is flagged with no variant and always runs eagerly.
+- dtypes: one input of each dtype the artifact format names (float16,
+          bfloat16, float32, float64, uint8, int8, int16, int32, int64,
+          bool), each output keeping its input's dtype.
 - passthrough: returns its input, a view of it and a new tensor: outputs
           that share the request's memory, large enough (16 KiB) for the
           server to send them by reference, so it must copy them first.
@@ -108,6 +111,16 @@ class Nested(torch.nn.Module):
 def make_nested() -> Nested:
     torch.manual_seed(0)
     return Nested().eval()
+
+
+class Dtypes(torch.nn.Module):
+    def forward(self, f16, bf16, f32, f64, u8, i8, i16, i32, i64, b):
+        return (f16 * 2.0 + 1.0, bf16 * 2.0 + 1.0, f32 * 2.0 + 1.0, f64 * 2.0 + 1.0, u8 + 3, i8 - 3,
+                i16 * 3, i32 * 3, i64 * 3, b.logical_not())
+
+
+def make_dtypes() -> Dtypes:
+    return Dtypes().eval()
 
 
 class Passthrough(torch.nn.Module):

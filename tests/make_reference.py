@@ -16,9 +16,19 @@ import torch
 from examples import models
 
 
-def _input(shape, seed: int) -> torch.Tensor:
+def _input(shape, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=generator)
+    if dtype.is_floating_point:
+        return torch.randn(*shape, generator=generator).to(dtype)
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    low = 0 if dtype is torch.uint8 else -100
+    return torch.randint(low, 100, shape, generator=generator).to(dtype)
+
+
+DTYPE_INPUTS = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32,
+                "f64": torch.float64, "u8": torch.uint8, "i8": torch.int8, "i16": torch.int16,
+                "i32": torch.int32, "i64": torch.int64, "b": torch.bool}
 
 
 # model -> case -> (factory, tensor args, scalar args)
@@ -44,6 +54,10 @@ CASES = {
         "k1": ({"x": _input((8, 4), 41)}, {"k": 1}),
         "k2": ({"x": _input((8, 4), 42)}, {"k": 2}),
         "wide_k1": ({"x": _input((16, 4), 43)}, {"k": 1}),
+    }),
+    "dtypes": (models.make_dtypes, {
+        "each": ({name: _input((2, 3), 60 + i, dtype) for i, (name, dtype) in enumerate(DTYPE_INPUTS.items())},
+                 {}),
     }),
     "passthrough": (models.make_passthrough, {
         "rows1024": ({"x": _input((1024, 4), 50)}, {}),

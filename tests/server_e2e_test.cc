@@ -11,13 +11,17 @@
 #include <cmath>
 #include <limits>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "proto/admin.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/inference.grpc.pb.h"
+#include "runtime/torch_dtype.h"
 #include "server/infer_response.h"
+#include "server/tensor_codec.h"
 #include "server/server.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/http.h"
@@ -49,7 +53,7 @@ inference::ModelInferRequest RequestFor(const std::string& model,
     if (const auto* t = std::get_if<TensorArg>(&arg.value)) {
       auto* input = request.add_inputs();
       input->set_name(arg.name);
-      input->set_datatype("FP32");
+      input->set_datatype(server::DatatypeOf(t->dtype));
       for (int64_t d : t->shape) input->add_shape(d);
       request.add_raw_input_contents(static_cast<const char*>(t->data), t->nbytes);
     } else if (const auto* b = std::get_if<bool>(&arg.value)) {
@@ -67,14 +71,18 @@ at::Tensor OutputTensor(const inference::ModelInferResponse& response, int i) {
   std::vector<int64_t> shape(response.outputs(i).shape().begin(),
                              response.outputs(i).shape().end());
   const std::string& raw = response.raw_output_contents(i);
-  return at::from_blob(const_cast<char*>(raw.data()), shape, at::kFloat).clone();
+  std::optional<DType> dtype = server::DTypeFromDatatype(response.outputs(i).datatype());
+  EXPECT_TRUE(dtype.has_value()) << response.outputs(i).datatype();
+  return at::from_blob(const_cast<char*>(raw.data()), shape,
+                       ToScalarType(dtype.value_or(DType::kFloat32)))
+      .clone();
 }
 
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     repository_ = new std::string(
-        ExampleRepository({"mlp", "loop", "branch", "nested", "passthrough"}));
+        ExampleRepository({"mlp", "loop", "branch", "nested", "passthrough", "dtypes"}));
     server::ServerOptions options;
     options.model_repository = *repository_;
     options.grpc_address = "127.0.0.1:0";
@@ -315,6 +323,13 @@ TEST_F(ServerTest, RejectsMalformedRequestsAndKeepsServing) {
        grpc::StatusCode::NOT_FOUND, "version '7' of model 'loop' is not served"},
       {"bad datatype", [](auto& r) { r.mutable_inputs(0)->set_datatype("FP8"); },
        grpc::StatusCode::INVALID_ARGUMENT, "datatype 'FP8'"},
+      // KServe datatypes torch has no dtype for.
+      {"UINT16", [](auto& r) { r.mutable_inputs(0)->set_datatype("UINT16"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "datatype 'UINT16'"},
+      {"UINT64", [](auto& r) { r.mutable_inputs(0)->set_datatype("UINT64"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "datatype 'UINT64'"},
+      {"BYTES", [](auto& r) { r.mutable_inputs(0)->set_datatype("BYTES"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "datatype 'BYTES'"},
       {"shape and bytes disagree", [](auto& r) { r.mutable_inputs(0)->set_shape(0, 9); },
        grpc::StatusCode::INVALID_ARGUMENT, "has 128 bytes but shape [9, 4] of FP32 needs 144"},
       {"negative dimension", [](auto& r) { r.mutable_inputs(0)->set_shape(0, -8); },
@@ -406,6 +421,73 @@ TEST_F(ServerTest, SendsLargeOutputsIntact) {
       at::allclose(OutputTensor(response, 0), ref.expected[0].repeat({128, 1}), 1e-4, 1e-5));
 }
 
+// Puts a tensor's values in the typed contents field KServe has for its dtype.
+void SetTypedContents(const at::Tensor& t, inference::InferTensorContents* contents) {
+  const at::Tensor flat = t.flatten();
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    switch (t.scalar_type()) {
+      case at::kBool: contents->add_bool_contents(flat[i].item<bool>()); break;
+      case at::kByte: contents->add_uint_contents(flat[i].item<uint8_t>()); break;
+      case at::kChar:
+      case at::kShort:
+      case at::kInt: contents->add_int_contents(flat[i].item<int32_t>()); break;
+      case at::kLong: contents->add_int64_contents(flat[i].item<int64_t>()); break;
+      case at::kFloat: contents->add_fp32_contents(flat[i].item<float>()); break;
+      case at::kDouble: contents->add_fp64_contents(flat[i].item<double>()); break;
+      default: ADD_FAILURE() << "no typed contents for " << t.scalar_type();
+    }
+  }
+}
+
+TEST_F(ServerTest, ServesEveryDtypeInAndOutRawOrTyped) {
+  const ReferenceCall ref = Reference("dtypes", "each");
+  // The model's outputs, in order, keep the dtypes of f16, bf16, f32, f64,
+  // u8, i8, i16, i32, i64 and b.
+  const std::vector<std::string> datatypes = {"FP16", "BF16", "FP32",  "FP64",  "UINT8",
+                                              "INT8", "INT16", "INT32", "INT64", "BOOL"};
+  const std::map<std::string, std::string> datatype_of_input = {
+      {"f16", "FP16"}, {"bf16", "BF16"}, {"f32", "FP32"},   {"f64", "FP64"},   {"u8", "UINT8"},
+      {"i8", "INT8"},  {"i16", "INT16"}, {"i32", "INT32"}, {"i64", "INT64"}, {"b", "BOOL"}};
+  for (bool typed : {false, true}) {
+    inference::ModelInferRequest request = RequestFor("dtypes", ref);
+    ASSERT_EQ(request.inputs_size(), static_cast<int>(datatypes.size()));
+    for (const auto& input : request.inputs()) {
+      EXPECT_EQ(input.datatype(), datatype_of_input.at(input.name()));
+    }
+    if (typed) {
+      // Raw contents are all or nothing, and FP16 and BF16 have no typed
+      // field: typed contents for every other dtype leave FP16 with none.
+      for (int i = 0; i < request.inputs_size(); ++i) {
+        if (request.inputs(i).datatype() == "FP16" || request.inputs(i).datatype() == "BF16") {
+          continue;
+        }
+        SetTypedContents(ref.tensors[i], request.mutable_inputs(i)->mutable_contents());
+      }
+      request.clear_raw_input_contents();
+      inference::ModelInferResponse refused;
+      grpc::Status status = Infer(request, &refused);
+      ASSERT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_THAT(status.error_message(), HasSubstr("which travels only in raw_input_contents"));
+      continue;
+    }
+    inference::ModelInferResponse response;
+    grpc::Status status = Infer(request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.outputs_size(), static_cast<int>(datatypes.size()));
+    for (int i = 0; i < response.outputs_size(); ++i) {
+      EXPECT_EQ(response.outputs(i).datatype(), datatypes[i]) << i;
+      const at::Tensor got = OutputTensor(response, i);
+      EXPECT_EQ(got.scalar_type(), ref.expected[i].scalar_type()) << datatypes[i];
+      if (got.is_floating_point()) {
+        EXPECT_TRUE(at::allclose(got.to(at::kDouble), ref.expected[i].to(at::kDouble), 1e-2, 1e-2))
+            << datatypes[i];
+      } else {
+        EXPECT_TRUE(at::equal(got, ref.expected[i])) << datatypes[i];
+      }
+    }
+  }
+}
+
 TEST_F(ServerTest, OutputsThatShareTheRequestsMemoryOutliveTheRequest) {
   // The input itself and a view of its first half, both large enough to be
   // sent by reference: sent from the request's bytes, they would be read
@@ -472,7 +554,7 @@ TEST_F(ServerTest, ReportsSummaryFramesAndStatistics) {
                         "precompile_model_eager_fallback_frames{model=\"loop\",version=\"1\"}"),
             1);
   EXPECT_EQ(MetricValue(metrics, "precompile_model_variants{model=\"nested\",version=\"1\"}"), 3);
-  EXPECT_EQ(MetricValue(metrics, "precompile_models_loaded"), 5);
+  EXPECT_EQ(MetricValue(metrics, "precompile_models_loaded"), 6);
   EXPECT_THAT(metrics, HasSubstr("precompile_request_duration_seconds_bucket{model=\"loop\","));
   EXPECT_THAT(metrics, HasSubstr("precompile_guard_dispatch_duration_seconds_bucket{frame="));
 }
