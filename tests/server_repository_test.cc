@@ -504,6 +504,37 @@ TEST(ServerRepository, AdminAndRepositoryCallsNeedTheTokenWhenOneIsSet) {
   EXPECT_TRUE(inference->ModelInfer(&context, MlpRequest(), &response).ok());
 }
 
+TEST(ServerRepository, ClientsAreAskedToReconnectAfterTheMaximumConnectionAge) {
+  const std::string repository = ExampleRepository({"mlp"});
+  for (absl::Duration age : {absl::Seconds(1), absl::ZeroDuration()}) {
+    server::ServerOptions options;
+    options.model_repository = repository;
+    options.grpc_address = "127.0.0.1:0";
+    options.metrics_address = "";
+    options.max_connection_age = age;
+    auto server = server::Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->grpc_port()),
+                                       grpc::InsecureChannelCredentials());
+    auto inference = inference::GRPCInferenceService::NewStub(channel);
+    {
+      grpc::ClientContext context;
+      inference::ServerLiveResponse live;
+      ASSERT_TRUE(inference->ServerLive(&context, {}, &live).ok());
+    }
+    ASSERT_EQ(channel->GetState(false), GRPC_CHANNEL_READY);
+    // Past the age (and gRPC's 10 % jitter) the server sends GOAWAY and the
+    // channel leaves READY; without one, the connection stays.
+    bool left_ready = false;
+    const absl::Time deadline = absl::Now() + absl::Seconds(4);
+    while (!left_ready && absl::Now() < deadline) {
+      left_ready = channel->GetState(false) != GRPC_CHANNEL_READY;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(left_ready, age > absl::ZeroDuration()) << "max_connection_age " << age;
+  }
+}
+
 TEST(ServerRepository, ControlIsRefusedWithoutATokenAndChangesNothing) {
   const std::string repository = ExampleRepository({"mlp", "loop"});
   server::ServerOptions options;  // No token, and control not allowed: the default.
