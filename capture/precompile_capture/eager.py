@@ -128,7 +128,9 @@ def _return_source(structure: Tuple[bool, int]) -> str:
     return "(" + ", ".join(f"_pc_outs[{i}]" for i in range(n)) + ("," if n == 1 else "") + ")"
 
 
-_NO_STUB = "precompile_capture: no TorchScript stub for frame"
+def _no_stub_marker(frame: str) -> str:
+    # No quotes: the graph's printer escapes them.
+    return f"precompile_capture: no TorchScript stub for frame <{frame}>"
 
 
 class _Stubs:
@@ -155,9 +157,17 @@ class _Stubs:
         self.target_names: Dict[str, str] = {}
         for i, frame in enumerate(self.frames):
             structure = structures[frame.name]
-            if _inexpressible(frame):
-                self.no_stub[frame.name] = _inexpressible(frame) or ""
-            if frame.function is not None:
+            inexpressible = _inexpressible(frame)
+            if inexpressible:
+                self.no_stub[frame.name] = inexpressible
+            elif structure is None:
+                self.no_stub[frame.name] = (
+                    "it returns "
+                    + (frame.outputs.describe() if frame.outputs else "something never seen")
+                    + ", and a TorchScript eager program can call only frames that return a "
+                    "tensor or a tuple of tensors"
+                )
+            if frame.function is not None and not inexpressible:
                 wrapper = f"Frame{i}"
                 target = f"_target{i}"
                 lines += [
@@ -170,16 +180,9 @@ class _Stubs:
                 ]
                 self.wrapper_names[frame.name] = wrapper
                 self.target_names[frame.name] = target
-            elif structure is None:
-                self.no_stub[frame.name] = (
-                    "it returns "
-                    + (frame.outputs.describe() if frame.outputs else "something never seen")
-                    + ", and a TorchScript eager program can call only frames that return a "
-                    "tensor or a tuple of tensors"
-                )
             if frame.name in self.no_stub:
-                signature_source = "self" if _inexpressible(frame) else _signature_source(frame)
-                body = [f"        raise RuntimeError({_NO_STUB + ' ' + repr(frame.name)!r})"]
+                signature_source = "self" if inexpressible else _signature_source(frame)
+                body = [f"        raise RuntimeError({_no_stub_marker(frame.name)!r})"]
                 structure = (False, 1)
             else:
                 signature_source = _signature_source(frame)
@@ -241,7 +244,7 @@ class _Stubs:
         """Raises if `scripted` calls a frame that has only a raising stub."""
         graph = str(scripted.inlined_graph)
         for name, reason in self.no_stub.items():
-            if f"{_NO_STUB} {name!r}" in graph:
+            if _no_stub_marker(name) in graph:
                 raise PrecompileError(
                     f"frame '{caller.name}' calls captured frame '{name}', but its TorchScript "
                     f"eager program cannot: {reason}"

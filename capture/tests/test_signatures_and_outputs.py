@@ -198,6 +198,39 @@ class KwargsLoop(torch.nn.Module):
         return x
 
 
+def as_dict(y: torch.Tensor):
+    return {"y": y + 1.0}
+
+
+def total(*tensors):
+    return sum(tensors)
+
+
+class CallsAsDict(torch.nn.Module):
+    """Breaks the graph in a loop (flagged), then calls the frame as_dict."""
+
+    def forward(self, x: torch.Tensor):
+        for _ in range(2):
+            x = opaque(x)
+        return as_dict(x)
+
+
+def test_a_flagged_frame_that_calls_a_frame_returning_a_dict_is_refused_by_name():
+    cap = precompile_capture.capture(Calls(CallsAsDict()), name="m", frames=["inner", as_dict])
+    with pytest.raises(PrecompileError) as e:
+        cap(torch.randn(2))
+    assert "frame 'inner' calls captured frame 'as_dict', but its TorchScript eager program cannot" in str(e.value)
+
+
+def test_a_frame_torchscript_cannot_express_does_not_stop_another_from_being_scripted():
+    from models_for_tests import Loop
+
+    # total takes *tensors (no TorchScript stub can call it); inner never does.
+    cap = precompile_capture.capture(Calls(Loop(), 2), name="m", frames=["inner", total])
+    cap(torch.randn(8, 4))
+    assert cap.frame("inner").eager_fallback
+
+
 def test_a_flagged_frame_torchscript_cannot_express_is_refused_at_the_call():
     cap = precompile_capture.capture(Calls(KwargsLoop(), 2), name="outer", frames=["inner"])
     with pytest.raises(PrecompileError) as e:
