@@ -39,7 +39,7 @@ from torch.export import Dim as ExportDim
 from . import ops, outputs
 from .eager import ScriptContext, build_eager_programs, check_scriptable
 from .errors import PrecompileError
-from .frames import Frame, FrameInfo, Variant
+from .frames import Binding, Frame, FrameInfo, Variant
 from .guards import (
     DTYPE_NAMES,
     GuardExtractionError,
@@ -104,7 +104,7 @@ class _ExportWrapper(torch.nn.Module):
         self.frame_module = frame.module
         self._function = frame.function
         self._positional, keyword = frame.call_layout()
-        self._keyword = [(name, i, frame.params[i].binding.value == "VAR_KEYWORD") for name, i in keyword]
+        self._keyword = [(name, i, frame.params[i].binding is Binding.VAR_KEYWORD) for name, i in keyword]
 
     def forward(self, *inputs: Any) -> Any:
         args = [inputs[i] for i in self._positional]

@@ -321,9 +321,9 @@ class Frame:
 
     def _add_var_input(self, name: str, binding: Binding) -> None:
         if any(p.name == name for p in self.params):
+            star = f"**{self.var_keyword}" if binding is Binding.VAR_KEYWORD else f"*{self.var_positional}"
             raise PrecompileError(
-                f"frame '{self.name}': input '{name}' of *{self.var_positional} would have the "
-                "name of another input"
+                f"frame '{self.name}': input '{name}' of {star} would have the name of another input"
             )
         keyword = binding is Binding.VAR_KEYWORD
         self.params.append(
@@ -344,15 +344,6 @@ class Frame:
         positional = [i for i, p in enumerate(self.params) if not p.keyword_only]
         keyword = [(p.name, i) for i, p in enumerate(self.params) if p.keyword_only]
         return positional, keyword
-
-    def call_with(self, values: List[Any]) -> Any:
-        positional, keyword = self.call_layout()
-        kwargs = {
-            name: values[i]
-            for name, i in keyword
-            if not (values[i] is None and self.params[i].binding is Binding.VAR_KEYWORD)
-        }
-        return self.call_original(*[values[i] for i in positional], **kwargs)
 
     def observe(self, values: List[Any]) -> None:
         """Infers parameter kinds from a call; rejects values a frame cannot take."""

@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree
+from torch.export.graph_signature import TensorArgument
 
 from .errors import PrecompileError
 
@@ -164,8 +165,6 @@ def output_schema(frame: str, result: Any) -> OutputSchema:
 
 def exported_leaf_kinds(ep: torch.export.ExportedProgram) -> Tuple[bool, ...]:
     """Per value the exported program returns: whether it is a tensor."""
-    from torch.export.graph_signature import TensorArgument  # noqa: PLC0415
-
     return tuple(
         isinstance(s.arg, TensorArgument)
         for s in ep.graph_signature.output_specs
