@@ -1,11 +1,13 @@
 // precompile_server: serves the precompile artifacts of a model repository
 // over gRPC (KServe v2 inference, precompile admin, health, reflection) with
 // Prometheus metrics over HTTP. SIGTERM or Ctrl-C drains and exits.
+#include <dlfcn.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -47,6 +49,9 @@ ABSL_FLAG(int, grpc_max_pollers, 64,
 ABSL_FLAG(int, torch_threads, 0, "Threads per torch operation (0: torch's default)");
 ABSL_FLAG(int, runners_per_variant, 2,
           "Instances of each compiled variant that run at once");
+ABSL_FLAG(std::vector<std::string>, op_library, {},
+          "Shared libraries (comma-separated) registering custom operators that "
+          "compiled variants call; loaded before any model");
 ABSL_FLAG(int, repository_poll_seconds, 0,
           "Re-scan the repository this often for new models and versions (0: never)");
 ABSL_FLAG(bool, strict_readiness, true,
@@ -155,6 +160,14 @@ int main(int argc, char** argv) {
         "event=unauthenticated_control note=\"any client that reaches the gRPC port can load, "
         "unload and rescan models (--allow_unauthenticated_control): for local development "
         "only; use --admin_token_file elsewhere\"");
+  }
+  // Before the first model loads: AOTInductor resolves a variant's custom
+  // operators by name when the variant is loaded.
+  for (const std::string& library : absl::GetFlag(FLAGS_op_library)) {
+    if (dlopen(library.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      return Fail(absl::StrCat("--op_library: ", dlerror()));
+    }
+    spdlog::info("event=op_library_loaded path={}", library);
   }
   if (absl::GetFlag(FLAGS_torch_threads) > 0) {
     precompile::SetTorchThreads(absl::GetFlag(FLAGS_torch_threads));

@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <regex>
 #include <string>
@@ -36,10 +38,12 @@ using ::grpc::health::v1::HealthCheckResponse;
 using ::precompile::testing::SlowLoopRequest;
 using ::testing::HasSubstr;
 
-std::string ServerBinary() {
-  return std::string(std::getenv("TEST_SRCDIR")) + "/" + std::getenv("TEST_WORKSPACE") +
-         "/server/precompile_server";
+std::string Runfile(const std::string& path) {
+  return std::string(std::getenv("TEST_SRCDIR")) + "/" + std::getenv("TEST_WORKSPACE") + "/" +
+         path;
 }
+
+std::string ServerBinary() { return Runfile("server/precompile_server"); }
 
 // A server process whose output is collected as it runs.
 class ServerProcess {
@@ -272,6 +276,99 @@ TEST(ServerProcess, WarnsAtStartWhenControlNeedsNoToken) {
   EXPECT_THAT(server.output(), HasSubstr("warning event=unauthenticated_control"));
   server.Signal(SIGTERM);
   EXPECT_EQ(server.Wait(), 0);
+}
+
+// tests/gate: a model whose variant calls precompile_test::gate, which holds
+// every call until the test opens the gate. How many calls reach the op
+// while it is closed is how many instances of the variant run at once.
+int CallsAtTheGate(const std::string& gate) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(gate)) {
+    n += entry.path().filename().string().rfind("entered.", 0) == 0;
+  }
+  return n;
+}
+
+TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
+  const std::string repository = testing::NewTempDirectory("repository");
+  testing::CopyTree(Runfile("tests/gate/gated"), repository + "/gated/1");
+  // Neither 1 nor 3 is the default (2): a server that ignored the flag
+  // would let 2 calls in, and fail both rounds.
+  for (int runners : {1, 3}) {
+    const std::string gate = testing::NewTempDirectory("gate");
+    setenv("PRECOMPILE_TEST_GATE_DIR", gate.c_str(), 1);
+    std::vector<std::string> flags = Flags(repository, 30, 0);
+    flags.push_back("--op_library=" + Runfile("tests/gate/libgate_op.so"));
+    flags.push_back("--runners_per_variant=" + std::to_string(runners));
+    flags.push_back("--inference_threads=" + std::to_string(runners + 1));
+    ServerProcess server(flags);
+    unsetenv("PRECOMPILE_TEST_GATE_DIR");
+    Clients clients(server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60)));
+    server.AwaitOutput("event=ready", absl::Seconds(60));
+    auto call_gated = [&clients] {
+      inference::ModelInferRequest request;
+      request.set_model_name("gated");
+      auto* input = request.add_inputs();
+      input->set_name("x");
+      input->set_datatype("FP32");
+      input->add_shape(4);
+      request.add_raw_input_contents(std::string(4 * sizeof(float), '\0'));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(90));
+      inference::ModelInferResponse response;
+      return clients.inference->ModelInfer(&context, request, &response);
+    };
+    // A variant's first call sets up its constants under AOTInductor's
+    // exclusive lock, which waits for every running call: calls that arrive
+    // together before it has finished run one at a time. Make it first.
+    std::ofstream(gate + "/open");
+    ASSERT_TRUE(call_gated().ok());
+    std::filesystem::remove_all(gate);
+    std::filesystem::create_directories(gate);
+
+    // One call more than there are runners, all at once.
+    std::vector<grpc::Status> statuses(runners + 1);
+    std::vector<std::thread> calls;
+    for (int i = 0; i <= runners; ++i) {
+      calls.emplace_back([&, i] { statuses[i] = call_gated(); });
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (CallsAtTheGate(gate) < runners && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(CallsAtTheGate(gate), runners) << "runners_per_variant=" << runners;
+    // The last call waits for a free instance: give it time it would use to
+    // pass the gate if it could (the count above is reached without waiting).
+    absl::SleepFor(absl::Seconds(1));
+    EXPECT_EQ(CallsAtTheGate(gate), runners) << "runners_per_variant=" << runners;
+
+    std::ofstream(gate + "/open");
+    for (auto& call : calls) call.join();
+    for (const grpc::Status& status : statuses) EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(CallsAtTheGate(gate), runners + 1);
+    server.Signal(SIGTERM);
+    EXPECT_EQ(server.Wait(), 0);
+  }
+}
+
+TEST(ServerProcess, AModelCallingAnOperatorNoLibraryRegisteredFailsToLoadNamingIt) {
+  const std::string repository = testing::NewTempDirectory("repository");
+  testing::CopyTree(Runfile("tests/gate/gated"), repository + "/gated/1");
+  ServerProcess server(Flags(repository, 5, 0));
+  const std::string reason =
+      server.AwaitOutput("event=model_load_failed model=gated version=1 reason=\"([^\n]*)",
+                         absl::Seconds(60));
+  EXPECT_THAT(reason, HasSubstr("precompile_test::gate"));
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0);
+}
+
+TEST(ServerProcess, RefusesToStartWithAnOpLibraryItCannotLoad) {
+  std::vector<std::string> flags = Flags(testing::ExampleRepository({"mlp"}), 5, 0);
+  flags.push_back("--op_library=/nonexistent/libops.so");
+  ServerProcess server(flags);
+  EXPECT_EQ(server.Wait(), 2);
+  EXPECT_THAT(server.output(), HasSubstr("--op_library: /nonexistent/libops.so"));
 }
 
 }  // namespace

@@ -1,0 +1,27 @@
+"""A model whose compiled code calls a custom operator, precompile_test::gate.
+
+The capture needs the operator's schema and shapes (defined here, in Python);
+the server runs the C++ implementation in gate_op.cc, loaded with
+--op_library. Both must agree on the name and the schema.
+"""
+
+import torch
+
+
+@torch.library.custom_op("precompile_test::gate", mutates_args=())
+def gate(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@gate.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Gated(torch.nn.Module):
+    def forward(self, x):
+        return gate(x * 2.0) + 1.0
+
+
+def make_gated():
+    return Gated()
