@@ -18,52 +18,22 @@ Runs under Bazel (//tests/guards:guard_agreement_test).
 
 import math
 import os
-import pathlib
-import struct
-import subprocess
 import sys
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-ROOT = pathlib.Path(os.path.abspath(__file__)).parents[2]
-sys.path.insert(0, str(ROOT / "capture"))
-sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from make_seeds import encode_guard_call  # noqa: E402
-from precompile_capture.artifact import guards_proto  # noqa: E402
-from precompile_capture.frames import Kind  # noqa: E402
+from evaluators import DTYPES, GuardEval, python_holds, runtime_record  # noqa: E402
 from precompile_capture.guards import ArgGuard, Dim, GuardSet, SymbolRange, TensorSpec  # noqa: E402
-from proto import artifact_pb2 as pb  # noqa: E402
 
-DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-          torch.float16, torch.bfloat16, torch.float32, torch.float64]
-DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in DTYPES}
 DEFAULT_DTYPES = [torch.float32, torch.float64]
 FLOATS = [0.0, -0.0, 0.5, 1.0, 2.0, math.inf, -math.inf, math.nan, 1e300]
 INTS = [0, 1, -1, 2, 7, 2**62, -(2**63)]
 STRINGS = ["", "a", "mean", "é"]
-
-
-class GuardEval:
-    """guard_eval as a child process: one record in, one line out."""
-
-    def __init__(self):
-        binary = ROOT / "tests" / "guards" / "guard_eval"
-        self.process = subprocess.Popen([str(binary)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE)
-
-    def __call__(self, record: bytes) -> str:
-        self.process.stdin.write(struct.pack("<I", len(record)) + record)
-        self.process.stdin.flush()
-        return self.process.stdout.readline().decode().strip()
-
-    def close(self):
-        self.process.stdin.close()
-        assert self.process.wait(timeout=10) == 0
 
 
 @pytest.fixture(scope="module")
@@ -151,57 +121,6 @@ def calls(draw, params, guards):
     return (values, draw(st.booleans()) if draw(st.integers(0, 3)) == 0 else guards.grad_enabled,
             draw(st.sampled_from(DEFAULT_DTYPES)) if draw(st.integers(0, 3)) == 0
             else guards.default_dtype)
-
-
-# -- the two evaluators --------------------------------------------------------
-
-def kind_of(value):
-    if isinstance(value, tuple):
-        return Kind.TENSOR
-    if value is None:
-        return Kind.OPTIONAL_TENSOR
-    return {bool: Kind.BOOL, int: Kind.INT, float: Kind.FLOAT, str: Kind.STRING}[type(value)]
-
-
-def python_holds(guards, values, grad, default_dtype):
-    with FakeTensorMode() as mode:
-        args = [
-            torch.empty(v[3], dtype=v[1], device=v[2]) if isinstance(v, tuple) else v
-            for v in values
-        ]
-    previous = torch.get_default_dtype()
-    try:
-        torch.set_default_dtype(default_dtype)
-        with torch.set_grad_enabled(grad), mode:
-            return guards.holds(args)
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def runtime_record(params, guards, values, grad, default_dtype):
-    frame = pb.Frame(name="forward")
-    for i, _ in enumerate(params):
-        frame.parameters.add(name=f"a{i}")
-    # The kind the manifest records for each parameter: what the guard holds.
-    kinds = []
-    for p in params:
-        if p[0] == "tensor":
-            kinds.append(Kind.TENSOR)
-        elif p[0] == "none":
-            kinds.append(Kind.OPTIONAL_TENSOR)
-        else:
-            kinds.append(kind_of(p[1]))
-    guards_proto(frame.variants.add(id="forward#0"), guards, kinds)
-    call = []
-    for v in values:
-        if isinstance(v, tuple):
-            call.append(("tensor", DTYPE_NAMES[v[1]], v[3], 1 if v[2] == "cuda" else 0))
-        elif v is None:
-            call.append(("none",))
-        else:
-            call.append(({bool: "bool", int: "int", float: "float", str: "string"}[type(v)], v))
-    return encode_guard_call(frame.SerializeToString(), call, grad=grad,
-                             default_dtype=DTYPE_NAMES[default_dtype])
 
 
 # How often the generated calls held, and did not: the last test checks that
