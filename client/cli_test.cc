@@ -20,8 +20,8 @@
 #include "absl/strings/strip.h"
 #include "client/json.h"
 #include "client/npy.h"
-#include "client/test_server.h"
 #include "tests/testing/artifacts.h"
+#include "tests/testing/test_server.h"
 
 namespace precompile::client {
 namespace {

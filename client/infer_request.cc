@@ -4,7 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/status_macros.h"
+#include "base/status_macros.h"
 
 namespace precompile::client {
 namespace {

@@ -122,7 +122,7 @@ class InferenceClient {
 
   grpc::CompletionQueue completion_queue_;
   std::vector<std::thread> pollers_;
-  // std::mutex, not absl::Mutex: see runtime/notification.h.
+  // std::mutex, not absl::Mutex: see base/notification.h.
   std::mutex mu_;
   std::condition_variable drained_;  // outstanding_ became empty
   absl::flat_hash_set<AsyncCall*> outstanding_ ABSL_GUARDED_BY(mu_);

@@ -19,7 +19,7 @@
 #include "absl/time/clock.h"
 #include "client/admin_client.h"
 #include "client/infer_request.h"
-#include "client/test_server.h"
+#include "tests/testing/test_server.h"
 
 namespace precompile::client {
 namespace {

@@ -220,7 +220,7 @@ class Phase : public std::enable_shared_from_this<Phase> {
   bool closed_ = true;
   Clock::time_point start_, measure_start_, measure_end_;
 
-  // std::mutex, not absl::Mutex: see runtime/notification.h.
+  // std::mutex, not absl::Mutex: see base/notification.h.
   std::mutex mu_;
   std::condition_variable done_;  // Done() may have become true
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);

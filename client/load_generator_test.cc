@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/json.h"
 #include "client/load_tool.h"
-#include "client/test_server.h"
 #include "tests/testing/artifacts.h"
+#include "tests/testing/test_server.h"
 
 namespace precompile::client {
 namespace {

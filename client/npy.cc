@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "runtime/status_macros.h"
+#include "base/status_macros.h"
 
 namespace precompile::client {
 namespace {

@@ -8,10 +8,10 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/infer_request.h"
 #include "client/json.h"
 #include "client/tensor_json.h"
-#include "runtime/status_macros.h"
 
 namespace precompile::client {
 namespace {

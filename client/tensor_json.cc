@@ -8,8 +8,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/npy.h"
-#include "runtime/status_macros.h"
 
 namespace precompile::client {
 namespace {

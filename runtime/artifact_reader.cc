@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "runtime/status_macros.h"
+#include "base/status_macros.h"
 
 namespace precompile {
 namespace {

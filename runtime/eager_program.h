@@ -9,12 +9,9 @@
 
 #include <ATen/core/ivalue.h>
 
-#include <memory>
-#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/dtype.h"
 
 namespace precompile {
 
@@ -30,11 +27,6 @@ class EagerProgram {
   virtual absl::StatusOr<std::vector<c10::IValue>> Run(
       std::vector<c10::IValue> args) const = 0;
 };
-
-// Loads a TorchScript program saved by the capture tool (torch.jit.save),
-// with its parameters on `device`.
-absl::StatusOr<std::unique_ptr<EagerProgram>> LoadTorchScriptProgram(
-    const std::string& frame, const std::string& path, DeviceType device);
 
 }  // namespace precompile
 

@@ -18,15 +18,16 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "runtime/artifact_reader.h"
 #include "runtime/cuda_support.h"
 #include "runtime/eager_program.h"
 #include "runtime/frame_caller.h"
 #include "runtime/frame_dispatcher.h"
 #include "runtime/guard_program.h"
-#include "runtime/status_macros.h"
 #include "runtime/torch_dtype.h"
 #include "runtime/torch_errors.h"
+#include "runtime/torchscript_program.h"
 #include "runtime/variant.h"
 
 namespace precompile {
@@ -204,7 +205,7 @@ class Model::Impl final : public FrameCaller {
   // Calls enter and leave with atomic operations only; `mu` and `idle` are
   // for AwaitIdle's waiters (counted in `idle_waiters`, so that the last call
   // out takes the lock only when someone waits) and for the warnings.
-  // std::mutex, not absl::Mutex: see runtime/notification.h.
+  // std::mutex, not absl::Mutex: see base/notification.h.
   mutable std::mutex mu;
   std::condition_variable idle;
   std::atomic<bool> closed{false};

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/notification.h"
+#include "base/notification.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/reference.h"
 

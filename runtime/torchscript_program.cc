@@ -1,10 +1,11 @@
 // EagerProgram on libtorch's TorchScript interpreter.
+#include "runtime/torchscript_program.h"
+
 #include <torch/script.h>
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/eager_program.h"
 #include "runtime/frame_caller.h"
 #include "runtime/torch_errors.h"
 

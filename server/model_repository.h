@@ -137,7 +137,7 @@ class ModelRepository {
 
   const RepositoryOptions options_;
   RepositoryListener* const listener_;
-  // std::mutex, not absl::Mutex: see runtime/notification.h.
+  // std::mutex, not absl::Mutex: see base/notification.h.
   std::mutex load_mu_;  // Held while a load, unload or rescan runs.
   mutable std::mutex mu_;
   absl::flat_hash_map<std::string, Entry> models_ ABSL_GUARDED_BY(mu_);

@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "runtime/notification.h"
+#include "base/notification.h"
 #include "server/admin_service.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"

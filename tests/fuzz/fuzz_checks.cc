@@ -22,12 +22,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "base/status_macros.h"
 #include "google/protobuf/stubs/logging.h"
 #include "proto/artifact.pb.h"
 #include "proto/inference.pb.h"
 #include "runtime/frame_dispatcher.h"
 #include "runtime/guard_program.h"
-#include "runtime/status_macros.h"
 #include "server/infer_response.h"
 #include "server/tensor_codec.h"
 

@@ -46,7 +46,7 @@ const char* __tsan_default_suppressions() {
       "called_from_lib:libgrpc.so\n"
       // Debian's abseil is not instrumented: gRPC's use of absl::Mutex (and
       // its deadlock-detection graph) synchronises invisibly to TSan. Our own
-      // code uses std::mutex for that reason (runtime/notification.h).
+      // code uses std::mutex for that reason (base/notification.h).
       "race:libabsl_\n"
       // Nor are Debian's OpenSSL libraries, which gRPC's TLS uses from its
       // own threads.

@@ -5,8 +5,8 @@
 // --config=tsan and every access they guard would be reported as a race.
 //
 // Thread safety: all methods may be called concurrently.
-#ifndef PRECOMPILE_RUNTIME_NOTIFICATION_H_
-#define PRECOMPILE_RUNTIME_NOTIFICATION_H_
+#ifndef PRECOMPILE_BASE_NOTIFICATION_H_
+#define PRECOMPILE_BASE_NOTIFICATION_H_
 
 #include <condition_variable>
 #include <mutex>
@@ -50,4 +50,4 @@ class Notification {
 
 }  // namespace precompile
 
-#endif  // PRECOMPILE_RUNTIME_NOTIFICATION_H_
+#endif  // PRECOMPILE_BASE_NOTIFICATION_H_

@@ -1,7 +1,7 @@
 // RETURN_IF_ERROR and ASSIGN_OR_RETURN, which Debian's abseil (20220623)
 // does not ship yet.
-#ifndef PRECOMPILE_RUNTIME_STATUS_MACROS_H_
-#define PRECOMPILE_RUNTIME_STATUS_MACROS_H_
+#ifndef PRECOMPILE_BASE_STATUS_MACROS_H_
+#define PRECOMPILE_BASE_STATUS_MACROS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,4 +27,4 @@
   if (!statusor.ok()) return std::move(statusor).status();      \
   lhs = std::move(statusor).value()
 
-#endif  // PRECOMPILE_RUNTIME_STATUS_MACROS_H_
+#endif  // PRECOMPILE_BASE_STATUS_MACROS_H_

@@ -1,8 +1,8 @@
 // For the client tests: the real precompile-serve server, in-process on
 // loopback, serving the bundled example artifacts "mlp" and "loop"; the
 // reference calls of those models as client tensors; TLS test certificates.
-#ifndef PRECOMPILE_CLIENT_TEST_SERVER_H_
-#define PRECOMPILE_CLIENT_TEST_SERVER_H_
+#ifndef PRECOMPILE_TESTS_TESTING_TEST_SERVER_H_
+#define PRECOMPILE_TESTS_TESTING_TEST_SERVER_H_
 
 #include <gtest/gtest.h>
 
@@ -69,4 +69,4 @@ std::string WriteTempFile(const std::string& name, const std::string& contents);
 
 }  // namespace precompile::client::testing
 
-#endif  // PRECOMPILE_CLIENT_TEST_SERVER_H_
+#endif  // PRECOMPILE_TESTS_TESTING_TEST_SERVER_H_

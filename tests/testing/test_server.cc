@@ -1,4 +1,4 @@
-#include "client/test_server.h"
+#include "tests/testing/test_server.h"
 
 #include <gtest/gtest.h>
 
@@ -105,7 +105,7 @@ std::string TestCertificate(const std::string& name) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
   return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "precompile_serve",
-                      "/client/testdata/", name);
+                      "/tests/testing/testdata/", name);
 }
 
 std::string WriteTempFile(const std::string& name, const std::string& contents) {
