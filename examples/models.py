@@ -2,7 +2,7 @@
 
 Each factory seeds torch before creating parameters, so the weights of a
 model are the same in every process. Each model shows one behaviour of the
-precompile workflow (DESIGN.md section 1):
+precompile workflow (docs/architecture.md, "Concepts"):
 
 - mlp:    a plain MLP; a batch-8 call then a batch-16 call give a static
           variant and a dynamic-batch variant (automatic dynamic).

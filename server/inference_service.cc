@@ -197,7 +197,7 @@ RequestOutcome OutcomeOfStatus(const absl::Status& status) {
 // makes IsCancelled() a cheap read), in either order, on any thread. Once a
 // call arrived, three parties hold it: the thread that answers it (until
 // Finish returns) and the two events; the last to let go deletes it.
-class InferenceService::InferCall {
+class InferenceService::InferCall final : public RequestScheduler::Job {
  public:
   enum class Event { kRequested, kAnswered, kDone };
   struct Tag {
@@ -205,7 +205,11 @@ class InferenceService::InferCall {
     Event event;
   };
 
-  InferCall() : responder(&context) { context.AsyncNotifyWhenDone(&done_); }
+  explicit InferCall(InferenceService* service) : responder(&context), service_(service) {
+    context.AsyncNotifyWhenDone(&done_);
+  }
+
+  void Run() override { service_->Answer(this); }
 
   static std::pair<InferCall*, Event> Of(void* tag) {
     const Tag* t = static_cast<const Tag*>(tag);
@@ -225,6 +229,7 @@ class InferenceService::InferCall {
   absl::Time received;
 
  private:
+  InferenceService* const service_;
   Tag requested_{this, Event::kRequested};
   Tag answered_{this, Event::kAnswered};
   Tag done_{this, Event::kDone};
@@ -232,13 +237,13 @@ class InferenceService::InferCall {
 };
 
 InferenceService::InferenceService(ModelRepository& repository, ServerMetrics* metrics,
-                                   ServingState& state, ControlAccess access,
-                                   int inference_threads, int pollers)
+                                   ServingState& state, RequestScheduler& scheduler,
+                                   ControlAccess access, int pollers)
     : repository_(repository),
       metrics_(metrics),
       state_(state),
+      scheduler_(scheduler),
       access_(std::move(access)),
-      inference_threads_(inference_threads),
       pollers_(pollers) {}
 
 InferenceService::~InferenceService() { StopServing(); }
@@ -269,7 +274,7 @@ void InferenceService::RequestCall() {
   requesting_.fetch_add(1);
   if (!stopping_.load()) {
     live_calls_.fetch_add(1);
-    auto* call = new InferCall();
+    auto* call = new InferCall(this);
     // Its tags go to gRPC now (the done tag with the request) or later, and
     // come back on any thread.
     for (void* tag : call->tags()) HandToGrpc(tag);
@@ -298,59 +303,13 @@ void InferenceService::ServeCalls() {
 
 void InferenceService::OnRequested(InferCall* call) {
   call->received = absl::Now();
-  if (!state_.TryAdmit()) {
+  if (!scheduler_.Submit(call)) {
     call->responder.FinishWithError(
         grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                     absl::StrCat("the server is at its limit of ", state_.max_in_flight(),
+                     absl::StrCat("the server is at its limit of ", scheduler_.max_in_flight(),
                                   " concurrent inference requests; retry later")),
         call->answered_tag());
     if (call->Unref()) Delete(call);
-    return;
-  }
-  if (TakeRunSlot()) {
-    RunWhileWork(call);
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(call);
-  }
-  queued_.fetch_add(1);
-  // Every running thread may have looked at the queue before this call was
-  // in it, and left: then a slot is free, and this thread drains the queue.
-  if (TakeRunSlot()) RunWhileWork(nullptr);
-}
-
-bool InferenceService::TakeRunSlot() {
-  int running = running_.load();
-  while (running < inference_threads_) {
-    if (running_.compare_exchange_weak(running, running + 1)) return true;
-  }
-  return false;
-}
-
-InferenceService::InferCall* InferenceService::PopQueued() {
-  if (queued_.load() == 0) return nullptr;
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  if (queue_.empty()) return nullptr;  // Another thread took it meanwhile.
-  InferCall* call = queue_.front();
-  queue_.pop_front();
-  queued_.fetch_sub(1);
-  return call;
-}
-
-void InferenceService::RunWhileWork(InferCall* call) {
-  while (true) {
-    if (call == nullptr) call = PopQueued();
-    if (call == nullptr) {
-      running_.fetch_sub(1);
-      // A call queued after PopQueued looked, while every slot seemed taken,
-      // would wait for nobody: take a slot again for it.
-      if (queued_.load() == 0 || !TakeRunSlot()) return;
-      continue;
-    }
-    Answer(call);
-    call = nullptr;
   }
 }
 
@@ -638,7 +597,6 @@ grpc::Status InferenceService::RunAdmitted(InferCall* call, grpc::ByteBuffer* wi
   inference::ModelInferRequest request;
   absl::Status status = Infer(&call->context, &call->raw_request, call->received, &request,
                               wire_response, &outcome, &handle, &timing);
-  state_.Release();
   const absl::Time done = absl::Now();
   if (!status.ok()) {
     outcome = OutcomeOfStatus(status);

@@ -3,20 +3,20 @@
 // ModelStatistics, RepositoryIndex, RepositoryModelLoad/Unload).
 //
 // A model's inputs are its entry frame's tensor arguments, by name; its
-// non-tensor arguments travel as request parameters. Outputs are named
-// output0, output1, ... Each response carries two parameters saying how the
+// non-tensor arguments travel as request parameters. Outputs are the tensor
+// leaves of what the entry returns, named by their path (last_hidden_state,
+// pooled.0; output0, output1, ... for a tensor or a flat tuple). Each response carries two parameters saying how the
 // entry frame was served: "precompile_outcome" ("variant" or
 // "eager_fallback") and "precompile_variant" (the variant's id, or "").
 //
 // ModelInfer runs on gRPC's asynchronous API with the service's own threads,
-// `pollers` of them taking calls from one completion queue. A thread that
-// takes a request runs it at once when fewer than `inference_threads` run,
-// so an idle server answers on the thread that read the request; beyond
-// that requests wait in a queue, in order, and each thread that finishes one
-// takes the next. There are more pollers than run slots, so that some are
-// always free to take calls (and to refuse them at the server's limit).
-// The other methods are synchronous (gRPC's threads): a long model call
-// never holds up health checks or metadata.
+// `pollers` of them taking calls from one completion queue; each call is
+// submitted to the request scheduler (server/request_scheduler.h), which
+// admits it, runs it on the thread that took it when a run slot is free, or
+// queues it. There are more pollers than run slots, so that some are always
+// free to take calls (and to refuse them at the server's limit). The other
+// methods are synchronous (gRPC's threads): a long model call never holds up
+// health checks or metadata.
 //
 // Thread safety: gRPC calls the methods concurrently; the service's own
 // state is the serving state it shares with the server.
@@ -24,7 +24,6 @@
 #define PRECOMPILE_SERVER_INFERENCE_SERVICE_H_
 
 #include <atomic>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,6 +38,7 @@
 #include "server/metrics.h"
 #include "server/control_access.h"
 #include "server/model_repository.h"
+#include "server/request_scheduler.h"
 #include "server/serving_state.h"
 
 namespace precompile::server {
@@ -49,9 +49,9 @@ class InferenceService final
  public:
   // All references must outlive the service. `metrics` may be null.
   // `access` guards RepositoryModelLoad/Unload (ControlAccess::CheckControl).
-  // REQUIRES: 1 <= inference_threads < pollers.
+  // REQUIRES: scheduler.run_slots() < pollers.
   InferenceService(ModelRepository& repository, ServerMetrics* metrics,
-                   ServingState& state, ControlAccess access, int inference_threads,
+                   ServingState& state, RequestScheduler& scheduler, ControlAccess access,
                    int pollers);
   // Stops serving (see StopServing): the gRPC server must be shut down first.
   ~InferenceService() override;
@@ -97,12 +97,7 @@ class InferenceService final
   void ServeCalls();
   void OnRequested(InferCall* call);
   void RequestCall();
-  // A run slot: one of the inference_threads_ that may run requests at once.
-  bool TakeRunSlot();
-  InferCall* PopQueued();
-  // Holding a run slot: runs `call` (if not null), then queued calls while
-  // there are any, and gives the slot back.
-  void RunWhileWork(InferCall* call);
+  // Runs an admitted call and sends its answer.
   void Answer(InferCall* call);
   void Delete(InferCall* call);
   // Runs an admitted call's request and records it; on success, `*response`
@@ -123,22 +118,14 @@ class InferenceService final
   ModelRepository& repository_;
   ServerMetrics* const metrics_;
   ServingState& state_;
+  RequestScheduler& scheduler_;
   const ControlAccess access_;
   std::mutex log_mu_;
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 
-  const int inference_threads_;
   const int pollers_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::vector<std::thread> threads_;
-  // Requests running and waiting. While fewer than inference_threads_ run, a
-  // request costs two atomic operations here; the queue's lock is taken only
-  // when every slot is busy, or to find the queue empty after queued_ said
-  // it was not.
-  std::atomic<int> running_{0};
-  std::atomic<int> queued_{0};
-  std::mutex queue_mu_;
-  std::deque<InferCall*> queue_ ABSL_GUARDED_BY(queue_mu_);
   // Calls are requested until StopServing, which waits for the requests
   // being made before it shuts the completion queue down.
   std::atomic<bool> stopping_{false};

@@ -67,7 +67,9 @@ int UsableCores() {
 }  // namespace
 
 Server::Server(ServerOptions options)
-    : options_(std::move(options)), state_(options_.max_concurrent_requests) {
+    : options_(std::move(options)),
+      scheduler_(std::make_unique<RequestScheduler>(options_.inference_threads,
+                                                    options_.max_concurrent_requests)) {
   state_.SetStrict(options_.strict_readiness);
 }
 
@@ -123,7 +125,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
       std::make_unique<ModelRepository>(std::move(repository_options), server.get());
   const ControlAccess access(o.admin_token, o.allow_unauthenticated_control);
   server->inference_ = std::make_unique<InferenceService>(
-      *server->repository_, metrics, server->state_, access, o.inference_threads,
+      *server->repository_, metrics, server->state_, *server->scheduler_, access,
       o.inference_pollers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);
 
@@ -228,7 +230,7 @@ void Server::BeginDrain() {
   auto* health = grpc_server_->GetHealthCheckService();
   health->SetServingStatus("", false);
   for (const ModelState& s : repository_->List()) health->SetServingStatus(s.name, false);
-  spdlog::info("event=draining in_flight_requests={}", state_.in_flight());
+  spdlog::info("event=draining in_flight_requests={}", scheduler_->in_flight());
 }
 
 absl::Status Server::Stop() {
@@ -242,11 +244,8 @@ absl::Status Server::Stop() {
   std::thread shutdown([this, deadline] {
     grpc_server_->Shutdown(absl::ToChronoTime(deadline));
   });
-  while (state_.in_flight() > 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  const int left = state_.in_flight();
-  if (left > 0) {
+  if (!scheduler_->AwaitIdle(deadline)) {
+    const int left = scheduler_->in_flight();
     std::vector<std::string> running;
     for (const auto& [state, model] : repository_->Served()) {
       if (model->calls_in_flight() > 0) {

@@ -24,6 +24,7 @@
 #include "base/notification.h"
 #include "server/admin_service.h"
 #include "server/inference_service.h"
+#include "server/request_scheduler.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/serving_state.h"
@@ -115,6 +116,7 @@ class Server final : public RepositoryListener {
 
   const ServerOptions options_;
   ServingState state_;
+  std::unique_ptr<RequestScheduler> scheduler_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<InferenceService> inference_;

@@ -1,0 +1,84 @@
+#include "server/request_scheduler.h"
+
+namespace precompile::server {
+
+RequestScheduler::RequestScheduler(int run_slots, int max_in_flight)
+    : run_slots_(run_slots), max_in_flight_(max_in_flight) {}
+
+bool RequestScheduler::Submit(Job* job) {
+  const int now = in_flight_.fetch_add(1) + 1;
+  if (max_in_flight_ > 0 && now > max_in_flight_) {
+    Finished();
+    return false;
+  }
+  if (TakeRunSlot()) {
+    RunWhileWork(job);
+    return true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push_back(job);
+  }
+  queued_.fetch_add(1);
+  // Every running thread may have looked at the queue before this job was
+  // in it, and left: then a slot is free, and this thread drains the queue.
+  if (TakeRunSlot()) RunWhileWork(nullptr);
+  return true;
+}
+
+bool RequestScheduler::TakeRunSlot() {
+  int running = running_.load();
+  while (running < run_slots_) {
+    if (running_.compare_exchange_weak(running, running + 1)) return true;
+  }
+  return false;
+}
+
+RequestScheduler::Job* RequestScheduler::PopQueued() {
+  if (queued_.load() == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (queue_.empty()) return nullptr;  // Another thread took it meanwhile.
+  Job* job = queue_.front();
+  queue_.pop_front();
+  queued_.fetch_sub(1);
+  return job;
+}
+
+void RequestScheduler::RunWhileWork(Job* job) {
+  while (true) {
+    if (job == nullptr) job = PopQueued();
+    if (job == nullptr) {
+      running_.fetch_sub(1);
+      // A job queued after PopQueued looked, while every slot seemed taken,
+      // would wait for nobody: take a slot again for it.
+      if (queued_.load() == 0 || !TakeRunSlot()) return;
+      continue;
+    }
+    job->Run();
+    job = nullptr;
+    Finished();
+  }
+}
+
+void RequestScheduler::Finished() {
+  // Sequentially consistent with AwaitIdle: either it sees no job in flight,
+  // or this sees its waiter and wakes it under the lock.
+  if (in_flight_.fetch_sub(1) == 1 && idle_waiters_.load() > 0) {
+    std::lock_guard<std::mutex> lock(idle_mu_);
+    idle_.notify_all();
+  }
+}
+
+bool RequestScheduler::AwaitIdle(absl::Time deadline) {
+  idle_waiters_.fetch_add(1);
+  bool idle;
+  {
+    std::unique_lock<std::mutex> lock(idle_mu_);
+    idle = idle_.wait_until(lock, absl::ToChronoTime(deadline),
+                            [this] { return in_flight_.load() == 0; });
+  }
+  idle_waiters_.fetch_sub(1);
+  return idle;
+}
+
+}  // namespace precompile::server

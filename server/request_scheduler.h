@@ -1,0 +1,86 @@
+// Admission, run slots and the queue of inference requests, apart from the
+// transport that brings them (the gRPC handler converts messages and submits
+// a job per request).
+//
+// A request is admitted while fewer than `max_in_flight` are in flight
+// (running or queued; 0: no limit) and refused otherwise, so that a burst
+// past the limit is answered at once instead of piling up. An admitted
+// request runs on the submitting thread when fewer than `run_slots` run, so
+// an idle server answers on the thread that read the request; otherwise it
+// waits in a FIFO queue and runs on the next thread that finishes one. A
+// request holds its thread through the model call, so run_slots is the
+// number of model calls at once.
+//
+// While a slot is free a request costs a few atomic operations; the queue's
+// lock is taken only when every slot is busy.
+//
+// Thread safety: all methods may be called concurrently.
+#ifndef PRECOMPILE_SERVER_REQUEST_SCHEDULER_H_
+#define PRECOMPILE_SERVER_REQUEST_SCHEDULER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
+
+namespace precompile::server {
+
+class RequestScheduler {
+ public:
+  // One admitted request. Run() is called once, on some thread; the job may
+  // delete itself in it: the scheduler does not touch it afterwards.
+  class Job {
+   public:
+    virtual void Run() = 0;
+
+   protected:
+    ~Job() = default;
+  };
+
+  // REQUIRES: run_slots >= 1, max_in_flight >= 0.
+  RequestScheduler(int run_slots, int max_in_flight);
+  RequestScheduler(const RequestScheduler&) = delete;
+  RequestScheduler& operator=(const RequestScheduler&) = delete;
+
+  // Admits `job` and runs it now (the calling thread may then run queued
+  // jobs too) or queues it; false, running nothing, when max_in_flight jobs
+  // are in flight.
+  bool Submit(Job* job);
+
+  // Waits until no job is in flight, or until `deadline`: true if none is.
+  bool AwaitIdle(absl::Time deadline);
+
+  // Jobs admitted whose Run() has not returned.
+  int in_flight() const { return in_flight_.load(); }
+  int queued() const { return queued_.load(); }
+  int max_in_flight() const { return max_in_flight_; }
+  int run_slots() const { return run_slots_; }
+
+ private:
+  bool TakeRunSlot();
+  Job* PopQueued();
+  // Holding a run slot: runs `job` (if not null), then queued jobs while
+  // there are any, and gives the slot back.
+  void RunWhileWork(Job* job);
+  void Finished();
+
+  const int run_slots_;
+  const int max_in_flight_;
+  std::atomic<int> in_flight_{0};
+  std::atomic<int> running_{0};
+  std::atomic<int> queued_{0};
+  std::mutex queue_mu_;
+  std::deque<Job*> queue_ ABSL_GUARDED_BY(queue_mu_);
+  // AwaitIdle's waiters: the last job out takes the lock to wake them only
+  // when there are some.
+  std::atomic<int> idle_waiters_{0};
+  std::mutex idle_mu_;
+  std::condition_variable idle_;
+};
+
+}  // namespace precompile::server
+
+#endif  // PRECOMPILE_SERVER_REQUEST_SCHEDULER_H_
