@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Two builds of precompile_server side by side on the hit path: each serves
+# examples' mlp (FP32 [8,4] -> [8,3]) on $SERVER_CPUS with one torch thread,
+# precompile_load drives them in turn on $CLIENT_CPUS at concurrency 1, 8 and
+# 64, rounds interleaved so that noise from other processes falls on both,
+# and which build goes first alternating by round (on the 2-core development
+# machine the first of a pair is measured ~3 % faster whichever it is).
+# Per phase: req/s, p50, and the server's CPU time per request (from /proc).
+# For a change to the serving path: build the server before and after it
+# (bazel build --config=opt) and keep both binaries.
+#
+#   bench/server_ab.sh BEFORE_BINARY AFTER_BINARY
+#
+# Prints every phase, and per build and concurrency the round with the
+# median req/s.
+# Environment: BIN (opt bin directory holding client/precompile_load and
+# examples/mlp), OUT, ROUNDS (4), DURATION (3), SERVER_CPUS (1),
+# CLIENT_CPUS (0), PORT_BASE (28600).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${BIN:-"$ROOT/bazel-out/k8-opt/bin"}
+OUT=${OUT:-/tmp/precompile-server-ab-$(date +%Y%m%d-%H%M%S)}
+ROUNDS=${ROUNDS:-4}
+DURATION=${DURATION:-3}
+SERVER_CPUS=${SERVER_CPUS:-1}
+CLIENT_CPUS=${CLIENT_CPUS:-0}
+PORT_BASE=${PORT_BASE:-28600}
+if (($# != 2)); then
+  echo "usage: bench/server_ab.sh BEFORE_BINARY AFTER_BINARY" >&2
+  exit 2
+fi
+declare -A SERVER=([before]=$1 [after]=$2)
+mkdir -p "$OUT/repository/mlp"
+cp -rL "$BIN/examples/mlp" "$OUT/repository/mlp/1"
+printf '[{"name": "small", "model": "mlp", "inputs": {"x": {"shape": [8, 4], "datatype": "FP32", "fill": "random"}}}]\n' \
+  > "$OUT/mix.json"
+
+declare -A PID PORT
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
+i=0
+for build in before after; do
+  PORT[$build]=$((PORT_BASE + i)); i=$((i + 1))
+  taskset -c "$SERVER_CPUS" "${SERVER[$build]}" --model_repository="$OUT/repository" \
+    --listen_address=127.0.0.1 --grpc_port="${PORT[$build]}" --metrics_port=-1 \
+    --torch_threads=1 --inference_threads=1 > "$OUT/server_$build.log" 2>&1 &
+  PID[$build]=$!; PIDS+=($!)
+done
+for build in before after; do
+  for _ in $(seq 100); do
+    grep -q "event=ready" "$OUT/server_$build.log" && break
+    sleep 0.2
+  done
+done
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+echo "| round | build | clients | req/s | p50 ms | CPU µs / request |" > "$OUT/summary.md"
+echo "|---|---|---|---|---|---|" >> "$OUT/summary.md"
+for r in $(seq "$ROUNDS"); do
+  order="before after"
+  ((r % 2 == 0)) && order="after before"
+  for c in 1 8 64; do
+    for build in $order; do
+      pid=${PID[$build]}
+      t0=$(cpu_ticks "$pid")
+      taskset -c "$CLIENT_CPUS" "$BIN/client/precompile_load" --address="127.0.0.1:${PORT[$build]}" \
+        --mix="$OUT/mix.json" --concurrency="$c" --warmup=0.5 --duration="$DURATION" --quiet \
+        > "$OUT/load_${build}_${c}_r$r.txt"
+      t1=$(cpu_ticks "$pid")
+      read -r n rps p50 < <(awk '/^concurrency=/ {print $2, $5, $6}' "$OUT/load_${build}_${c}_r$r.txt")
+      awk -v r="$r" -v b="$build" -v c="$c" -v n="$n" -v rps="$rps" -v p50="$p50" \
+          -v t="$((t1 - t0))" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN {printf "| %s | %s | %s | %s | %s | %.1f |\n", r, b, c, rps, p50, t * 1e6 / hz / n}' \
+        >> "$OUT/summary.md"
+    done
+  done
+done
+{
+  echo
+  echo "The round with the median req/s, of $ROUNDS:"
+  echo
+  echo "| build | clients | req/s | p50 ms | CPU µs / request |"
+  echo "|---|---|---|---|---|"
+  for c in 1 8 64; do
+    for build in before after; do
+      awk -F'|' -v b=" $build " -v c=" $c " '$3 == b && $4 == c {print $5, $6, $7}' "$OUT/summary.md" |
+        sort -n | awk -v b="$build" -v c="$c" '{rps[NR] = $1; p50[NR] = $2; cpu[NR] = $3}
+          END {m = int((NR + 1) / 2); printf "| %s | %s | %s | %s | %s |\n", b, c, rps[m], p50[m], cpu[m]}'
+    done
+  done
+} > "$OUT/medians.md"
+cat "$OUT/summary.md" "$OUT/medians.md"
+echo "server_ab: results in $OUT" >&2
