@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/repository_policy.h"
 
 namespace precompile::server {
 namespace {
@@ -57,6 +58,15 @@ std::string Fingerprint(const std::string& directory) {
 std::atomic<uint64_t> next_repository_id{1};
 
 }  // namespace
+
+ModelKnown ModelRepository::Known(const Entry& entry) {
+  ModelKnown known;
+  known.served_version = entry.model ? entry.state.version : 0;
+  known.attempted_version = entry.attempted_version;
+  known.attempted_fingerprint = entry.attempted_fingerprint;
+  known.unloaded_on_request = entry.unloaded;
+  return known;
+}
 
 // A thread's copy of one repository's answers.
 struct ModelRepository::ThreadAnswers {
@@ -178,14 +188,21 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
     entry.unloaded = false;
     Changed();
   }
-  std::string newest_failure;
+  std::vector<int64_t> on_disk;
+  absl::flat_hash_map<int64_t, std::string> directories;
   for (const auto& [version, directory] : versions) {
-    // Down to the version already served: keep it rather than reload it.
-    if (previous_model && version == previous.version && !newest_failure.empty()) break;
+    on_disk.push_back(version);
+    directories.emplace(version, directory);  // "01" and "1": the first listed.
+  }
+  std::string newest_failure;
+  for (const int64_t version : VersionsToTry(on_disk, previous_model ? previous.version : 0)) {
+    const std::string& directory = directories.at(version);
     const absl::Time start = absl::Now();
     ModelOptions model_options = options_.model_options;
     model_options.name = name;
-    absl::StatusOr<std::shared_ptr<Model>> model = Model::Load(directory, model_options);
+    absl::StatusOr<std::shared_ptr<Model>> model =
+        options_.loader ? options_.loader(directory, model_options)
+                        : Model::Load(directory, model_options);
     if (!model.ok()) {
       spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
                     version, std::string(model.status().message()));
@@ -270,27 +287,25 @@ std::vector<ModelState> ModelRepository::Rescan() {
   std::sort(found.begin(), found.end());
   for (const std::string& name : found) {
     const auto versions = Versions(fs::path(options_.root) / name);
-    if (versions.empty()) continue;
-    const std::string fingerprint = Fingerprint(versions.front().second);
+    ModelOnDisk disk;
+    for (const auto& [version, directory] : versions) disk.versions.push_back(version);
+    if (!versions.empty()) disk.newest_fingerprint = Fingerprint(versions.front().second);
+    std::optional<ModelKnown> known;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = models_.find(name);
-      if (it != models_.end() &&
-          (it->second.unloaded ||
-           (it->second.attempted_version == versions.front().first &&
-            it->second.attempted_fingerprint == fingerprint))) {
-        continue;
-      }
+      if (auto it = models_.find(name); it != models_.end()) known = Known(it->second);
     }
-    (void)LoadLocked(name);
+    if (DecideRescan(&disk, known ? &*known : nullptr) == RescanAction::kLoad) {
+      (void)LoadLocked(name);
+    }
   }
   std::vector<std::string> gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [name, entry] : models_) {
-      if (entry.model && !std::binary_search(found.begin(), found.end(), name)) {
-        gone.push_back(name);
-      }
+      if (std::binary_search(found.begin(), found.end(), name)) continue;
+      const ModelKnown known = Known(entry);
+      if (DecideRescan(nullptr, &known) == RescanAction::kRetire) gone.push_back(name);
     }
   }
   for (const std::string& name : gone) {

@@ -1,6 +1,8 @@
 // The models the server serves, from a repository directory laid out as
 // <root>/<model>/<version>/ (each version directory a precompile artifact;
-// versions are positive integers, the newest that loads is served).
+// versions are positive integers, the newest that loads is served). What to
+// load, keep or retire is decided by server/repository_policy.h; this class
+// gathers what is on disk and loaded, and carries the decisions out.
 //
 // A request takes a Handle: a reference to the version it uses. Replacing a
 // version loads the new one first and then swaps it in; requests holding the
@@ -30,6 +32,7 @@
 #include "runtime/model.h"
 #include "server/metrics.h"
 #include "server/model_state.h"
+#include "server/repository_policy.h"
 
 namespace precompile::server {
 
@@ -54,6 +57,10 @@ struct RepositoryOptions {
   std::function<std::shared_ptr<ModelMetrics>(const std::string& name,
                                               int64_t version, const Model&)>
       metrics_factory;
+  // Loads one version directory; empty: Model::Load.
+  std::function<absl::StatusOr<std::shared_ptr<Model>>(const std::string& directory,
+                                                       const ModelOptions& options)>
+      loader;
 };
 
 class ModelRepository {
@@ -68,13 +75,14 @@ class ModelRepository {
   ModelRepository(RepositoryOptions options, RepositoryListener* listener);
 
   // Loads models found under the root that are not served yet and newer
-  // versions of served ones; unloads models whose directory is gone. A model
-  // unloaded on request stays unloaded, and a version that failed to load is
-  // retried only when its files change.
+  // versions of served ones; unloads models whose directory is gone
+  // (DecideRescan). A model unloaded on request stays unloaded, and a version
+  // that failed to load is retried only when its files change.
   // Returns every model's state afterwards.
   std::vector<ModelState> Rescan();
 
-  // (Re)loads the newest loadable version of `name`.
+  // (Re)loads the newest loadable version of `name` among VersionsToTry: a
+  // newer version that fails leaves the served one as it is.
   // NOT_FOUND: no such model directory; INVALID_ARGUMENT: a name that is not
   // a plain directory name; otherwise the load error of the newest version
   // (an older version may still have loaded and be served).
@@ -109,6 +117,9 @@ class ModelRepository {
     // Unloaded on request: stays unloaded until loaded on request.
     bool unloaded = false;
   };
+
+  // What the decisions need to know of an entry.
+  static ModelKnown Known(const Entry& entry);
 
   // What Get says about a model name, as of one change to the repository.
   // Weak references, so that a thread's copy keeps no model alive.
