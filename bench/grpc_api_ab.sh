@@ -36,26 +36,16 @@ for api in sync callback async; do
 done
 sleep 2
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-switches() { cat /proc/"$1"/task/*/status | awk '/^voluntary_ctxt/ {n += $2} END {print n}'; }
-
+source "$ROOT/bench/load_phase.sh"
 echo "| round | api | clients | req/s | p50 ms | CPU µs / request | voluntary switches / request |" \
   > "$OUT/summary.md"
 echo "|---|---|---|---|---|---|---|" >> "$OUT/summary.md"
 for r in $(seq "$ROUNDS"); do
   for api in sync callback async; do
     for c in 1 8 64; do
-      pid=${PID[$api]}
-      t0=$(cpu_ticks "$pid"); s0=$(switches "$pid")
-      taskset -c "$CLIENT_CPUS" "$BIN/client/precompile_load" --address="127.0.0.1:${PORT[$api]}" \
-        --mix="$OUT/mix.json" --concurrency="$c" --warmup=0.5 --duration="$DURATION" --quiet \
-        > "$OUT/load_${api}_${c}_r$r.txt"
-      t1=$(cpu_ticks "$pid"); s1=$(switches "$pid")
-      read -r n rps p50 < <(awk '/^concurrency=/ {print $2, $5, $6}' "$OUT/load_${api}_${c}_r$r.txt")
-      awk -v r="$r" -v a="$api" -v c="$c" -v n="$n" -v rps="$rps" -v p50="$p50" \
-          -v t="$((t1 - t0))" -v s="$((s1 - s0))" -v hz="$(getconf CLK_TCK)" \
-        'BEGIN {printf "| %s | %s | %s | %s | %s | %.1f | %.2f |\n", r, a, c, rps, p50, t * 1e6 / hz / n, s / n}' \
-        >> "$OUT/summary.md"
+      read -r _ rps p50 cpu switches < <(load_phase "${PID[$api]}" "${PORT[$api]}" "$c" \
+        "$OUT/load_${api}_${c}_r$r.txt")
+      echo "| $r | $api | $c | $rps | $p50 | $cpu | $switches |" >> "$OUT/summary.md"
     done
   done
 done

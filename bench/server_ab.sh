@@ -5,7 +5,8 @@
 # 64, rounds interleaved so that noise from other processes falls on both,
 # and which build goes first alternating by round (on the 2-core development
 # machine the first of a pair is measured ~3 % faster whichever it is).
-# Per phase: req/s, p50, and the server's CPU time per request (from /proc).
+# Per phase: req/s, p50, and the server's CPU time per request
+# (bench/load_phase.sh).
 # For a change to the serving path: build the server before and after it
 # (bazel build --config=opt) and keep both binaries.
 #
@@ -54,8 +55,7 @@ for build in before after; do
   done
 done
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-
+source "$ROOT/bench/load_phase.sh"
 echo "| round | build | clients | req/s | p50 ms | CPU µs / request |" > "$OUT/summary.md"
 echo "|---|---|---|---|---|---|" >> "$OUT/summary.md"
 for r in $(seq "$ROUNDS"); do
@@ -63,17 +63,9 @@ for r in $(seq "$ROUNDS"); do
   ((r % 2 == 0)) && order="after before"
   for c in 1 8 64; do
     for build in $order; do
-      pid=${PID[$build]}
-      t0=$(cpu_ticks "$pid")
-      taskset -c "$CLIENT_CPUS" "$BIN/client/precompile_load" --address="127.0.0.1:${PORT[$build]}" \
-        --mix="$OUT/mix.json" --concurrency="$c" --warmup=0.5 --duration="$DURATION" --quiet \
-        > "$OUT/load_${build}_${c}_r$r.txt"
-      t1=$(cpu_ticks "$pid")
-      read -r n rps p50 < <(awk '/^concurrency=/ {print $2, $5, $6}' "$OUT/load_${build}_${c}_r$r.txt")
-      awk -v r="$r" -v b="$build" -v c="$c" -v n="$n" -v rps="$rps" -v p50="$p50" \
-          -v t="$((t1 - t0))" -v hz="$(getconf CLK_TCK)" \
-        'BEGIN {printf "| %s | %s | %s | %s | %s | %.1f |\n", r, b, c, rps, p50, t * 1e6 / hz / n}' \
-        >> "$OUT/summary.md"
+      read -r _ rps p50 cpu _ < <(load_phase "${PID[$build]}" "${PORT[$build]}" "$c" \
+        "$OUT/load_${build}_${c}_r$r.txt")
+      echo "| $r | $build | $c | $rps | $p50 | $cpu |" >> "$OUT/summary.md"
     done
   done
 done
