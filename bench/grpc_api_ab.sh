@@ -12,21 +12,10 @@
 # CLIENT_CPUS (0), PORT_BASE (28500).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${BIN:-"$ROOT/bazel-out/k8-opt/bin"}
-OUT=${OUT:-/tmp/precompile-grpc-api-$(date +%Y%m%d-%H%M%S)}
+OUT_PREFIX=/tmp/precompile-grpc-api
 ROUNDS=${ROUNDS:-2}
-DURATION=${DURATION:-3}
-SERVER_CPUS=${SERVER_CPUS:-1}
-CLIENT_CPUS=${CLIENT_CPUS:-0}
 PORT_BASE=${PORT_BASE:-28500}
-mkdir -p "$OUT"
-printf '[{"name": "small", "model": "mlp", "inputs": {"x": {"shape": [8, 4], "datatype": "FP32", "fill": "random"}}}]\n' \
-  > "$OUT/mix.json"
-
-declare -A PID PORT
-PIDS=()
-trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/ab_common.sh"
 i=0
 for api in sync callback async; do
   PORT[$api]=$((PORT_BASE + i)); i=$((i + 1))
@@ -36,7 +25,6 @@ for api in sync callback async; do
 done
 sleep 2
 
-source "$ROOT/bench/load_phase.sh"
 echo "| round | api | clients | req/s | p50 ms | CPU µs / request | voluntary switches / request |" \
   > "$OUT/summary.md"
 echo "|---|---|---|---|---|---|---|" >> "$OUT/summary.md"

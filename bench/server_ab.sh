@@ -6,7 +6,7 @@
 # and which build goes first alternating by round (on the 2-core development
 # machine the first of a pair is measured ~3 % faster whichever it is).
 # Per phase: req/s, p50, and the server's CPU time per request
-# (bench/load_phase.sh).
+# (bench/ab_common.sh).
 # For a change to the serving path: build the server before and after it
 # (bazel build --config=opt) and keep both binaries.
 #
@@ -19,27 +19,17 @@
 # CLIENT_CPUS (0), PORT_BASE (28600).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${BIN:-"$ROOT/bazel-out/k8-opt/bin"}
-OUT=${OUT:-/tmp/precompile-server-ab-$(date +%Y%m%d-%H%M%S)}
-ROUNDS=${ROUNDS:-4}
-DURATION=${DURATION:-3}
-SERVER_CPUS=${SERVER_CPUS:-1}
-CLIENT_CPUS=${CLIENT_CPUS:-0}
-PORT_BASE=${PORT_BASE:-28600}
 if (($# != 2)); then
   echo "usage: bench/server_ab.sh BEFORE_BINARY AFTER_BINARY" >&2
   exit 2
 fi
+OUT_PREFIX=/tmp/precompile-server-ab
+ROUNDS=${ROUNDS:-4}
+PORT_BASE=${PORT_BASE:-28600}
+source "$(dirname "${BASH_SOURCE[0]}")/ab_common.sh"
 declare -A SERVER=([before]=$1 [after]=$2)
 mkdir -p "$OUT/repository/mlp"
 cp -rL "$BIN/examples/mlp" "$OUT/repository/mlp/1"
-printf '[{"name": "small", "model": "mlp", "inputs": {"x": {"shape": [8, 4], "datatype": "FP32", "fill": "random"}}}]\n' \
-  > "$OUT/mix.json"
-
-declare -A PID PORT
-PIDS=()
-trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 i=0
 for build in before after; do
   PORT[$build]=$((PORT_BASE + i)); i=$((i + 1))
@@ -55,7 +45,6 @@ for build in before after; do
   done
 done
 
-source "$ROOT/bench/load_phase.sh"
 echo "| round | build | clients | req/s | p50 ms | CPU µs / request |" > "$OUT/summary.md"
 echo "|---|---|---|---|---|---|" >> "$OUT/summary.md"
 for r in $(seq "$ROUNDS"); do

@@ -1,6 +1,24 @@
-# Sourced by the A/B scripts (grpc_api_ab.sh, server_ab.sh): one phase of
-# load against a server process, measured from outside it.
+# Sourced by the A/B scripts (grpc_api_ab.sh, server_ab.sh), after they set
+# OUT_PREFIX, ROUNDS and PORT_BASE: the environment they share, the small
+# model's request mix, and one phase of load against a server process,
+# measured from outside it.
 #
+# Environment: BIN (the opt output directory), OUT, ROUNDS, DURATION (3),
+# SERVER_CPUS (1), CLIENT_CPUS (0), PORT_BASE.
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${BIN:-"$ROOT/bazel-out/k8-opt/bin"}
+OUT=${OUT:-$OUT_PREFIX-$(date +%Y%m%d-%H%M%S)}
+DURATION=${DURATION:-3}
+SERVER_CPUS=${SERVER_CPUS:-1}
+CLIENT_CPUS=${CLIENT_CPUS:-0}
+mkdir -p "$OUT"
+# Examples' mlp, FP32 [8,4] -> [8,3].
+printf '[{"name": "small", "model": "mlp", "inputs": {"x": {"shape": [8, 4], "datatype": "FP32", "fill": "random"}}}]\n' \
+  > "$OUT/mix.json"
+declare -A PID PORT
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
+
 #   load_phase PID PORT CONCURRENCY LOG
 #
 # Runs precompile_load ($BIN/client/precompile_load, on $CLIENT_CPUS, the
