@@ -5,7 +5,7 @@
 //                   .pt2 (what AOTInductor's own C++ API costs)
 //   --mode=variant  precompile::Variant::Run on the same package (the
 //                   runtime's wrapper: contiguity checks, status conversion)
-//   --mode=model    precompile::Model::Call on the artifact directory (the
+//   --mode=model    precompile::LoadedVersion::Call on the artifact directory (the
 //                   runtime's whole call: argument binding, guard dispatch,
 //                   from_blob, output conversion), with --params for
 //                   non-tensor arguments (e.g. --params=n=1 on the `loop`
@@ -50,7 +50,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/cuda_support.h"
-#include "runtime/model.h"
+#include "runtime/loaded_version.h"
 #include "runtime/value.h"
 #include "runtime/variant.h"
 
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
   std::function<bool()> call;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
   std::unique_ptr<precompile::Variant> variant;
-  std::shared_ptr<precompile::Model> model;
+  std::shared_ptr<precompile::LoadedVersion> model;
   std::vector<precompile::NamedValue> args;
 
   if (mode == "loader") {
@@ -219,9 +219,9 @@ int main(int argc, char** argv) {
       return out.ok();
     };
   } else if (mode == "model") {
-    precompile::ModelOptions options;
+    precompile::LoadOptions options;
     options.runners_per_variant = absl::GetFlag(FLAGS_num_runners);
-    auto loaded = precompile::Model::Load(absl::GetFlag(FLAGS_artifact), options);
+    auto loaded = precompile::LoadedVersion::Load(absl::GetFlag(FLAGS_artifact), options);
     if (!loaded.ok()) {
       fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
       return 1;

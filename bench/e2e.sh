@@ -21,7 +21,7 @@
 #     The summary takes the median over rounds, so that load from other
 #     processes on a shared machine spreads over all servers alike.
 #   - once: the runtime's layers in process (AOTInductor's loader,
-#     precompile::Variant::Run, precompile::Model::Call) and Model::Call on
+#     precompile::Variant::Run, precompile::LoadedVersion::Call) and LoadedVersion::Call on
 #     the loop example's variant and eager fallback;
 #   - a soak: a mix of every outcome (variant, dynamic variant, eager,
 #     refused) at concurrency 8 for $SOAK seconds, VmRSS sampled each second;
@@ -207,8 +207,8 @@ for r in $(seq "$ROUNDS"); do
   load "$OURS_PORT" loop_eager 1 "ours_loop_eager_r$r"
 done
 
-# The runtime's layers in process, once: Variant::Run and Model::Call over the
-# loader, and Model::Call on the loop example's variant and eager fallback.
+# The runtime's layers in process, once: Variant::Run and LoadedVersion::Call over the
+# loader, and LoadedVersion::Call on the loop example's variant and eager fallback.
 for model in small medium; do
   if [[ $model == small ]]; then m=mlp; shape=8,4; else m=medium; shape=32,256; fi
   direct "layers_variant_$model" --mode=variant --package="$REPO/$m/1/frames/forward/0.pt2" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The gallery's BERT served through precompile_server, against the same
-# artifact called in process (precompile::Model::Call) and the same variant
+# artifact called in process (precompile::LoadedVersion::Call) and the same variant
 # through AOTInductor's loader alone.
 #
 #   bench/gallery_bert.sh          build (--config=opt), run, print the table
@@ -84,7 +84,7 @@ for r in range(1, rounds + 1):
 for line in open(f"{out}/direct.jsonl"):
     d = json.loads(line)
     assert d["errors"] == 0, d
-    what = {"model": "in process (Model::Call)", "loader": "AOTInductor loader alone"}[d["mode"]]
+    what = {"model": "in process (LoadedVersion::Call)", "loader": "AOTInductor loader alone"}[d["mode"]]
     rows.setdefault((what, d["threads"]), []).append((d["p50_us"], d["p99_us"], d["throughput_cps"]))
 print("| path | concurrency | p50 µs | p99 µs | calls/s |")
 print("|---|---|---|---|---|")
@@ -93,7 +93,7 @@ for (what, c), (p50, p99, rate) in sorted(median.items(), key=lambda kv: (kv[0][
     print(f"| {what} | {c} | {p50:.0f} | {p99:.0f} | {rate:.0f} |")
 for c in (1, 8):
     served = median[("served (gRPC, precompile_load)", c)][0]
-    inproc = median[("in process (Model::Call)", c)][0]
+    inproc = median[("in process (LoadedVersion::Call)", c)][0]
     print(f"\nconcurrency {c}: served p50 / in-process p50 = {served / inproc:.2f}")
 EOF
 log "results in $OUT"

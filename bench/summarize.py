@@ -242,8 +242,8 @@ def main():
                   ".pt2, same core, same concurrency as threads.", "", table(rows), ""]
 
     # In process: what each runtime layer adds to AOTInductor's own call.
-    rows = [["model", "threads", "loader p50 us", "Variant::Run p50 us", "Model::Call p50 us",
-             "Model - loader us", "loader calls/s", "Model calls/s"]]
+    rows = [["model", "threads", "loader p50 us", "Variant::Run p50 us", "LoadedVersion::Call p50 us",
+             "LoadedVersion - loader us", "loader calls/s", "LoadedVersion calls/s"]]
     for model in ("small", "medium"):
         for c in concurrencies:
             l = direct.get((f"layers_loader_{model}", c))
@@ -262,7 +262,7 @@ def main():
     dv = direct.get(("model_loop_variant", 1))
     de = direct.get(("model_loop_eager", 1))
     d0 = direct.get(("model_loop_eager_n0", 1))
-    rows = [["loop example", "server p50 ms", "server req/s", "in-process Model::Call p50 us"],
+    rows = [["loop example", "server p50 ms", "server req/s", "in-process LoadedVersion::Call p50 us"],
             ["x [8,4], n=0: variant", fmt(p50_ms(lv)), fmt(rps(lv), 0),
              fmt(dv["p50_us"] if dv else None, 1)],
             ["x [8,4], n=1: eager fallback (one loop iteration)", fmt(p50_ms(le)),

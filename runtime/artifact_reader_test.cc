@@ -9,7 +9,7 @@
 #include <fstream>
 #include <functional>
 
-#include "runtime/model.h"
+#include "runtime/loaded_version.h"
 #include "tests/testing/artifacts.h"
 
 namespace precompile {
@@ -192,13 +192,13 @@ TEST(ArtifactReader, AModelThatFailsToLoadLeavesNothingBehind) {
     }
   }
   WriteManifest(dir, m);
-  absl::StatusOr<std::shared_ptr<Model>> model = Model::Load(dir, {});
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model = LoadedVersion::Load(dir, {});
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(model.status().message(),
               AllOf(HasSubstr("model 'mlp'"), HasSubstr("loading variant forward#1")));
   // The intact artifact still loads and serves.
-  EXPECT_TRUE(Model::Load(ExampleArtifact("mlp"), {}).ok());
+  EXPECT_TRUE(LoadedVersion::Load(ExampleArtifact("mlp"), {}).ok());
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "runtime/model.h"
+#include "runtime/loaded_version.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/reference.h"
 
@@ -35,7 +35,7 @@ TEST(CudaSupport, LoadsOnDemandAndSaysWhetherADeviceIsUsable) {
 
 TEST(CudaSupport, CpuServingIsUnaffectedByLoadingIt) {
   (void)LoadCudaSupport();
-  auto model = Model::Load(testing::ExampleArtifact("mlp"), {});
+  auto model = LoadedVersion::Load(testing::ExampleArtifact("mlp"), {});
   ASSERT_TRUE(model.ok()) << model.status();
   testing::ReferenceCall ref = testing::Reference("mlp", "batch8");
   auto result = (*model)->Call(ref.args);

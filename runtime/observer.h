@@ -30,7 +30,7 @@ struct FrameCallEvent {
 // Receives every frame call of the models it is registered with.
 //
 // Thread safety: methods are called concurrently from the calling threads
-// and must not block for long. They must not call back into the Model.
+// and must not block for long. They must not call back into the LoadedVersion.
 class CallObserver {
  public:
   virtual ~CallObserver() = default;

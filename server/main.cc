@@ -127,12 +127,12 @@ int main(int argc, char** argv) {
     if (!absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
       return Fail(absl::StrCat("--device=", device, " is not cpu, cuda or cuda:N"));
     }
-    options.model_options.cuda_device_index = index;
+    options.load_options.cuda_device_index = index;
     device = "cuda";
   }
   options.device = device;
-  options.model_options.require_complete = absl::GetFlag(FLAGS_require_complete);
-  options.model_options.runners_per_variant = absl::GetFlag(FLAGS_runners_per_variant);
+  options.load_options.require_complete = absl::GetFlag(FLAGS_require_complete);
+  options.load_options.runners_per_variant = absl::GetFlag(FLAGS_runners_per_variant);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);

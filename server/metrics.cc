@@ -130,7 +130,7 @@ int ServerMetrics::http_port() const {
 
 std::shared_ptr<ModelMetrics> ServerMetrics::ForModel(const std::string& model,
                                                       int64_t version,
-                                                      const Model& loaded) {
+                                                      const LoadedVersion& loaded) {
   std::lock_guard<std::mutex> lock(mu_);
   std::weak_ptr<ModelMetrics>& slot = model_metrics_[{model, version}];
   if (std::shared_ptr<ModelMetrics> live = slot.lock()) return live;
@@ -158,7 +158,7 @@ void ServerMetrics::RecordUnknownModelRequest() {
 }
 
 ModelMetrics::ModelMetrics(ServerMetrics& server, const std::string& model,
-                           int64_t version, const Model& loaded)
+                           int64_t version, const LoadedVersion& loaded)
     : server_(server) {
   const std::string v = absl::StrCat(version);
   for (int o = 0; o < kNumRequestOutcomes; ++o) {

@@ -8,7 +8,7 @@
 //
 // A ModelMetrics owns the series of one model version; they disappear when
 // it is destroyed, which happens when the last request using that version
-// is done (the Model holds it as its observer).
+// is done (the LoadedVersion holds it as its observer).
 //
 // Thread safety: all methods may be called concurrently. The per-call path
 // takes no lock shared by all requests: each series is looked up once, when
@@ -35,7 +35,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "runtime/model.h"
+#include "runtime/loaded_version.h"
 #include "runtime/observer.h"
 #include "server/duration_histogram.h"
 #include "server/model_state.h"
@@ -82,7 +82,7 @@ struct InferStatistics {
 class ModelMetrics final : public CallObserver {
  public:
   ModelMetrics(ServerMetrics& server, const std::string& model, int64_t version,
-               const Model& loaded);
+               const LoadedVersion& loaded);
   ~ModelMetrics() override;
 
   void OnFrameCall(const FrameCallEvent& event) override;
@@ -138,7 +138,7 @@ class ServerMetrics {
   // previous load is still referenced continues the same series (Prometheus
   // series are identified by their labels, so two owners could not coexist).
   std::shared_ptr<ModelMetrics> ForModel(const std::string& model, int64_t version,
-                                         const Model& loaded);
+                                         const LoadedVersion& loaded);
   // Tracks the models being served.
   void OnModelState(const ModelState& state);
   void OnLoadFailure(const std::string& model);

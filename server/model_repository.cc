@@ -104,7 +104,7 @@ void ModelRepository::Changed() {
 }
 
 void ModelRepository::Publish(const ModelState& state,
-                              const std::shared_ptr<Model>& model,
+                              const std::shared_ptr<LoadedVersion>& model,
                               std::shared_ptr<ModelMetrics> metrics) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,7 +120,7 @@ void ModelRepository::Publish(const ModelState& state,
 std::optional<ModelState> ModelRepository::Retire(const std::string& name,
                                                   const std::string& reason,
                                                   bool on_request) {
-  std::shared_ptr<Model> model;
+  std::shared_ptr<LoadedVersion> model;
   ModelState state;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -152,7 +152,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
                                             options_.root));
   }
   ModelState previous;
-  std::shared_ptr<Model> previous_model;
+  std::shared_ptr<LoadedVersion> previous_model;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = models_.find(name); it != models_.end()) {
@@ -198,11 +198,11 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
   for (const int64_t version : VersionsToTry(on_disk, previous_model ? previous.version : 0)) {
     const std::string& directory = directories.at(version);
     const absl::Time start = absl::Now();
-    ModelOptions model_options = options_.model_options;
-    model_options.name = name;
-    absl::StatusOr<std::shared_ptr<Model>> model =
-        options_.loader ? options_.loader(directory, model_options)
-                        : Model::Load(directory, model_options);
+    LoadOptions load_options = options_.load_options;
+    load_options.name = name;
+    absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+        options_.loader ? options_.loader(directory, load_options)
+                        : LoadedVersion::Load(directory, load_options);
     if (!model.ok()) {
       spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
                     version, std::string(model.status().message()));
@@ -347,7 +347,7 @@ std::optional<absl::StatusOr<ModelRepository::Handle>> ModelRepository::Find(
                                               answer.version, ")"));
     }
   }
-  std::shared_ptr<Model> model = answer.model.lock();
+  std::shared_ptr<LoadedVersion> model = answer.model.lock();
   if (!model) return std::nullopt;
   return Handle{std::move(model), answer.version, answer.metrics.lock()};
 }
@@ -361,10 +361,10 @@ std::vector<ModelState> ModelRepository::List() const {
   return states;
 }
 
-std::vector<std::pair<ModelState, std::shared_ptr<Model>>> ModelRepository::Served()
+std::vector<std::pair<ModelState, std::shared_ptr<LoadedVersion>>> ModelRepository::Served()
     const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::pair<ModelState, std::shared_ptr<Model>>> served;
+  std::vector<std::pair<ModelState, std::shared_ptr<LoadedVersion>>> served;
   for (const auto& [name, entry] : models_) {
     if (entry.model) served.emplace_back(entry.state, entry.model);
   }

@@ -29,7 +29,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "runtime/model.h"
+#include "runtime/loaded_version.h"
 #include "server/metrics.h"
 #include "server/model_state.h"
 #include "server/repository_policy.h"
@@ -42,7 +42,7 @@ class RepositoryListener {
   virtual ~RepositoryListener() = default;
   // `model` is null unless the state is kReady.
   virtual void OnModelState(const ModelState& state,
-                            const std::shared_ptr<Model>& model) = 0;
+                            const std::shared_ptr<LoadedVersion>& model) = 0;
   // A version of `name` failed to load (another may still be served).
   virtual void OnLoadFailure(const std::string& name, int64_t version,
                              const std::string& reason) = 0;
@@ -51,22 +51,22 @@ class RepositoryListener {
 struct RepositoryOptions {
   std::string root;
   // Options for every model; the name is set per model.
-  ModelOptions model_options;
+  LoadOptions load_options;
   // Called once per loaded version before it serves: the metrics of its
   // calls and requests. May be empty.
   std::function<std::shared_ptr<ModelMetrics>(const std::string& name,
-                                              int64_t version, const Model&)>
+                                              int64_t version, const LoadedVersion&)>
       metrics_factory;
-  // Loads one version directory; empty: Model::Load.
-  std::function<absl::StatusOr<std::shared_ptr<Model>>(const std::string& directory,
-                                                       const ModelOptions& options)>
+  // Loads one version directory; empty: LoadedVersion::Load.
+  std::function<absl::StatusOr<std::shared_ptr<LoadedVersion>>(const std::string& directory,
+                                                       const LoadOptions& options)>
       loader;
 };
 
 class ModelRepository {
  public:
   struct Handle {
-    std::shared_ptr<Model> model;
+    std::shared_ptr<LoadedVersion> model;
     int64_t version = 0;
     std::shared_ptr<ModelMetrics> metrics;  // May be null.
   };
@@ -100,14 +100,14 @@ class ModelRepository {
   std::vector<ModelState> List() const;
 
   // The models that are served right now.
-  std::vector<std::pair<ModelState, std::shared_ptr<Model>>> Served() const;
+  std::vector<std::pair<ModelState, std::shared_ptr<LoadedVersion>>> Served() const;
 
   const std::string& root() const { return options_.root; }
 
  private:
   struct Entry {
     ModelState state;
-    std::shared_ptr<Model> model;
+    std::shared_ptr<LoadedVersion> model;
     std::shared_ptr<ModelMetrics> metrics;
     // The newest version a load tried and what its files looked like, so
     // that a rescan retries a version that failed only once its files
@@ -125,7 +125,7 @@ class ModelRepository {
   // Weak references, so that a thread's copy keeps no model alive.
   struct Answer {
     absl::Status unavailable;  // OK when a version is served.
-    std::weak_ptr<Model> model;
+    std::weak_ptr<LoadedVersion> model;
     int64_t version = 0;
     std::weak_ptr<ModelMetrics> metrics;
   };
@@ -140,7 +140,7 @@ class ModelRepository {
 
   absl::StatusOr<ModelState> LoadLocked(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
-  void Publish(const ModelState& state, const std::shared_ptr<Model>& model,
+  void Publish(const ModelState& state, const std::shared_ptr<LoadedVersion>& model,
                std::shared_ptr<ModelMetrics> metrics = nullptr);
   // Stops serving `name`, with `reason`; returns what it served.
   std::optional<ModelState> Retire(const std::string& name, const std::string& reason,

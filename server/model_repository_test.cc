@@ -21,14 +21,14 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// Model::Load, except for the directories in `broken`; records every call.
+// LoadedVersion::Load, except for the directories in `broken`; records every call.
 struct RecordingLoader {
   std::mutex mu;
   std::vector<std::string> loaded;  // Version directory names, in order.
   std::set<std::string> broken;
 
-  absl::StatusOr<std::shared_ptr<Model>> operator()(const std::string& directory,
-                                                     const ModelOptions& options) {
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> operator()(const std::string& directory,
+                                                     const LoadOptions& options) {
     const std::string version = std::filesystem::path(directory).filename().string();
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -37,7 +37,7 @@ struct RecordingLoader {
         return absl::DataLossError(absl::StrCat("version ", version, " is broken"));
       }
     }
-    return Model::Load(directory, options);
+    return LoadedVersion::Load(directory, options);
   }
 };
 
@@ -46,8 +46,8 @@ class RepositoryTest : public ::testing::Test {
   RepositoryTest() : root_(testing::ExampleRepository({"mlp"})) {
     RepositoryOptions options;
     options.root = root_;
-    options.loader = [this](const std::string& directory, const ModelOptions& model_options) {
-      return loader_(directory, model_options);
+    options.loader = [this](const std::string& directory, const LoadOptions& load_options) {
+      return loader_(directory, load_options);
     };
     repository_ = std::make_unique<ModelRepository>(std::move(options), nullptr);
   }
@@ -57,7 +57,7 @@ class RepositoryTest : public ::testing::Test {
                       root_ + "/mlp/" + std::to_string(version));
   }
 
-  std::shared_ptr<Model> Served() {
+  std::shared_ptr<LoadedVersion> Served() {
     auto handle = repository_->Get("mlp", "");
     return handle.ok() ? handle->model : nullptr;
   }
@@ -69,7 +69,7 @@ class RepositoryTest : public ::testing::Test {
 
 TEST_F(RepositoryTest, ANewerVersionThatFailsLeavesTheServedOneAsLoaded) {
   repository_->Rescan();
-  const std::shared_ptr<Model> first = Served();
+  const std::shared_ptr<LoadedVersion> first = Served();
   ASSERT_NE(first, nullptr);
 
   loader_.broken = {"2", "3"};
@@ -92,7 +92,7 @@ TEST_F(RepositoryTest, ANewerVersionThatFailsLeavesTheServedOneAsLoaded) {
 TEST_F(RepositoryTest, AServedVersionWhoseFilesChangeAndNoLongerLoadKeepsServingItsLoadedCopy) {
   AddVersion(2);
   repository_->Rescan();
-  const std::shared_ptr<Model> loaded = Served();
+  const std::shared_ptr<LoadedVersion> loaded = Served();
   ASSERT_EQ(repository_->List()[0].version, 2);
 
   // Its files change (a copy in progress, say) and it no longer loads: the

@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
         ") so that a thread is always free to take and refuse calls, not ",
         options.inference_pollers));
   }
-  options.model_options.device =
+  options.load_options.device =
       options.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& o = server->options_;
@@ -115,10 +115,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   RepositoryOptions repository_options;
   repository_options.root = o.model_repository;
-  repository_options.model_options = o.model_options;
+  repository_options.load_options = o.load_options;
   ServerMetrics* metrics = server->metrics_.get();
   repository_options.metrics_factory = [metrics](const std::string& name, int64_t version,
-                                                 const Model& model) {
+                                                 const LoadedVersion& model) {
     return metrics->ForModel(name, version, model);
   };
   server->repository_ =
@@ -198,7 +198,7 @@ absl::Status Server::Listen() {
   return absl::OkStatus();
 }
 
-void Server::OnModelState(const ModelState& state, const std::shared_ptr<Model>&) {
+void Server::OnModelState(const ModelState& state, const std::shared_ptr<LoadedVersion>&) {
   if (metrics_) metrics_->OnModelState(state);
   if (grpc_server_ && !state_.draining()) {
     grpc_server_->GetHealthCheckService()->SetServingStatus(

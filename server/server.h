@@ -60,7 +60,7 @@ struct ServerOptions {
   // again for the next. Default: 64.
   int grpc_max_pollers = 64;
   // Options for every model (runners, CUDA device, require_complete).
-  ModelOptions model_options;
+  LoadOptions load_options;
   // Device type the server runs models on ("cpu" or "cuda"): an artifact
   // captured for the other one is refused at load.
   std::string device = "cpu";
@@ -104,7 +104,7 @@ class Server final : public RepositoryListener {
   int metrics_port() const { return metrics_ ? metrics_->http_port() : 0; }
   ModelRepository& repository() { return *repository_; }
 
-  void OnModelState(const ModelState& state, const std::shared_ptr<Model>& model) override;
+  void OnModelState(const ModelState& state, const std::shared_ptr<LoadedVersion>& model) override;
   void OnLoadFailure(const std::string& name, int64_t version,
                      const std::string& reason) override;
 

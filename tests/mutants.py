@@ -1,7 +1,7 @@
 """A mutation pass over the checks that decide how a call is served.
 
 Each mutant deletes or inverts one check in runtime/guard_program.cc,
-runtime/model.cc or server/tensor_codec.cc; the tests that should notice
+runtime/loaded_version.cc or server/tensor_codec.cc; the tests that should notice
 run, and the mutant is recorded as killed (a test failed) or survived. The
 source is restored after each mutant, also when interrupted.
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TESTS = ["//runtime:guard_program_test", "//runtime:model_test", "//server:tensor_codec_test",
+TESTS = ["//runtime:guard_program_test", "//runtime:loaded_version_test", "//server:tensor_codec_test",
          "//tests:server_e2e_test", "//tests/fuzz:fuzz_regression_test",
          "//tests/guards:guard_agreement_test", "//gallery:gallery_test"]
 
@@ -53,13 +53,13 @@ MUTANTS = [
      "false);", "NaN never equal to NaN"),
     ("runtime/guard_program.cc", "a.string_value == strings_[c.value];", "true;",
      "string values never compared"),
-    ("runtime/model.cc", "          host = host.clone();", "          (void)0;",
+    ("runtime/loaded_version.cc", "          host = host.clone();", "          (void)0;",
      "an output sharing a request tensor's memory is not copied"),
-    ("runtime/model.cc", "  if (!outside) return absl::OkStatus();", "  return absl::OkStatus();",
+    ("runtime/loaded_version.cc", "  if (!outside) return absl::OkStatus();", "  return absl::OkStatus();",
      "index ranges never checked"),
-    ("runtime/model.cc", "    if (!IsTensor(leaves[i])) {", "    if (false) {",
+    ("runtime/loaded_version.cc", "    if (!IsTensor(leaves[i])) {", "    if (false) {",
      "a non-tensor where a tensor output belongs goes unnoticed"),
-    ("runtime/model.cc", "  if (!frame.proto->eager_fallback()) {", "  if (false) {",
+    ("runtime/loaded_version.cc", "  if (!frame.proto->eager_fallback()) {", "  if (false) {",
      "an unflagged frame's miss is not refused"),
     ("server/tensor_codec.cc", "    if (raw.size() != expected_bytes) {", "    if (false) {",
      "raw byte counts never checked against shapes"),

@@ -13,7 +13,7 @@
 namespace precompile::testing {
 
 struct ReferenceCall {
-  // Arguments for Model::Call; tensor arguments point into `tensors`.
+  // Arguments for LoadedVersion::Call; tensor arguments point into `tensors`.
   std::vector<NamedValue> args;
   std::vector<at::Tensor> tensors;
   // What the model returned in Python.

@@ -1,6 +1,6 @@
 // The runtime's serving semantics, on the bundled example artifacts captured
 // by the capture tool, checked against the Python models' own outputs.
-#include "runtime/model.h"
+#include "runtime/loaded_version.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -30,15 +30,15 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::shared_ptr<Model> Load(const std::string& example) {
-  absl::StatusOr<std::shared_ptr<Model>> model = Model::Load(ExampleArtifact(example), {});
+std::shared_ptr<LoadedVersion> Load(const std::string& example) {
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model = LoadedVersion::Load(ExampleArtifact(example), {});
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? *model : nullptr;
 }
 
 // Calls `model` with reference call `call` and checks the outputs against
 // what the Python model returned.
-CallResult CallAndCompare(Model& model, const std::string& example,
+CallResult CallAndCompare(LoadedVersion& model, const std::string& example,
                           const std::string& call) {
   ReferenceCall ref = Reference(example, call);
   absl::StatusOr<CallResult> result = model.Call(ref.args);
@@ -77,7 +77,7 @@ class LogCapture {
   std::shared_ptr<spdlog::logger> previous_;
 };
 
-uint64_t Calls(const Model& model, const std::string& frame, Outcome outcome) {
+uint64_t Calls(const LoadedVersion& model, const std::string& frame, Outcome outcome) {
   for (const FrameCoverage& c : model.Coverage()) {
     if (c.frame == frame) return c.calls_by_outcome[static_cast<int>(outcome)];
   }
@@ -85,7 +85,7 @@ uint64_t Calls(const Model& model, const std::string& frame, Outcome outcome) {
   return 0;
 }
 
-uint64_t Hits(const Model& model, const std::string& variant) {
+uint64_t Hits(const LoadedVersion& model, const std::string& variant) {
   for (const FrameCoverage& c : model.Coverage()) {
     for (const auto& [id, hits] : c.variant_hits) {
       if (id == variant) return hits;
@@ -95,7 +95,7 @@ uint64_t Hits(const Model& model, const std::string& variant) {
   return 0;
 }
 
-TEST(Model, ServesTheStaticAndTheDynamicVariant) {
+TEST(LoadedVersion, ServesTheStaticAndTheDynamicVariant) {
   auto model = Load("mlp");
   ASSERT_NE(model, nullptr);
   EXPECT_EQ(CallAndCompare(*model, "mlp", "batch8").variant_id, "forward#0");
@@ -106,7 +106,7 @@ TEST(Model, ServesTheStaticAndTheDynamicVariant) {
   EXPECT_TRUE(model->manifest().summary().complete());
 }
 
-TEST(Model, RefusesAMissOfAnUnflaggedFrameWithTheClosestVariantsFirstFailingGuard) {
+TEST(LoadedVersion, RefusesAMissOfAnUnflaggedFrameWithTheClosestVariantsFirstFailingGuard) {
   auto model = Load("mlp");
   ASSERT_NE(model, nullptr);
   // Batch 1 is specialized away from the dynamic variant (sizes 0 and 1 are
@@ -129,7 +129,7 @@ TEST(Model, RefusesAMissOfAnUnflaggedFrameWithTheClosestVariantsFirstFailingGuar
   CallAndCompare(*model, "mlp", "batch8");
 }
 
-TEST(Model, RunsAFlaggedFramesMissEagerlyAndWarnsOncePerFrame) {
+TEST(LoadedVersion, RunsAFlaggedFramesMissEagerlyAndWarnsOncePerFrame) {
   LogCapture logs;
   auto model = Load("loop");
   ASSERT_NE(model, nullptr);
@@ -159,7 +159,7 @@ TEST(Model, RunsAFlaggedFramesMissEagerlyAndWarnsOncePerFrame) {
   EXPECT_EQ(Hits(*model, "forward#0"), 2u);
 }
 
-TEST(Model, ServesADataDependentBranchEagerly) {
+TEST(LoadedVersion, ServesADataDependentBranchEagerly) {
   auto model = Load("branch");
   ASSERT_NE(model, nullptr);
   EXPECT_EQ(CallAndCompare(*model, "branch", "unchecked").outcome, Outcome::kVariant);
@@ -167,7 +167,7 @@ TEST(Model, ServesADataDependentBranchEagerly) {
   EXPECT_EQ(model->entry_frame().fallback_cause(), artifact::v1::USER_ERROR);
 }
 
-TEST(Model, AnEagerFramesCalleesKeepTheirVariantsAndRefuseTheirOwnMisses) {
+TEST(LoadedVersion, AnEagerFramesCalleesKeepTheirVariantsAndRefuseTheirOwnMisses) {
   auto model = Load("nested");
   ASSERT_NE(model, nullptr);
   EXPECT_EQ(CallAndCompare(*model, "nested", "k0").outcome, Outcome::kVariant);
@@ -196,7 +196,7 @@ TEST(Model, AnEagerFramesCalleesKeepTheirVariantsAndRefuseTheirOwnMisses) {
   EXPECT_EQ(Calls(*model, "forward", Outcome::kRefused), 1u);
 }
 
-TEST(Model, LeavesArgumentsToTheirRecordedDefaults) {
+TEST(LoadedVersion, LeavesArgumentsToTheirRecordedDefaults) {
   auto loop = Load("loop");
   ASSERT_NE(loop, nullptr);
   ReferenceCall n0 = Reference("loop", "n0");
@@ -213,7 +213,7 @@ TEST(Model, LeavesArgumentsToTheirRecordedDefaults) {
   EXPECT_TRUE(at::allclose(AsTensor(eager->outputs[0]), wide.expected[0]));
 }
 
-TEST(Model, RejectsMalformedArgumentsWithoutChangingAnything) {
+TEST(LoadedVersion, RejectsMalformedArgumentsWithoutChangingAnything) {
   auto model = Load("loop");
   ASSERT_NE(model, nullptr);
   at::Tensor x = at::ones({8, 4});
@@ -267,7 +267,7 @@ class RecordingObserver : public CallObserver {
   std::vector<std::string> warnings;
 };
 
-TEST(Model, ReportsEveryFrameCallToItsObserver) {
+TEST(LoadedVersion, ReportsEveryFrameCallToItsObserver) {
   auto model = Load("nested");
   ASSERT_NE(model, nullptr);
   auto observer = std::make_shared<RecordingObserver>();
@@ -330,7 +330,7 @@ class BlockingObserver : public CallObserver {
   Notification release;
 };
 
-TEST(Model, ACallInFlightFinishesAfterCloseAndNewCallsAreRefused) {
+TEST(LoadedVersion, ACallInFlightFinishesAfterCloseAndNewCallsAreRefused) {
   auto model = Load("mlp");
   ASSERT_NE(model, nullptr);
   auto observer = std::make_shared<BlockingObserver>();
@@ -354,7 +354,7 @@ TEST(Model, ACallInFlightFinishesAfterCloseAndNewCallsAreRefused) {
   EXPECT_TRUE(model->AwaitIdle(absl::Seconds(5)));
 }
 
-TEST(Model, OutputsOutliveTheModelAndTheRequest) {
+TEST(LoadedVersion, OutputsOutliveTheModelAndTheRequest) {
   std::vector<OutputTensor> outputs;
   at::Tensor expected;
   {
@@ -369,32 +369,32 @@ TEST(Model, OutputsOutliveTheModelAndTheRequest) {
   EXPECT_TRUE(at::allclose(AsTensor(outputs[0]), expected, 1e-4, 1e-5));
 }
 
-TEST(Model, RefusesAnIncompleteArtifactOnlyWhenCompletenessIsRequired) {
-  ModelOptions options;
+TEST(LoadedVersion, RefusesAnIncompleteArtifactOnlyWhenCompletenessIsRequired) {
+  LoadOptions options;
   options.require_complete = true;
   // Every example is complete: flagged frames do not make a capture incomplete.
   for (const char* example : {"mlp", "loop", "branch", "nested", "passthrough"}) {
-    absl::StatusOr<std::shared_ptr<Model>> model =
-        Model::Load(ExampleArtifact(example), options);
+    absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+        LoadedVersion::Load(ExampleArtifact(example), options);
     EXPECT_TRUE(model.ok()) << example << ": " << model.status();
   }
   const std::string incomplete = testing::NewTempDirectory("incomplete");
   testing::CopyTree(ExampleArtifact("nested"), incomplete);
   testing::MarkIncomplete(incomplete, "wobble");
-  absl::StatusOr<std::shared_ptr<Model>> refused = Model::Load(incomplete, options);
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> refused = LoadedVersion::Load(incomplete, options);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(refused.status().message(),
             "model 'nested': the capture is incomplete (uncovered frames: [wobble], truncated by "
             "the recompile limit) and complete artifacts are required");
   options.require_complete = false;
-  absl::StatusOr<std::shared_ptr<Model>> loaded = Model::Load(incomplete, options);
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> loaded = LoadedVersion::Load(incomplete, options);
   EXPECT_TRUE(loaded.ok()) << loaded.status();
 }
 
-TEST(Model, RefusesAnArtifactForAnotherDevice) {
-  ModelOptions options;
+TEST(LoadedVersion, RefusesAnArtifactForAnotherDevice) {
+  LoadOptions options;
   options.device = DeviceType::kCuda;
-  absl::StatusOr<std::shared_ptr<Model>> model = Model::Load(ExampleArtifact("mlp"), options);
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model = LoadedVersion::Load(ExampleArtifact("mlp"), options);
   ASSERT_EQ(model.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(model.status().message(),
               AllOf(HasSubstr("captured for cpu"), HasSubstr("runs models on cuda")));

@@ -1,4 +1,6 @@
-// One loaded precompile artifact, callable from any thread.
+// One version of a model in memory: a loaded precompile artifact, callable
+// from any thread. (A "model" is a name with versions; the server's
+// repository maps each to the LoadedVersions it serves.)
 //
 // A call names the entry frame's arguments (tensors by parameter name, and
 // non-tensor arguments as scalars); arguments left out take the defaults the
@@ -22,8 +24,8 @@
 // Thread safety: all methods may be called concurrently. Close() makes new
 // calls fail while calls already running finish; the model's memory is freed
 // when the last shared_ptr to it goes away.
-#ifndef PRECOMPILE_RUNTIME_MODEL_H_
-#define PRECOMPILE_RUNTIME_MODEL_H_
+#ifndef PRECOMPILE_RUNTIME_LOADED_VERSION_H_
+#define PRECOMPILE_RUNTIME_LOADED_VERSION_H_
 
 #include <array>
 #include <cstdint>
@@ -42,7 +44,7 @@
 
 namespace precompile {
 
-struct ModelOptions {
+struct LoadOptions {
   // The name the model is served under. Default: the artifact's model_name.
   std::string name;
   // Model instances per variant that can run at once. Default: 2.
@@ -74,7 +76,7 @@ struct EagerFallbackWarning {
   absl::Time time;
 };
 
-class Model {
+class LoadedVersion {
  public:
   // Validates and loads the artifact in `directory`: its manifest and
   // checksums (see ReadArtifact for those errors), every variant's compiled
@@ -85,12 +87,12 @@ class Model {
   //                        an incomplete artifact with require_complete
   //   INTERNAL             a package or eager program that libtorch refuses
   // Nothing of a failed load stays in memory.
-  static absl::StatusOr<std::shared_ptr<Model>> Load(const std::string& directory,
-                                                     ModelOptions options);
+  static absl::StatusOr<std::shared_ptr<LoadedVersion>> Load(const std::string& directory,
+                                                     LoadOptions options);
 
-  ~Model();
-  Model(const Model&) = delete;
-  Model& operator=(const Model&) = delete;
+  ~LoadedVersion();
+  LoadedVersion(const LoadedVersion&) = delete;
+  LoadedVersion& operator=(const LoadedVersion&) = delete;
 
   // Calls the entry frame. `args` name the parameters; each name at most once.
   // Tensor bytes must stay valid until Call returns.
@@ -134,10 +136,10 @@ class Model {
   class Impl;
 
  private:
-  explicit Model(std::unique_ptr<Impl> impl);
+  explicit LoadedVersion(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace precompile
 
-#endif  // PRECOMPILE_RUNTIME_MODEL_H_
+#endif  // PRECOMPILE_RUNTIME_LOADED_VERSION_H_

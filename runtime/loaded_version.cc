@@ -1,4 +1,4 @@
-#include "runtime/model.h"
+#include "runtime/loaded_version.h"
 
 #include <ATen/Context.h>
 #include <ATen/Functions.h>
@@ -171,7 +171,7 @@ absl::Status CheckIndexRange(const std::string& name, const TensorArg& t,
 
 }  // namespace
 
-class Model::Impl final : public FrameCaller {
+class LoadedVersion::Impl final : public FrameCaller {
  public:
   struct FrameState {
     const Frame* proto = nullptr;
@@ -195,7 +195,7 @@ class Model::Impl final : public FrameCaller {
   };
 
   Artifact artifact;
-  ModelOptions options;
+  LoadOptions options;
   std::shared_ptr<CallObserver> observer;
   DeviceType device = DeviceType::kCpu;
   std::vector<std::unique_ptr<FrameState>> frames;
@@ -250,9 +250,9 @@ class Model::Impl final : public FrameCaller {
               int variant, absl::Duration dispatch, absl::Duration run);
 };
 
-thread_local const std::function<bool()>* Model::Impl::cancelled = nullptr;
+thread_local const std::function<bool()>* LoadedVersion::Impl::cancelled = nullptr;
 
-absl::Status Model::Impl::LoadFrames() {
+absl::Status LoadedVersion::Impl::LoadFrames() {
   const auto& m = artifact.manifest;
   for (const Frame& proto : m.frames()) {
     auto state = std::make_unique<FrameState>();
@@ -305,7 +305,7 @@ at::Tensor TakeTensor(c10::IValue& v) { return std::move(v).toTensor(); }
 }  // namespace
 
 template <typename LeafValue>
-absl::StatusOr<std::vector<at::Tensor>> Model::Impl::TensorLeaves(
+absl::StatusOr<std::vector<at::Tensor>> LoadedVersion::Impl::TensorLeaves(
     const FrameState& frame, absl::string_view what,
     std::vector<LeafValue> leaves) const {
   const auto& schema = frame.proto->outputs().leaves();
@@ -327,7 +327,7 @@ absl::StatusOr<std::vector<at::Tensor>> Model::Impl::TensorLeaves(
   return tensors;
 }
 
-absl::Status Model::Impl::Views(const FrameState& frame,
+absl::Status LoadedVersion::Impl::Views(const FrameState& frame,
                                 const std::vector<c10::IValue>& args,
                                 absl::InlinedVector<ArgView, 8>& views) const {
   views.resize(args.size());
@@ -372,7 +372,7 @@ absl::Status Model::Impl::Views(const FrameState& frame,
   return absl::OkStatus();
 }
 
-std::string Model::Impl::Refusal(const FrameState& frame,
+std::string LoadedVersion::Impl::Refusal(const FrameState& frame,
                                  absl::Span<const ArgView> views,
                                  const GlobalState& state) const {
   std::string message = absl::StrCat(
@@ -389,7 +389,7 @@ std::string Model::Impl::Refusal(const FrameState& frame,
   return message;
 }
 
-void Model::Impl::WarnEagerMiss(FrameState& frame,
+void LoadedVersion::Impl::WarnEagerMiss(FrameState& frame,
                                 absl::Span<const ArgView> views,
                                 const GlobalState& state) {
   if (frame.warned.exchange(true, std::memory_order_relaxed)) return;
@@ -422,7 +422,7 @@ void Model::Impl::WarnEagerMiss(FrameState& frame,
   }
 }
 
-void Model::Impl::Report(FrameState& frame, bool is_entry, Outcome outcome,
+void LoadedVersion::Impl::Report(FrameState& frame, bool is_entry, Outcome outcome,
                          int variant, absl::Duration dispatch,
                          absl::Duration run) {
   frame.calls[static_cast<int>(outcome)].fetch_add(1, std::memory_order_relaxed);
@@ -441,7 +441,7 @@ void Model::Impl::Report(FrameState& frame, bool is_entry, Outcome outcome,
   observer->OnFrameCall(event);
 }
 
-absl::StatusOr<Model::Impl::FrameResult> Model::Impl::Dispatch(
+absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     FrameState& frame, std::vector<c10::IValue> args, bool is_entry) {
   thread_local int depth = 0;
   if (depth >= kMaxFrameDepth) {
@@ -525,7 +525,7 @@ absl::StatusOr<Model::Impl::FrameResult> Model::Impl::Dispatch(
   return FrameResult{*std::move(out), Outcome::kEagerFallback, nullptr};
 }
 
-absl::StatusOr<std::vector<at::Tensor>> Model::Impl::CallFrame(
+absl::StatusOr<std::vector<at::Tensor>> LoadedVersion::Impl::CallFrame(
     absl::string_view name, std::vector<c10::IValue> args) {
   auto it = frames_by_name.find(name);
   if (it == frames_by_name.end()) {
@@ -551,11 +551,11 @@ absl::StatusOr<std::vector<at::Tensor>> Model::Impl::CallFrame(
   return std::move(result.outputs);
 }
 
-Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Model::~Model() = default;
+LoadedVersion::LoadedVersion(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LoadedVersion::~LoadedVersion() = default;
 
-absl::StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& directory,
-                                                   ModelOptions options) {
+absl::StatusOr<std::shared_ptr<LoadedVersion>> LoadedVersion::Load(const std::string& directory,
+                                                   LoadOptions options) {
   ArtifactReaderOptions reader_options;
   reader_options.torch_version = TORCH_VERSION;
   ASSIGN_OR_RETURN(Artifact artifact, ReadArtifact(directory, reader_options));
@@ -594,14 +594,14 @@ absl::StatusOr<std::shared_ptr<Model>> Model::Load(const std::string& directory,
   spdlog::info("loaded model '{}' from {}: {} frames, entry '{}', complete={}",
                impl->options.name, impl->artifact.directory, m.frames_size(),
                m.entry_frame(), m.summary().complete());
-  return std::shared_ptr<Model>(new Model(std::move(impl)));
+  return std::shared_ptr<LoadedVersion>(new LoadedVersion(std::move(impl)));
 }
 
-absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args) {
+absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args) {
   return Call(args, nullptr);
 }
 
-absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args,
+absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args,
                                        const std::function<bool()>& cancelled) {
   Impl& impl = *impl_;
   // Counted before `closed` is read, so that Close() followed by AwaitIdle()
@@ -709,18 +709,18 @@ absl::StatusOr<CallResult> Model::Call(absl::Span<const NamedValue> args,
   return call_result;
 }
 
-void Model::SetObserver(std::shared_ptr<CallObserver> observer) {
+void LoadedVersion::SetObserver(std::shared_ptr<CallObserver> observer) {
   impl_->observer = std::move(observer);
 }
 
-void Model::Close() {
+void LoadedVersion::Close() {
   if (!impl_->closed.exchange(true)) {
     spdlog::info("model '{}' closed; {} calls still running", impl_->options.name,
                  impl_->in_flight.load());
   }
 }
 
-bool Model::AwaitIdle(absl::Duration timeout) {
+bool LoadedVersion::AwaitIdle(absl::Duration timeout) {
   // Counted before in_flight is read (under the lock), so that the last call
   // out either is seen here or sees a waiter and notifies under the lock.
   impl_->idle_waiters.fetch_add(1);
@@ -734,20 +734,20 @@ bool Model::AwaitIdle(absl::Duration timeout) {
   return idle;
 }
 
-int Model::calls_in_flight() const { return impl_->in_flight.load(); }
+int LoadedVersion::calls_in_flight() const { return impl_->in_flight.load(); }
 
-const std::string& Model::name() const { return impl_->options.name; }
-const artifact::v1::Manifest& Model::manifest() const {
+const std::string& LoadedVersion::name() const { return impl_->options.name; }
+const artifact::v1::Manifest& LoadedVersion::manifest() const {
   return impl_->artifact.manifest;
 }
-const artifact::v1::Frame& Model::entry_frame() const {
+const artifact::v1::Frame& LoadedVersion::entry_frame() const {
   return *impl_->entry->proto;
 }
-const std::string& Model::frames_text() const {
+const std::string& LoadedVersion::frames_text() const {
   return impl_->artifact.frames_text;
 }
 
-std::vector<FrameCoverage> Model::Coverage() const {
+std::vector<FrameCoverage> LoadedVersion::Coverage() const {
   std::vector<FrameCoverage> coverage;
   for (const auto& frame : impl_->frames) {
     FrameCoverage c;
@@ -765,7 +765,7 @@ std::vector<FrameCoverage> Model::Coverage() const {
   return coverage;
 }
 
-std::vector<EagerFallbackWarning> Model::Warnings() const {
+std::vector<EagerFallbackWarning> LoadedVersion::Warnings() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->warnings;
 }
