@@ -400,6 +400,9 @@ grpc::Status InferenceService::ModelConfig(grpc::ServerContext*,
   config->set_backend("precompile");
   // Requests carry whole tensors: the server does not batch them.
   config->set_max_batch_size(0);
+  // The one policy the repository has (config.pbtxt may ask for it, and for
+  // nothing else).
+  config->mutable_version_policy()->mutable_latest()->set_num_versions(1);
   for (const TensorMeta& in : InputsOf(entry)) {
     auto* t = config->add_input();
     t->set_name(in.name);

@@ -1,15 +1,20 @@
 #include "server/model_repository.h"
 
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proto/model_config.pb.h"
 #include "server/repository_policy.h"
 
 namespace precompile::server {
@@ -53,6 +58,66 @@ std::string Fingerprint(const std::string& directory) {
     newest = std::max(newest, entry.last_write_time(ec));
   }
   return absl::StrCat(files, "/", bytes, "/", newest.time_since_epoch().count());
+}
+
+// What a model looks like to a rescan: its newest version's files and its
+// config.pbtxt (size and modification time, or none), so that fixing either
+// retries a failed load.
+std::string ModelFingerprint(const fs::path& model_dir, const std::string& newest_version_dir) {
+  std::error_code ec;
+  const fs::path config = model_dir / "config.pbtxt";
+  std::string config_part = "none";
+  if (fs::is_regular_file(config, ec)) {
+    config_part = absl::StrCat(fs::file_size(config, ec), "/",
+                               fs::last_write_time(config, ec).time_since_epoch().count());
+  }
+  return absl::StrCat(Fingerprint(newest_version_dir), "|", config_part);
+}
+
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (first.empty()) first = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  std::string first;
+};
+
+// The model's optional config.pbtxt (Triton's ModelConfig in text format).
+// Fields this server does not know are ignored, as long as they are written
+// without list brackets (protobuf's parser cannot skip `f [ {...} ]` of an
+// unknown field). It may name the model (as its directory) and ask for the
+// version policy the server has: the newest version that loads. Another
+// policy is refused, not ignored.
+absl::Status CheckModelConfig(const std::string& name, const fs::path& model_dir) {
+  const fs::path path = model_dir / "config.pbtxt";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return absl::OkStatus();
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": cannot be read"));
+  inference::ModelConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  parser.AllowUnknownField(true);
+  FirstError error;
+  parser.RecordErrorsTo(&error);
+  if (!parser.ParseFromString(text.str(), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat("config.pbtxt:", error.first));
+  }
+  if (!config.name().empty() && config.name() != name) {
+    return absl::InvalidArgumentError(absl::StrCat("config.pbtxt names the model '", config.name(),
+                                                   "', its directory '", name, "'"));
+  }
+  if (config.has_version_policy() &&
+      !(config.version_policy().has_latest() &&
+        config.version_policy().latest().num_versions() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.pbtxt: version_policy { ", config.version_policy().ShortDebugString(),
+        " } is not supported: the server serves the newest version that loads, "
+        "version_policy { latest { num_versions: 1 } }"));
+  }
+  return absl::OkStatus();
 }
 
 std::atomic<uint64_t> next_repository_id{1};
@@ -184,7 +249,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
     std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = models_[name];
     entry.attempted_version = versions.front().first;
-    entry.attempted_fingerprint = Fingerprint(versions.front().second);
+    entry.attempted_fingerprint = ModelFingerprint(model_dir, versions.front().second);
     entry.unloaded = false;
     Changed();
   }
@@ -195,47 +260,53 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
     directories.emplace(version, directory);  // "01" and "1": the first listed.
   }
   std::string newest_failure;
-  for (const int64_t version : VersionsToTry(on_disk, previous_model ? previous.version : 0)) {
-    const std::string& directory = directories.at(version);
-    const absl::Time start = absl::Now();
-    LoadOptions load_options = options_.load_options;
-    load_options.name = name;
-    absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
-        options_.loader ? options_.loader(directory, load_options)
-                        : LoadedVersion::Load(directory, load_options);
-    if (!model.ok()) {
-      spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
-                    version, std::string(model.status().message()));
-      if (listener_) {
-        listener_->OnLoadFailure(name, version, std::string(model.status().message()));
+  if (absl::Status config = CheckModelConfig(name, model_dir); !config.ok()) {
+    newest_failure = std::string(config.message());
+    spdlog::error("event=model_load_failed model={} reason=\"{}\"", name, newest_failure);
+    if (listener_) listener_->OnLoadFailure(name, versions.front().first, newest_failure);
+  } else {
+    for (const int64_t version : VersionsToTry(on_disk, previous_model ? previous.version : 0)) {
+      const std::string& directory = directories.at(version);
+      const absl::Time start = absl::Now();
+      LoadOptions load_options = options_.load_options;
+      load_options.name = name;
+      absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+          options_.loader ? options_.loader(directory, load_options)
+                          : LoadedVersion::Load(directory, load_options);
+      if (!model.ok()) {
+        spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
+                      version, std::string(model.status().message()));
+        if (listener_) {
+          listener_->OnLoadFailure(name, version, std::string(model.status().message()));
+        }
+        if (newest_failure.empty()) {
+          newest_failure = absl::StrCat("version ", version, " failed to load: ",
+                                        model.status().message());
+        }
+        continue;
       }
-      if (newest_failure.empty()) {
-        newest_failure = absl::StrCat("version ", version, " failed to load: ",
-                                      model.status().message());
+      std::shared_ptr<ModelMetrics> metrics;
+      if (options_.metrics_factory) {
+        metrics = options_.metrics_factory(name, version, **model);
+        (*model)->SetObserver(metrics);
       }
-      continue;
+      state.version = version;
+      state.directory = directory;
+      state.phase = ModelState::Phase::kReady;
+      state.reason = newest_failure;
+      Publish(state, *model, std::move(metrics));
+      spdlog::info(
+          "event=model_loaded model={} version={} directory={} complete={} "
+          "duration_ms={}{}",
+          name, version, directory, (*model)->manifest().summary().complete(),
+          absl::ToInt64Milliseconds(absl::Now() - start),
+          previous_model ? absl::StrCat(" replaced_version=", previous.version) : "");
+      if (!newest_failure.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "model '", name, "': ", newest_failure, "; serving version ", version));
+      }
+      return state;
     }
-    std::shared_ptr<ModelMetrics> metrics;
-    if (options_.metrics_factory) {
-      metrics = options_.metrics_factory(name, version, **model);
-      (*model)->SetObserver(metrics);
-    }
-    state.version = version;
-    state.directory = directory;
-    state.phase = ModelState::Phase::kReady;
-    state.reason = newest_failure;
-    Publish(state, *model, std::move(metrics));
-    spdlog::info(
-        "event=model_loaded model={} version={} directory={} complete={} "
-        "duration_ms={}{}",
-        name, version, directory, (*model)->manifest().summary().complete(),
-        absl::ToInt64Milliseconds(absl::Now() - start),
-        previous_model ? absl::StrCat(" replaced_version=", previous.version) : "");
-    if (!newest_failure.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "model '", name, "': ", newest_failure, "; serving version ", version));
-    }
-    return state;
   }
   // Nothing loaded: keep serving what was served, if anything.
   if (previous_model) {
@@ -289,7 +360,10 @@ std::vector<ModelState> ModelRepository::Rescan() {
     const auto versions = Versions(fs::path(options_.root) / name);
     ModelOnDisk disk;
     for (const auto& [version, directory] : versions) disk.versions.push_back(version);
-    if (!versions.empty()) disk.newest_fingerprint = Fingerprint(versions.front().second);
+    if (!versions.empty()) {
+      disk.newest_fingerprint =
+          ModelFingerprint(fs::path(options_.root) / name, versions.front().second);
+    }
     std::optional<ModelKnown> known;
     {
       std::lock_guard<std::mutex> lock(mu_);

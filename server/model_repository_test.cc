@@ -127,5 +127,51 @@ TEST_F(RepositoryTest, AModelUnloadedOnRequestStaysUnloadedUntilLoadedOnRequest)
   EXPECT_EQ(repository_->List()[0].version, 2);
 }
 
+void WriteConfig(const std::string& root, const std::string& text) {
+  std::ofstream(root + "/mlp/config.pbtxt") << text;
+}
+
+TEST_F(RepositoryTest, AConfigMayNameTheModelAndAskForTheNewestVersion) {
+  // As Triton users write it, with fields this server ignores.
+  WriteConfig(root_, R"(name: "mlp"
+platform: "pytorch_libtorch"
+max_batch_size: 0
+version_policy: { latest: { num_versions: 1 } }
+model_warmup { name: "w" batch_size: 1 }
+response_cache { enable: false }
+)");
+  AddVersion(2);
+  repository_->Rescan();
+  EXPECT_THAT(loader_.loaded, ElementsAre("2"));
+  EXPECT_EQ(repository_->List()[0].version, 2);
+}
+
+TEST_F(RepositoryTest, AConfigAskingForAnotherVersionPolicyIsRefusedUntilItChanges) {
+  WriteConfig(root_, "version_policy: { all: {} }\n");
+  EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
+              HasSubstr("config.pbtxt: version_policy { all { } } is not supported: the server "
+                        "serves the newest version that loads"));
+  EXPECT_THAT(loader_.loaded, ::testing::IsEmpty());
+  EXPECT_EQ(Served(), nullptr);
+  EXPECT_TRUE(repository_->List()[0].failed);
+
+  repository_->Rescan();  // Unchanged: not tried again.
+  EXPECT_TRUE(repository_->List()[0].failed);
+  WriteConfig(root_, "version_policy: { latest: { num_versions: 1 } }\n");
+  repository_->Rescan();  // Fixed: the rescan loads it.
+  EXPECT_THAT(loader_.loaded, ElementsAre("1"));
+  EXPECT_NE(Served(), nullptr);
+}
+
+TEST_F(RepositoryTest, AConfigThatDoesNotParseOrNamesAnotherModelIsRefusedNamingWhy) {
+  WriteConfig(root_, "version_policy: { latest: { num_versions: \"two\" } }\n");
+  EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
+              HasSubstr("config.pbtxt:1:"));
+  WriteConfig(root_, "name: \"resnet\"\n");
+  EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
+              HasSubstr("config.pbtxt names the model 'resnet', its directory 'mlp'"));
+  EXPECT_THAT(loader_.loaded, ::testing::IsEmpty());
+}
+
 }  // namespace
 }  // namespace precompile::server
