@@ -31,7 +31,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 std::shared_ptr<LoadedVersion> Load(const std::string& example) {
-  absl::StatusOr<std::shared_ptr<LoadedVersion>> model = LoadedVersion::Load(ExampleArtifact(example), {});
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+      LoadedVersion::Load(ExampleArtifact(example), {});
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? *model : nullptr;
 }
@@ -394,7 +395,8 @@ TEST(LoadedVersion, RefusesAnIncompleteArtifactOnlyWhenCompletenessIsRequired) {
 TEST(LoadedVersion, RefusesAnArtifactForAnotherDevice) {
   LoadOptions options;
   options.device = DeviceType::kCuda;
-  absl::StatusOr<std::shared_ptr<LoadedVersion>> model = LoadedVersion::Load(ExampleArtifact("mlp"), options);
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+      LoadedVersion::Load(ExampleArtifact("mlp"), options);
   ASSERT_EQ(model.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(model.status().message(),
               AllOf(HasSubstr("captured for cpu"), HasSubstr("runs models on cuda")));

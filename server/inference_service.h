@@ -5,9 +5,10 @@
 // A model's inputs are its entry frame's tensor arguments, by name; its
 // non-tensor arguments travel as request parameters. Outputs are the tensor
 // leaves of what the entry returns, named by their path (last_hidden_state,
-// pooled.0; output0, output1, ... for a tensor or a flat tuple). Each response carries two parameters saying how the
-// entry frame was served: "precompile_outcome" ("variant" or
-// "eager_fallback") and "precompile_variant" (the variant's id, or "").
+// pooled.0; output0, output1, ... for a tensor or a flat tuple). Each
+// response carries two parameters saying how the entry frame was served:
+// "precompile_outcome" ("variant" or "eager_fallback") and
+// "precompile_variant" (the variant's id, or "").
 //
 // ModelInfer runs on gRPC's asynchronous API with the service's own threads,
 // `pollers` of them taking calls from one completion queue; each call is
