@@ -209,7 +209,8 @@ class InferenceService::InferCall final : public RequestScheduler::Job {
     context.AsyncNotifyWhenDone(&done_);
   }
 
-  void Run() override { service_->Answer(this); }
+  void Run() override { status = service_->RunAdmitted(this, &response); }
+  void Complete() override { service_->Answer(this); }
 
   static std::pair<InferCall*, Event> Of(void* tag) {
     const Tag* t = static_cast<const Tag*>(tag);
@@ -227,6 +228,9 @@ class InferenceService::InferCall final : public RequestScheduler::Job {
   grpc::ByteBuffer raw_request;
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder;
   absl::Time received;
+  // What Run() decided, for Complete() to send.
+  grpc::Status status;
+  grpc::ByteBuffer response;
 
  private:
   InferenceService* const service_;
@@ -314,12 +318,10 @@ void InferenceService::OnRequested(InferCall* call) {
 }
 
 void InferenceService::Answer(InferCall* call) {
-  grpc::ByteBuffer response;
-  const grpc::Status status = RunAdmitted(call, &response);
-  if (status.ok()) {
-    call->responder.Finish(response, status, call->answered_tag());
+  if (call->status.ok()) {
+    call->responder.Finish(call->response, call->status, call->answered_tag());
   } else {
-    call->responder.FinishWithError(status, call->answered_tag());
+    call->responder.FinishWithError(call->status, call->answered_tag());
   }
   if (call->Unref()) Delete(call);
 }

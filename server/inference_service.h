@@ -98,7 +98,7 @@ class InferenceService final
   void ServeCalls();
   void OnRequested(InferCall* call);
   void RequestCall();
-  // Runs an admitted call and sends its answer.
+  // Sends what RunAdmitted decided for `call`.
   void Answer(InferCall* call);
   void Delete(InferCall* call);
   // Runs an admitted call's request and records it; on success, `*response`

@@ -55,8 +55,9 @@ void RequestScheduler::RunWhileWork(Job* job) {
       continue;
     }
     job->Run();
-    job = nullptr;
     Finished();
+    job->Complete();
+    job = nullptr;
   }
 }
 

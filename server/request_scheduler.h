@@ -30,11 +30,15 @@ namespace precompile::server {
 
 class RequestScheduler {
  public:
-  // One admitted request. Run() is called once, on some thread; the job may
-  // delete itself in it: the scheduler does not touch it afterwards.
+  // One admitted request. Run() does the work; Complete() follows on the
+  // same thread once the job no longer counts as in flight, and sends the
+  // result: so a client that has its answer can be admitted again at once.
+  // The job may delete itself in Complete(): the scheduler does not touch
+  // it afterwards.
   class Job {
    public:
     virtual void Run() = 0;
+    virtual void Complete() = 0;
 
    protected:
     ~Job() = default;

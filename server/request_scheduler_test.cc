@@ -28,6 +28,7 @@ class RecordingJob final : public RequestScheduler::Job {
     if (release_ != nullptr) release_->WaitForNotification();
     ran.fetch_add(1);
   }
+  void Complete() override {}
 
   std::thread::id thread;
   Notification started;
@@ -63,6 +64,7 @@ TEST(RequestScheduler, QueuesWhileEverySlotIsBusyAndRunsTheQueueInOrderOnTheFree
       order->push_back(i);
       thread = std::this_thread::get_id();
     }
+    void Complete() override {}
     int i;
     std::mutex* mu;
     std::vector<int>* order;
@@ -113,6 +115,32 @@ TEST(RequestScheduler, RefusesPastMaxInFlightCountingQueuedJobsAndAdmitsAgainOnc
   EXPECT_EQ(refused.ran.load(), 0);
 }
 
+// A job sends its answer in Complete(), after it stops counting: a client
+// that has its answer and calls again at once is admitted, even at a limit
+// of one.
+TEST(RequestScheduler, AJobNoLongerCountsAsInFlightWhenItCompletes) {
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/1);
+  struct Answering final : RequestScheduler::Job {
+    explicit Answering(RequestScheduler* scheduler) : scheduler(scheduler) {}
+    void Run() override { in_flight_running = scheduler->in_flight(); }
+    void Complete() override {
+      in_flight_completing = scheduler->in_flight();
+      next_admitted = scheduler->Submit(&next);
+    }
+    RequestScheduler* scheduler;
+    RecordingJob next;
+    int in_flight_running = -1, in_flight_completing = -1;
+    bool next_admitted = false;
+  };
+  Answering job(&scheduler);
+  ASSERT_TRUE(scheduler.Submit(&job));
+  EXPECT_EQ(job.in_flight_running, 1);
+  EXPECT_EQ(job.in_flight_completing, 0);
+  EXPECT_TRUE(job.next_admitted);
+  EXPECT_EQ(job.next.ran.load(), 1);
+  EXPECT_EQ(scheduler.in_flight(), 0);
+}
+
 TEST(RequestScheduler, AwaitIdleWaitsForTheLastJobOrGivesUpAtTheDeadline) {
   RequestScheduler scheduler(/*run_slots=*/2, /*max_in_flight=*/0);
   EXPECT_TRUE(scheduler.AwaitIdle(absl::Now()));
@@ -152,6 +180,7 @@ TEST(RequestScheduler, UnderContentionEachJobRunsOnceWithinTheSlots) {
       ran->fetch_add(1);
       running->fetch_sub(1);
     }
+    void Complete() override {}
   };
   std::vector<std::unique_ptr<Counting>> jobs(kThreads * kJobsPerThread);
   for (auto& job : jobs) {
