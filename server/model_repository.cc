@@ -260,53 +260,56 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
     directories.emplace(version, directory);  // "01" and "1": the first listed.
   }
   std::string newest_failure;
+  // A config the server refuses leaves nothing to try: what is served stays.
+  std::vector<int64_t> to_try;
   if (absl::Status config = CheckModelConfig(name, model_dir); !config.ok()) {
     newest_failure = std::string(config.message());
     spdlog::error("event=model_load_failed model={} reason=\"{}\"", name, newest_failure);
     if (listener_) listener_->OnLoadFailure(name, versions.front().first, newest_failure);
   } else {
-    for (const int64_t version : VersionsToTry(on_disk, previous_model ? previous.version : 0)) {
-      const std::string& directory = directories.at(version);
-      const absl::Time start = absl::Now();
-      LoadOptions load_options = options_.load_options;
-      load_options.name = name;
-      absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
-          options_.loader ? options_.loader(directory, load_options)
-                          : LoadedVersion::Load(directory, load_options);
-      if (!model.ok()) {
-        spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
-                      version, std::string(model.status().message()));
-        if (listener_) {
-          listener_->OnLoadFailure(name, version, std::string(model.status().message()));
-        }
-        if (newest_failure.empty()) {
-          newest_failure = absl::StrCat("version ", version, " failed to load: ",
-                                        model.status().message());
-        }
-        continue;
+    to_try = VersionsToTry(on_disk, previous_model ? previous.version : 0);
+  }
+  for (const int64_t version : to_try) {
+    const std::string& directory = directories.at(version);
+    const absl::Time start = absl::Now();
+    LoadOptions load_options = options_.load_options;
+    load_options.name = name;
+    absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+        options_.loader ? options_.loader(directory, load_options)
+                        : LoadedVersion::Load(directory, load_options);
+    if (!model.ok()) {
+      spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
+                    version, std::string(model.status().message()));
+      if (listener_) {
+        listener_->OnLoadFailure(name, version, std::string(model.status().message()));
       }
-      std::shared_ptr<ModelMetrics> metrics;
-      if (options_.metrics_factory) {
-        metrics = options_.metrics_factory(name, version, **model);
-        (*model)->SetObserver(metrics);
+      if (newest_failure.empty()) {
+        newest_failure = absl::StrCat("version ", version, " failed to load: ",
+                                      model.status().message());
       }
-      state.version = version;
-      state.directory = directory;
-      state.phase = ModelState::Phase::kReady;
-      state.reason = newest_failure;
-      Publish(state, *model, std::move(metrics));
-      spdlog::info(
-          "event=model_loaded model={} version={} directory={} complete={} "
-          "duration_ms={}{}",
-          name, version, directory, (*model)->manifest().summary().complete(),
-          absl::ToInt64Milliseconds(absl::Now() - start),
-          previous_model ? absl::StrCat(" replaced_version=", previous.version) : "");
-      if (!newest_failure.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "model '", name, "': ", newest_failure, "; serving version ", version));
-      }
-      return state;
+      continue;
     }
+    std::shared_ptr<ModelMetrics> metrics;
+    if (options_.metrics_factory) {
+      metrics = options_.metrics_factory(name, version, **model);
+      (*model)->SetObserver(metrics);
+    }
+    state.version = version;
+    state.directory = directory;
+    state.phase = ModelState::Phase::kReady;
+    state.reason = newest_failure;
+    Publish(state, *model, std::move(metrics));
+    spdlog::info(
+        "event=model_loaded model={} version={} directory={} complete={} "
+        "duration_ms={}{}",
+        name, version, directory, (*model)->manifest().summary().complete(),
+        absl::ToInt64Milliseconds(absl::Now() - start),
+        previous_model ? absl::StrCat(" replaced_version=", previous.version) : "");
+    if (!newest_failure.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model '", name, "': ", newest_failure, "; serving version ", version));
+    }
+    return state;
   }
   // Nothing loaded: keep serving what was served, if anything.
   if (previous_model) {
