@@ -47,7 +47,7 @@ from torch.export.graph_signature import InputKind
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from evaluators import GuardEval, python_holds, runtime_record  # noqa: E402
+from evaluators import python_holds, runtime_record  # noqa: E402
 from precompile_capture.guards import extract_guards  # noqa: E402
 
 SCALARS = st.one_of(st.booleans(), st.integers(-3, 3), st.sampled_from([0.5, -1.0, 2.0, math.nan]),
@@ -160,6 +160,8 @@ def loosely_equal(expected, actual):
     return type(expected) is not type(actual) and expected == actual
 
 
+def is_nan(value):
+    return isinstance(value, float) and math.isnan(value)
 
 
 def small_sizes_raised(guards, values):
@@ -185,13 +187,6 @@ def rank_changed(params, values):
 OUTCOMES = {"0": 0, "1": 0, "nan": 0, "small sizes": 0, "rank": 0, "kind": 0}
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    evaluator = GuardEval()
-    yield evaluator
-    evaluator.close()
-
-
 # Each example exports a program: no shrinking (it would export thousands),
 # the failure message names the guards and the call instead.
 @settings(max_examples=100, deadline=None, phases=[Phase.generate],
@@ -208,7 +203,7 @@ def test_torch_export_checks_agree_with_the_guards(runtime, data):
         assert answer in ("0", "1"), answer
         return answer == "1"
 
-    nan_guarded = any(p[0] == "value" and isinstance(p[1], float) and math.isnan(p[1]) for p in params)
+    nan_guarded = any(p[0] == "value" and is_nan(p[1]) for p in params)
     for _ in range(12):
         values = data.draw(calls(params, ranges))
         args = [torch.zeros(v[3]) if isinstance(v, tuple) else v for v in values]
@@ -218,8 +213,7 @@ def test_torch_export_checks_agree_with_the_guards(runtime, data):
         assert python_holds(guards, values, grad, default_dtype) == holds, f"the capture differs: {where}"
 
         checked = input_check(ep, args)
-        nan_call = any(p[0] == "value" and isinstance(p[1], float) and math.isnan(p[1])
-                       and isinstance(v, float) and math.isnan(v) for p, v in zip(params, values))
+        nan_call = any(p[0] == "value" and is_nan(p[1]) and is_nan(v) for p, v in zip(params, values))
         if nan_call and holds:
             assert not checked, f"the input check took NaN for NaN: {where}"
             OUTCOMES["nan"] += 1
@@ -246,4 +240,3 @@ def test_torch_export_checks_agree_with_the_guards(runtime, data):
 def test_the_generated_calls_both_hold_and_miss():
     """Runs after the property above (pytest keeps the file's order)."""
     assert OUTCOMES["1"] >= 60 and OUTCOMES["0"] >= 60, OUTCOMES
-    print(OUTCOMES)

@@ -27,20 +27,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from evaluators import DTYPES, GuardEval, python_holds, runtime_record  # noqa: E402
+from evaluators import DTYPES, python_holds, runtime_record  # noqa: E402
 from precompile_capture.guards import ArgGuard, Dim, GuardSet, SymbolRange, TensorSpec  # noqa: E402
 
 DEFAULT_DTYPES = [torch.float32, torch.float64]
 FLOATS = [0.0, -0.0, 0.5, 1.0, 2.0, math.inf, -math.inf, math.nan, 1e300]
 INTS = [0, 1, -1, 2, 7, 2**62, -(2**63)]
 STRINGS = ["", "a", "mean", "é"]
-
-
-@pytest.fixture(scope="module")
-def runtime():
-    evaluator = GuardEval()
-    yield evaluator
-    evaluator.close()
 
 
 # -- what the strategies draw -------------------------------------------------
