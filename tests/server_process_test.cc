@@ -289,9 +289,15 @@ int CallsAtTheGate(const std::string& gate) {
   return n;
 }
 
-TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
+// A repository serving tests/gate's model as version 1.
+std::string GatedRepository() {
   const std::string repository = testing::NewTempDirectory("repository");
   testing::CopyTree(Runfile("tests/gate/gated"), repository + "/gated/1");
+  return repository;
+}
+
+TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
+  const std::string repository = GatedRepository();
   // Neither 1 nor 3 is the default (2): a server that ignored the flag
   // would let 2 calls in, and fail both rounds.
   for (int runners : {1, 3}) {
@@ -306,13 +312,7 @@ TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
     Clients clients(server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60)));
     server.AwaitOutput("event=ready", absl::Seconds(60));
     auto call_gated = [&clients] {
-      inference::ModelInferRequest request;
-      request.set_model_name("gated");
-      auto* input = request.add_inputs();
-      input->set_name("x");
-      input->set_datatype("FP32");
-      input->add_shape(4);
-      request.add_raw_input_contents(std::string(4 * sizeof(float), '\0'));
+      const inference::ModelInferRequest request = testing::ZerosRequest("gated", {4});
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(90));
       inference::ModelInferResponse response;
@@ -352,8 +352,7 @@ TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
 }
 
 TEST(ServerProcess, AModelCallingAnOperatorNoLibraryRegisteredFailsToLoadNamingIt) {
-  const std::string repository = testing::NewTempDirectory("repository");
-  testing::CopyTree(Runfile("tests/gate/gated"), repository + "/gated/1");
+  const std::string repository = GatedRepository();
   ServerProcess server(Flags(repository, 5, 0));
   const std::string reason =
       server.AwaitOutput("event=model_load_failed model=gated version=1 reason=\"([^\n]*)",

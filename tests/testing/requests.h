@@ -3,22 +3,28 @@
 #define PRECOMPILE_TESTS_TESTING_REQUESTS_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "proto/inference.pb.h"
 
 namespace precompile::testing {
 
-// A request for `model` whose tensor argument x is an 8x4 float32 of zeros.
-inline inference::ModelInferRequest ZerosRequest(const std::string& model) {
+// A request for `model` whose tensor argument x is a float32 of zeros, 8x4
+// unless `shape` says otherwise.
+inline inference::ModelInferRequest ZerosRequest(
+    const std::string& model, std::initializer_list<int64_t> shape = {8, 4}) {
   inference::ModelInferRequest request;
   request.set_model_name(model);
   auto* input = request.add_inputs();
   input->set_name("x");
   input->set_datatype("FP32");
-  input->add_shape(8);
-  input->add_shape(4);
-  request.add_raw_input_contents(std::string(8 * 4 * sizeof(float), '\0'));
+  int64_t elements = 1;
+  for (int64_t d : shape) {
+    input->add_shape(d);
+    elements *= d;
+  }
+  request.add_raw_input_contents(std::string(elements * sizeof(float), '\0'));
   return request;
 }
 
