@@ -22,11 +22,11 @@ sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
 from make_seeds import encode_guard_call  # noqa: E402
 from precompile_capture.artifact import guards_proto  # noqa: E402
 from precompile_capture.frames import Kind  # noqa: E402
+from precompile_capture.guards import DTYPE_NAMES  # noqa: E402
 from proto import artifact_pb2 as pb  # noqa: E402
 
-DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-          torch.float16, torch.bfloat16, torch.float32, torch.float64]
-DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in DTYPES}
+# Every dtype a guard can name, as the capture names them.
+DTYPES = list(DTYPE_NAMES)
 
 
 class GuardEval:
