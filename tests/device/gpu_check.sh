@@ -12,7 +12,10 @@
 #                                     about 40 MB), to be carried along.
 #   tests/device/gpu_check.sh run     THERE, from the repository root, with
 #                                     the bundle beside this script. Results
-#                                     go to $OUT (or /tmp/precompile-gpu-check).
+#                                     go to $OUT (or /tmp/precompile-gpu-check):
+#                                     gpu_summary.json, and every log and
+#                                     report in gpu_check_results.tar.gz
+#                                     (two files, whatever stops the run).
 #
 # What `run` does:
 #   1. finds a Python with torch 2.11 and a usable CUDA device ($PYTHON,
@@ -21,17 +24,18 @@
 #      binaries at that torch with LD_LIBRARY_PATH (their run paths name this
 #      build machine's paths; LD_LIBRARY_PATH comes first for RUNPATH);
 #   2. captures CUDA variants of the bundled examples (mlp, loop, branch,
-#      nested), bench's medium MLP and the gallery's BERT (which needs
-#      transformers) with `python -m precompile_capture --device cuda`, all
-#      at once;
+#      nested), bench's medium MLP and the gallery's BERT, GPT-2 and resnet18
+#      (which need transformers and torchvision) with
+#      `python -m precompile_capture --device cuda`, all at once;
 #   3. serves them with the carried precompile_server --device=cuda;
 #   4. checks each example call's outputs (served with precompile_client
 #      infer; BERT with keyword inputs, by output name) against the same
 #      model run eagerly on the CPU in that Python, and how each call was
 #      served (variant, eager fallback, refusal);
-#   5. runs precompile_load at concurrency 1, 8, 64 on mlp and medium, and
+#   5. runs precompile_load at concurrency 1, 8, 64 on mlp, medium, BERT and
+#      resnet18, and
 #      aoti_direct_bench --device=cuda on medium (the in-process limit);
-#   6. prints one summary and writes $OUT/gpu_summary.json.
+#   6. prints one summary and writes gpu_summary.json.
 #
 # DEVICE=cpu runs the same steps with CPU artifacts and --device=cpu: a dry
 # run of the script's plumbing on any machine (that much was run here).
@@ -85,9 +89,18 @@ fi
 
 cd "$ROOT"
 DEVICE=${DEVICE:-cuda}
-OUT=${OUT:-/tmp/precompile-gpu-check}
+FINAL=${OUT:-/tmp/precompile-gpu-check}
 W=$(mktemp -d /tmp/precompile-gpu.XXXXXX)
-mkdir -p "$OUT"
+OUT="$W/results"  # packed into $FINAL on exit
+mkdir -p "$FINAL" "$OUT"
+SERVER=
+finish() {
+  [[ -n "$SERVER" ]] && kill "$SERVER" 2>/dev/null
+  [[ -f "$OUT/gpu_summary.json" ]] && cp "$OUT/gpu_summary.json" "$FINAL/"
+  tar -C "$OUT" -czf "$FINAL/gpu_check_results.tar.gz" . 2>/dev/null
+  rm -rf "$W"
+}
+trap finish EXIT
 [[ -x "$BUNDLE/bin/precompile_server" ]] || { log "no bundle at $BUNDLE: run '$0 stage' on the build machine"; exit 2; }
 
 # 1. Python, torch, CUDA.
@@ -140,6 +153,8 @@ capture nested examples.models:make_nested examples/nested.calls.json encoder,sc
 captures+=("nested:$!")
 capture medium bench.models:make_medium bench/medium.calls.json & captures+=("medium:$!")
 capture bert gallery.models:make_bert gallery/bert.calls.json & captures+=("bert:$!")
+capture gpt2 gallery.models:make_gpt2 gallery/gpt2.calls.json & captures+=("gpt2:$!")
+capture resnet18 gallery.models:make_resnet18 gallery/resnet18.calls.json & captures+=("resnet18:$!")
 for c in "${captures[@]}"; do
   wait "${c#*:}" || { log "capture of ${c%%:*} failed: $(tail -3 "$OUT/capture_${c%%:*}.log")"; exit 1; }
 done
@@ -150,7 +165,6 @@ PORT=${PORT:-28501}
   --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) \
   > "$OUT/server.log" 2>&1 &
 SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
 CLIENT=("$BUNDLE/bin/precompile_client" --address="127.0.0.1:$PORT")
 for _ in $(seq 300); do
   "${CLIENT[@]}" health > /dev/null 2>&1 && break
@@ -207,6 +221,27 @@ np.save(f"{out}/bert.expected.npy", y.numpy())
 index.append({"name": "bert", "model": "bert", "output": "last_hidden_state", "params": {},
               "outcome": "variant",
               "inputs": {"input_ids": "bert.input_ids.npy", "attention_mask": "bert.attention_mask.npy"}})
+# A decoder's logits at a batch and length it was not captured at.
+ids = torch.randint(0, 1000, (3, 29), generator=g)
+mask = torch.ones(3, 29, dtype=torch.long)
+np.save(f"{out}/gpt2.input_ids.npy", ids.numpy())
+np.save(f"{out}/gpt2.attention_mask.npy", mask.numpy())
+with torch.no_grad():
+    y = gallery_models.make_gpt2()(input_ids=ids, attention_mask=mask).logits
+np.save(f"{out}/gpt2.expected.npy", y.numpy())
+index.append({"name": "gpt2", "model": "gpt2", "output": "logits", "params": {},
+              "outcome": "variant",
+              "inputs": {"input_ids": "gpt2.input_ids.npy", "attention_mask": "gpt2.attention_mask.npy"}})
+# torchvision's resnet18 at batch 3 (captured at 2 and 4). Its convolutions go
+# through cuDNN, which libtorch lets use TF32 by default, as eager PyTorch on a
+# GPU does: compared with the CPU at a TF32 tolerance, the error is reported.
+x = torch.randn(3, 3, 224, 224, generator=g)
+np.save(f"{out}/resnet18.x.npy", x.numpy())
+with torch.no_grad():
+    y = gallery_models.make_resnet18()(x)
+np.save(f"{out}/resnet18.expected.npy", y.numpy())
+index.append({"name": "resnet18", "model": "resnet18", "output": "output0", "params": {},
+              "outcome": "variant", "inputs": {"x": "resnet18.x.npy"}, "tolerance": 2e-2})
 with open(f"{out}/cases.json", "w") as f:
     json.dump(index, f)
 EOF
@@ -237,7 +272,8 @@ for case in json.load(open(f"{cases_dir}/cases.json")):
             got = np.load(f"{cases_dir}/{name}.out/{case['output']}.npy")
             want = np.load(f"{cases_dir}/{name}.expected.npy")
             err = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("inf")
-            close = got.shape == want.shape and np.allclose(got, want, rtol=1e-3, atol=1e-3)
+            tol = case.get("tolerance", 1e-3)
+            close = got.shape == want.shape and np.allclose(got, want, rtol=tol, atol=tol)
         except Exception as e:  # no output saved: the call failed
             err, close = None, False
             r["detail"] = text.strip()[-300:]
@@ -258,7 +294,10 @@ mix() {
 }
 mix mlp "[8, 4]"
 mix medium "[32, 256]"
-for m in mlp medium; do
+mix resnet18 "[3, 3, 224, 224]"
+printf '[{"name": "bert", "model": "bert", "inputs": {"input_ids": {"npy": "%s"}, "attention_mask": {"npy": "%s"}}}]\n' \
+  "$CASES/bert.input_ids.npy" "$CASES/bert.attention_mask.npy" > "$W/mix_bert.json"
+for m in mlp medium bert resnet18; do
   log "load: $m at concurrency 1,8,64"
   "$BUNDLE/bin/precompile_load" --address="127.0.0.1:$PORT" --mix="$W/mix_$m.json" \
     --concurrency=1,8,64 --warmup=2 --duration=5 --quiet --json_out="$OUT/load_$m.json" \
@@ -266,7 +305,7 @@ for m in mlp medium; do
 done
 curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt" 2>/dev/null || true
 kill -TERM "$SERVER"; wait "$SERVER" || true
-trap - EXIT
+SERVER=
 rm -f "$OUT/direct.jsonl"
 for mode in loader model; do
   args=(--package="$REPO/medium/1/frames/forward/0.pt2")
@@ -282,7 +321,7 @@ import json, os, sys
 out, correct = sys.argv[1], sys.argv[2] == "0"
 summary = {"correct": correct, "correctness": json.load(open(f"{out}/correctness.json")),
            "load": {}, "direct": []}
-for m in ("mlp", "medium"):
+for m in ("mlp", "medium", "bert", "resnet18"):
     p = f"{out}/load_{m}.json"
     if os.path.exists(p):
         summary["load"][m] = [
@@ -297,12 +336,11 @@ print("gpu_check: outputs vs CPU:", "all ok" if correct else "FAILURES",
       f"({sum(r['ok'] for r in summary['correctness'])}/{len(summary['correctness'])})")
 for m, phases in summary["load"].items():
     for ph in phases:
-        print(f"gpu_check: served {m:6s} c={ph['concurrency']:<3d} {ph['rps']:9.0f} req/s  "
+        print(f"gpu_check: served {m:8s} c={ph['concurrency']:<3d} {ph['rps']:9.0f} req/s  "
               f"p50 {ph['p50_ms']:.3f} ms  p99 {ph['p99_ms']:.3f} ms  errors {ph['errors']}")
 for d in summary["direct"]:
     print(f"gpu_check: in process {d['label']:20s} t={d['threads']:<3d} "
           f"{d['throughput_cps']:9.0f} calls/s  p50 {d['p50_us']:.1f} us")
-print(f"gpu_check: wrote {out}/gpu_summary.json")
 EOF
-rm -rf "$W"
+log "wrote $FINAL/gpu_summary.json and $FINAL/gpu_check_results.tar.gz"
 exit "$CORRECT"
