@@ -15,7 +15,7 @@
 #include "client/flags.h"
 #include "client/infer_request.h"
 #include "client/inference_client.h"
-#include "client/json.h"
+#include "client/json_text.h"
 #include "client/npy.h"
 #include "client/proto_json.h"
 #include "client/tensor.h"
@@ -149,18 +149,18 @@ class Cli {
     const std::string code = absl::StatusCodeToString(status.code());
     err_ << "error: " << code << ": " << status.message() << "\n";
     if (options_.json) {
-      Json error = Json::Object();
-      error.Set("code", Json::String(code));
-      error.Set("message", Json::String(std::string(status.message())));
-      Json json = Json::Object();
-      json.Set("error", std::move(error));
-      out_ << json.Dump() << "\n";
+      Json error = Json::object();
+      error["code"] = code;
+      error["message"] = std::string(status.message());
+      Json json = Json::object();
+      json["error"] = std::move(error);
+      out_ << DumpJson(json) << "\n";
     }
     return kExitFailed;
   }
 
   int PrintJson(const Json& json) {
-    out_ << json.Dump() << "\n";
+    out_ << DumpJson(json) << "\n";
     return kExitOk;
   }
 
@@ -225,26 +225,26 @@ class Cli {
     }
 
     if (options_.json) {
-      Json json = Json::Object();
-      json.Set("model_name", Json::String(result->model_name));
-      json.Set("model_version", Json::String(result->model_version));
-      json.Set("id", Json::String(result->id));
-      json.Set("outcome", Json::String(result->outcome));
-      json.Set("variant", Json::String(result->variant));
-      Json outputs = Json::Array();
+      Json json = Json::object();
+      json["model_name"] = result->model_name;
+      json["model_version"] = result->model_version;
+      json["id"] = result->id;
+      json["outcome"] = result->outcome;
+      json["variant"] = result->variant;
+      Json outputs = Json::array();
       for (size_t i = 0; i < result->outputs.size(); ++i) {
         const Tensor& output = result->outputs[i];
-        Json o = Json::Object();
-        o.Set("name", Json::String(output.name));
-        o.Set("datatype", Json::String(output.datatype));
-        Json shape = Json::Array();
-        for (int64_t d : output.shape) shape.Append(Json::Int(d));
-        o.Set("shape", std::move(shape));
-        o.Set("data", TensorValuesJson(output));
-        o.Set("file", files[i].empty() ? Json() : Json::String(files[i]));
-        outputs.Append(std::move(o));
+        Json o = Json::object();
+        o["name"] = output.name;
+        o["datatype"] = output.datatype;
+        Json shape = Json::array();
+        for (int64_t d : output.shape) shape.push_back(d);
+        o["shape"] = std::move(shape);
+        o["data"] = TensorValuesJson(output);
+        o["file"] = files[i].empty() ? Json() : Json(files[i]);
+        outputs.push_back(std::move(o));
       }
-      json.Set("outputs", std::move(outputs));
+      json["outputs"] = std::move(outputs);
       return PrintJson(json);
     }
     out_ << "model:    " << result->model_name << " (version " << result->model_version << ")\n";
@@ -445,11 +445,11 @@ class Cli {
     if (!health.ok()) return Failed(health.status());
     const std::string status = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*health);
     if (options_.json) {
-      Json json = Json::Object();
-      json.Set("live", Json::Bool(*live));
-      json.Set("ready", Json::Bool(*ready));
-      json.Set("service", Json::String(service));
-      json.Set("status", Json::String(status));
+      Json json = Json::object();
+      json["live"] = *live;
+      json["ready"] = *ready;
+      json["service"] = service;
+      json["status"] = status;
       PrintJson(json);
     } else {
       out_ << "live:    " << YesNo(*live) << "\n"

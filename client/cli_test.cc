@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "client/json.h"
+#include "client/json_text.h"
 #include "client/npy.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/test_server.h"
@@ -40,8 +40,14 @@ struct Result {
 
 std::vector<float> JsonFloats(const Json& array) {
   std::vector<float> values;
-  for (const Json& v : array.elements()) values.push_back(static_cast<float>(v.AsDouble()));
+  for (const Json& v : array) values.push_back(v.get<float>());
   return values;
+}
+
+std::vector<std::string> Keys(const Json& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  return keys;
 }
 
 // The values on the line after "<output>: ..." in text output.
@@ -82,7 +88,6 @@ class CliTest : public testing::ExampleServerTest {
     EXPECT_TRUE(WriteNpy(path, x).ok());
     return path;
   }
-
 };
 
 TEST_F(CliTest, InferPrintsTheReferenceOutputs) {
@@ -107,17 +112,17 @@ TEST_F(CliTest, InferPrintsJsonWithStableKeys) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   absl::StatusOr<Json> json = ParseJson(r.out);
   ASSERT_TRUE(json.ok()) << json.status() << "\n" << r.out;
-  EXPECT_THAT(json->keys(),
+  EXPECT_THAT(Keys(*json),
               ElementsAre("model_name", "model_version", "id", "outcome", "variant", "outputs"));
-  EXPECT_EQ(json->Find("outcome")->string_value(), "variant");
-  EXPECT_EQ(json->Find("variant")->string_value(), "forward#1");
-  const Json& output = json->Find("outputs")->elements().at(0);
-  EXPECT_THAT(output.keys(), ElementsAre("name", "datatype", "shape", "data", "file"));
-  EXPECT_EQ(output.Find("name")->string_value(), "output0");
-  EXPECT_EQ(output.Find("datatype")->string_value(), "FP32");
-  EXPECT_EQ(output.Find("shape")->Dump(false), "[16,3]");
-  EXPECT_TRUE(output.Find("file")->is_null());
-  EXPECT_EQ(CompareFloats(JsonFloats(*output.Find("data")), ReferenceOutput("mlp", "batch16")), "");
+  EXPECT_EQ(json->at("outcome").get<std::string>(), "variant");
+  EXPECT_EQ(json->at("variant").get<std::string>(), "forward#1");
+  const Json& output = json->at("outputs").at(0);
+  EXPECT_THAT(Keys(output), ElementsAre("name", "datatype", "shape", "data", "file"));
+  EXPECT_EQ(output.at("name").get<std::string>(), "output0");
+  EXPECT_EQ(output.at("datatype").get<std::string>(), "FP32");
+  EXPECT_EQ(DumpJson(output.at("shape"), false), "[16,3]");
+  EXPECT_TRUE(output.at("file").is_null());
+  EXPECT_EQ(CompareFloats(JsonFloats(output.at("data")), ReferenceOutput("mlp", "batch16")), "");
 }
 
 TEST_F(CliTest, InferTakesInlineTensorsAndScalarParameters) {
@@ -130,11 +135,11 @@ TEST_F(CliTest, InferTakesInlineTensorsAndScalarParameters) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   absl::StatusOr<Json> json = ParseJson(r.out);
   ASSERT_TRUE(json.ok()) << json.status();
-  EXPECT_EQ(json->Find("outcome")->string_value(), "eager_fallback");
-  EXPECT_EQ(json->Find("variant")->string_value(), "");
-  EXPECT_EQ(CompareFloats(JsonFloats(*json->Find("outputs")->elements()[0].Find("data")),
-                          ReferenceOutput("loop", "n1")),
-            "");
+  EXPECT_EQ(json->at("outcome").get<std::string>(), "eager_fallback");
+  EXPECT_EQ(json->at("variant").get<std::string>(), "");
+  EXPECT_EQ(
+      CompareFloats(JsonFloats(json->at("outputs")[0].at("data")), ReferenceOutput("loop", "n1")),
+      "");
 
   // A float where the model takes an int: the server's message comes through.
   r = Run({"infer", "loop", "--input", "x=" + spec, "--param", "n=1.5"});
@@ -151,15 +156,14 @@ TEST_F(CliTest, InferSavesOutputsAsNpy) {
   const std::string path = dir + "/output0.npy";
   absl::StatusOr<Json> json = ParseJson(r.out);
   ASSERT_TRUE(json.ok());
-  EXPECT_EQ(json->Find("outputs")->elements()[0].Find("file")->string_value(), path);
+  EXPECT_EQ(json->at("outputs")[0].at("file").get<std::string>(), path);
   absl::StatusOr<Tensor> saved = ReadNpy(path);
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(saved->datatype, "FP32");
   EXPECT_THAT(saved->shape, ElementsAre(8, 3));
   EXPECT_EQ(CompareFloats(testing::FloatsOf(*saved), ReferenceOutput("mlp", "batch8")), "");
   // What was saved is exactly what was printed.
-  EXPECT_EQ(testing::FloatsOf(*saved),
-            JsonFloats(*json->Find("outputs")->elements()[0].Find("data")));
+  EXPECT_EQ(testing::FloatsOf(*saved), JsonFloats(json->at("outputs")[0].at("data")));
 
   r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch8"), "--output_dir", dir});
   ASSERT_EQ(r.code, kExitOk) << r.err;
@@ -177,8 +181,8 @@ TEST_F(CliTest, AServerErrorExitsOneWithItsCodeAndMessage) {
   EXPECT_EQ(r.code, kExitFailed);
   absl::StatusOr<Json> json = ParseJson(r.out);
   ASSERT_TRUE(json.ok()) << r.out;
-  EXPECT_EQ(json->Find("error")->Find("code")->string_value(), "FAILED_PRECONDITION");
-  EXPECT_THAT(json->Find("error")->Find("message")->string_value(), HasSubstr("x.size(0)"));
+  EXPECT_EQ(json->at("error").at("code").get<std::string>(), "FAILED_PRECONDITION");
+  EXPECT_THAT(json->at("error").at("message").get<std::string>(), HasSubstr("x.size(0)"));
 
   r = Run({"summary", "nope"});
   EXPECT_EQ(r.code, kExitFailed);
@@ -232,8 +236,8 @@ TEST_F(CliTest, DescribesAModel) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   absl::StatusOr<Json> json = ParseJson(r.out);
   ASSERT_TRUE(json.ok());
-  EXPECT_THAT(json->keys(), ElementsAre("name", "versions", "platform", "inputs", "outputs"));
-  EXPECT_EQ(json->Find("inputs")->elements()[0].Find("shape")->Dump(false), "[-1,4]");
+  EXPECT_THAT(Keys(*json), ElementsAre("name", "versions", "platform", "inputs", "outputs"));
+  EXPECT_EQ(DumpJson(json->at("inputs")[0].at("shape"), false), "[-1,4]");
 
   r = Run({"config", "loop"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
@@ -243,7 +247,7 @@ TEST_F(CliTest, DescribesAModel) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   json = ParseJson(r.out);
   ASSERT_TRUE(json.ok());
-  EXPECT_EQ(json->Find("config")->Find("max_batch_size")->Dump(), "0");
+  EXPECT_EQ(DumpJson(json->at("config").at("max_batch_size")), "0");
 }
 
 TEST_F(CliTest, ReportsSummaryFramesCoverageAndWarnings) {
@@ -257,12 +261,12 @@ TEST_F(CliTest, ReportsSummaryFramesCoverageAndWarnings) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   absl::StatusOr<Json> json = ParseJson(r.out);
   ASSERT_TRUE(json.ok());
-  EXPECT_THAT(json->keys(),
+  EXPECT_THAT(Keys(*json),
               ElementsAre("name", "version", "frames", "variants_per_frame", "eager_fallbacks",
                           "uncovered_frames", "truncated", "complete", "entry_frame",
                           "torch_version", "device", "cpu_isa"));
-  EXPECT_EQ(json->Find("version")->Dump(), "1");
-  EXPECT_EQ(json->Find("variants_per_frame")->Dump(false), "{\"forward\":1}");
+  EXPECT_EQ(DumpJson(json->at("version")), "1");
+  EXPECT_EQ(DumpJson(json->at("variants_per_frame"), false), "{\"forward\":1}");
 
   r = Run({"frames", "loop"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
@@ -275,10 +279,10 @@ TEST_F(CliTest, ReportsSummaryFramesCoverageAndWarnings) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   json = ParseJson(r.out);
   ASSERT_TRUE(json.ok());
-  const Json& frame = json->Find("frames")->elements().at(0);
-  EXPECT_EQ(frame.Find("frame")->string_value(), "forward");
-  EXPECT_TRUE(frame.Find("eager_fallback")->bool_value());
-  EXPECT_GE(*frame.Find("eager_fallback_calls")->AsInt64(), 1);
+  const Json& frame = json->at("frames").at(0);
+  EXPECT_EQ(frame.at("frame").get<std::string>(), "forward");
+  EXPECT_TRUE(frame.at("eager_fallback").get<bool>());
+  EXPECT_GE(frame.at("eager_fallback_calls").get<int64_t>(), 1);
   r = Run({"coverage", "loop"});
   EXPECT_THAT(r.out, HasSubstr("FRAME    FLAGGED  VARIANT  EAGER  REFUSED  ERROR  HITS"));
 
@@ -309,13 +313,13 @@ TEST_F(CliTest, ListsLoadsUnloadsAndRescans) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   absl::StatusOr<Json> json = ParseJson(r.out);
   ASSERT_TRUE(json.ok());
-  EXPECT_EQ(json->Find("status")->Find("state")->string_value(), "READY");
+  EXPECT_EQ(json->at("status").at("state").get<std::string>(), "READY");
 
   r = Run({"rescan", "--json"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   json = ParseJson(r.out);
   ASSERT_TRUE(json.ok());
-  EXPECT_EQ(json->Find("models")->elements().size(), 2u);
+  EXPECT_EQ(json->at("models").size(), 2u);
 }
 
 TEST_F(CliTest, ChecksHealth) {
@@ -326,8 +330,8 @@ TEST_F(CliTest, ChecksHealth) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   absl::StatusOr<Json> json = ParseJson(r.out);
   ASSERT_TRUE(json.ok());
-  EXPECT_THAT(json->keys(), ElementsAre("live", "ready", "service", "status"));
-  EXPECT_EQ(json->Find("status")->string_value(), "SERVING");
+  EXPECT_THAT(Keys(*json), ElementsAre("live", "ready", "service", "status"));
+  EXPECT_EQ(json->at("status").get<std::string>(), "SERVING");
   r = Run({"health", "nope"});
   EXPECT_EQ(r.code, kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));

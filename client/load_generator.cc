@@ -234,21 +234,21 @@ class Phase : public std::enable_shared_from_this<Phase> {
 };
 
 Json LatencyJson(const LatencyHistogram& h) {
-  Json json = Json::Object();
-  auto ms = [](absl::Duration d) { return Json::Double(absl::ToDoubleMilliseconds(d), 6); };
-  json.Set("min", ms(h.min()));
-  json.Set("mean", ms(h.mean()));
-  json.Set("p50", ms(h.Percentile(50)));
-  json.Set("p90", ms(h.Percentile(90)));
-  json.Set("p99", ms(h.Percentile(99)));
-  json.Set("p99_9", ms(h.Percentile(99.9)));
-  json.Set("max", ms(h.max()));
+  Json json = Json::object();
+  auto ms = [](absl::Duration d) { return JsonDouble(absl::ToDoubleMilliseconds(d), 6); };
+  json["min"] = ms(h.min());
+  json["mean"] = ms(h.mean());
+  json["p50"] = ms(h.Percentile(50));
+  json["p90"] = ms(h.Percentile(90));
+  json["p99"] = ms(h.Percentile(99));
+  json["p99_9"] = ms(h.Percentile(99.9));
+  json["max"] = ms(h.max());
   return json;
 }
 
 Json CountsJson(const std::map<std::string, int64_t>& counts) {
-  Json json = Json::Object();
-  for (const auto& [key, n] : counts) json.Set(key, Json::Int(n));
+  Json json = Json::object();
+  for (const auto& [key, n] : counts) json[key] = n;
   return json;
 }
 
@@ -314,50 +314,48 @@ absl::StatusOr<LoadReport> LoadGenerator::Run() {
 
 Json LoadReportJson(const LoadReport& report) {
   const LoadOptions& o = report.options;
-  Json json = Json::Object();
-  json.Set("address", Json::String(report.address));
-  json.Set("mode", Json::String(o.rate > 0 ? "open" : "closed"));
-  json.Set("arrivals", o.rate > 0
-                           ? Json::String(o.arrivals == Arrivals::kPoisson ? "poisson" : "constant")
-                           : Json());
-  json.Set("max_outstanding", o.rate > 0 ? Json::Int(o.max_outstanding) : Json());
-  json.Set("warmup_s", Json::Double(absl::ToDoubleSeconds(o.warmup), 6));
-  json.Set("duration_s",
-           o.requests > 0 ? Json() : Json::Double(absl::ToDoubleSeconds(o.duration), 6));
-  json.Set("requests_per_phase", o.requests > 0 ? Json::Int(o.requests) : Json());
-  json.Set("timeout_s", Json::Double(absl::ToDoubleSeconds(o.timeout), 6));
-  Json mix = Json::Array();
+  Json json = Json::object();
+  json["address"] = report.address;
+  json["mode"] = o.rate > 0 ? "open" : "closed";
+  json["arrivals"] =
+      o.rate > 0 ? Json(o.arrivals == Arrivals::kPoisson ? "poisson" : "constant") : Json();
+  json["max_outstanding"] = o.rate > 0 ? Json(o.max_outstanding) : Json();
+  json["warmup_s"] = JsonDouble(absl::ToDoubleSeconds(o.warmup), 6);
+  json["duration_s"] = o.requests > 0 ? Json() : JsonDouble(absl::ToDoubleSeconds(o.duration), 6);
+  json["requests_per_phase"] = o.requests > 0 ? Json(o.requests) : Json();
+  json["timeout_s"] = JsonDouble(absl::ToDoubleSeconds(o.timeout), 6);
+  Json mix = Json::array();
   for (const RequestTemplate& t : report.mix) {
-    Json entry = Json::Object();
-    entry.Set("name", Json::String(t.name));
-    entry.Set("weight", Json::Double(t.weight, 6));
-    entry.Set("model", Json::String(t.model));
-    mix.Append(std::move(entry));
+    Json entry = Json::object();
+    entry["name"] = t.name;
+    entry["weight"] = JsonDouble(t.weight, 6);
+    entry["model"] = t.model;
+    mix.push_back(std::move(entry));
   }
-  json.Set("mix", std::move(mix));
-  Json phases = Json::Array();
+  json["mix"] = std::move(mix);
+  Json phases = Json::array();
   for (const PhaseReport& p : report.phases) {
-    Json phase = Json::Object();
-    phase.Set("name", Json::String(p.name));
-    phase.Set("concurrency", p.concurrency > 0 ? Json::Int(p.concurrency) : Json());
-    phase.Set("rate", p.rate > 0 ? Json::Double(p.rate, 6) : Json());
-    phase.Set("elapsed_s", Json::Double(absl::ToDoubleSeconds(p.elapsed), 6));
-    phase.Set("requests", Json::Int(p.requests));
-    phase.Set("errors", Json::Int(p.errors()));
-    phase.Set("skipped", Json::Int(p.skipped));
-    phase.Set("throughput_rps", Json::Double(p.throughput(), 6));
-    phase.Set("latency_ms", LatencyJson(p.latency));
-    phase.Set("status_codes", CountsJson(p.status_codes));
-    phase.Set("outcomes", CountsJson(p.outcomes));
-    Json by_outcome = Json::Object();
-    for (const auto& [outcome, h] : p.outcome_latency) by_outcome.Set(outcome, LatencyJson(h));
-    phase.Set("latency_ms_by_outcome", std::move(by_outcome));
-    Json templates = Json::Object();
-    for (const auto& [name, counts] : p.templates) templates.Set(name, CountsJson(counts));
-    phase.Set("templates", std::move(templates));
-    phases.Append(std::move(phase));
+    Json phase = Json::object();
+    phase["name"] = p.name;
+    phase["concurrency"] = p.concurrency > 0 ? Json(p.concurrency) : Json();
+    phase["rate"] = p.rate > 0 ? JsonDouble(p.rate, 6) : Json();
+    phase["elapsed_s"] = JsonDouble(absl::ToDoubleSeconds(p.elapsed), 6);
+    phase["requests"] = p.requests;
+    phase["errors"] = p.errors();
+    phase["skipped"] = p.skipped;
+    phase["throughput_rps"] = JsonDouble(p.throughput(), 6);
+    phase["latency_ms"] = LatencyJson(p.latency);
+    phase["status_codes"] = CountsJson(p.status_codes);
+    phase["outcomes"] = CountsJson(p.outcomes);
+    Json by_outcome = Json::object();
+    for (const auto& [outcome, h] : p.outcome_latency) by_outcome[outcome] = LatencyJson(h);
+    phase["latency_ms_by_outcome"] = std::move(by_outcome);
+    Json templates = Json::object();
+    for (const auto& [name, counts] : p.templates) templates[name] = CountsJson(counts);
+    phase["templates"] = std::move(templates);
+    phases.push_back(std::move(phase));
   }
-  json.Set("phases", std::move(phases));
+  json["phases"] = std::move(phases);
   return json;
 }
 

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "client/json.h"
+#include "client/json_text.h"
 #include "client/load_tool.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/test_server.h"
@@ -31,15 +31,21 @@ constexpr char kMix[] = R"([
 ])";
 
 int64_t Count(const Json& object, const std::string& key) {
-  const Json* value = object.Find(key);
-  return value == nullptr ? 0 : *value->AsInt64();
+  const Json* value = JsonMember(object, key);
+  return value == nullptr ? 0 : value->get<int64_t>();
 }
 
 // Member `key` of `object`, or an empty object when there is none.
 const Json& Member(const Json& object, const std::string& key) {
-  static const Json* const kEmpty = new Json(Json::Object());
-  const Json* value = object.Find(key);
+  static const Json* const kEmpty = new Json(Json::object());
+  const Json* value = JsonMember(object, key);
   return value == nullptr ? *kEmpty : *value;
+}
+
+std::vector<std::string> Keys(const Json& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  return keys;
 }
 
 class LoadGeneratorTest : public testing::ExampleServerTest {
@@ -82,16 +88,16 @@ TEST_F(LoadGeneratorTest, ClosedLoopCountsVariantsEagerFallbacksAndRefusals) {
   EXPECT_THAT(out_, HasSubstr("concurrency=4"));
   EXPECT_THAT(out_, HasSubstr("FAILED_PRECONDITION"));
   const Json report = Report();
-  EXPECT_EQ(report.Find("mode")->string_value(), "closed");
-  const auto& phases = report.Find("phases")->elements();
+  EXPECT_EQ(report.at("mode").get<std::string>(), "closed");
+  const auto& phases = report.at("phases");
   ASSERT_EQ(phases.size(), 2u);
   for (const Json& phase : phases) {
-    const std::string name = phase.Find("name")->string_value();
+    const std::string name = phase.at("name").get<std::string>();
     const int64_t requests = Count(phase, "requests");
     EXPECT_GT(requests, 0) << name;
-    EXPECT_GT(phase.Find("elapsed_s")->AsDouble(), 0.9) << name;
-    EXPECT_LT(phase.Find("elapsed_s")->AsDouble(), 10) << name;
-    EXPECT_GT(phase.Find("throughput_rps")->AsDouble(), 0) << name;
+    EXPECT_GT(phase.at("elapsed_s").get<double>(), 0.9) << name;
+    EXPECT_LT(phase.at("elapsed_s").get<double>(), 10) << name;
+    EXPECT_GT(phase.at("throughput_rps").get<double>(), 0) << name;
 
     const Json& codes = Member(phase, "status_codes");
     const Json& outcomes = Member(phase, "outcomes");
@@ -113,23 +119,23 @@ TEST_F(LoadGeneratorTest, ClosedLoopCountsVariantsEagerFallbacksAndRefusals) {
     // A thousand requests a second here, a few under sanitizers: with 40 or
     // more, all three outcomes show (a miss is 0.75^40 = 1e-5 likely).
     if (requests >= 40) {
-      EXPECT_THAT(codes.keys(), ElementsAre("FAILED_PRECONDITION", "OK")) << name;
-      EXPECT_THAT(outcomes.keys(), ElementsAre("FAILED_PRECONDITION", "eager_fallback", "variant"))
+      EXPECT_THAT(Keys(codes), ElementsAre("FAILED_PRECONDITION", "OK")) << name;
+      EXPECT_THAT(Keys(outcomes), ElementsAre("FAILED_PRECONDITION", "eager_fallback", "variant"))
           << name;
-      EXPECT_THAT(Member(phase, "latency_ms_by_outcome").keys(),
+      EXPECT_THAT(Keys(Member(phase, "latency_ms_by_outcome")),
                   ElementsAre("FAILED_PRECONDITION", "eager_fallback", "variant"));
     }
 
     const Json& latency = Member(phase, "latency_ms");
-    EXPECT_THAT(latency.keys(), ElementsAre("min", "mean", "p50", "p90", "p99", "p99_9", "max"));
-    if (latency.keys().size() == 7) {
-      EXPECT_GT(latency.Find("p50")->AsDouble(), 0);
-      EXPECT_LE(latency.Find("p50")->AsDouble(), latency.Find("p99")->AsDouble());
-      EXPECT_LE(latency.Find("p99_9")->AsDouble(), latency.Find("max")->AsDouble());
+    EXPECT_THAT(Keys(latency), ElementsAre("min", "mean", "p50", "p90", "p99", "p99_9", "max"));
+    if (Keys(latency).size() == 7) {
+      EXPECT_GT(latency.at("p50").get<double>(), 0);
+      EXPECT_LE(latency.at("p50").get<double>(), latency.at("p99").get<double>());
+      EXPECT_LE(latency.at("p99_9").get<double>(), latency.at("max").get<double>());
     }
   }
-  EXPECT_EQ(*phases[0].Find("concurrency")->AsInt64(), 1);
-  EXPECT_EQ(*phases[1].Find("concurrency")->AsInt64(), 4);
+  EXPECT_EQ(phases[0].at("concurrency").get<int64_t>(), 1);
+  EXPECT_EQ(phases[1].at("concurrency").get<int64_t>(), 4);
 }
 
 TEST_F(LoadGeneratorTest, OpenLoopSendsAtTheRate) {
@@ -138,16 +144,16 @@ TEST_F(LoadGeneratorTest, OpenLoopSendsAtTheRate) {
             0)
       << err_;
   const Json report = Report();
-  EXPECT_EQ(report.Find("mode")->string_value(), "open");
-  EXPECT_EQ(report.Find("arrivals")->string_value(), "constant");
-  const Json& phase = report.Find("phases")->elements().at(0);
-  EXPECT_EQ(phase.Find("name")->string_value(), "rate=200/s");
+  EXPECT_EQ(report.at("mode").get<std::string>(), "open");
+  EXPECT_EQ(report.at("arrivals").get<std::string>(), "constant");
+  const Json& phase = report.at("phases").at(0);
+  EXPECT_EQ(phase.at("name").get<std::string>(), "rate=200/s");
   EXPECT_EQ(Count(phase, "requests"), 100);
   EXPECT_EQ(Count(phase, "skipped"), 0);
   // 100 requests 5 ms apart: the last leaves 495 ms after the first, so an
   // open loop never exceeds its rate (however slowly the server answers).
-  EXPECT_GT(phase.Find("elapsed_s")->AsDouble(), 0.49);
-  EXPECT_LT(phase.Find("throughput_rps")->AsDouble(), 203);
+  EXPECT_GT(phase.at("elapsed_s").get<double>(), 0.49);
+  EXPECT_LT(phase.at("throughput_rps").get<double>(), 203);
 }
 
 TEST_F(LoadGeneratorTest, OpenLoopSkipsArrivalsOverTheOutstandingCap) {
@@ -156,7 +162,7 @@ TEST_F(LoadGeneratorTest, OpenLoopSkipsArrivalsOverTheOutstandingCap) {
             0)
       << err_;
   const Json report = Report();
-  const Json& phase = report.Find("phases")->elements().at(0);
+  const Json& phase = report.at("phases").at(0);
   EXPECT_GT(Count(phase, "skipped"), 0);
   EXPECT_GT(Count(phase, "requests"), 0);
 }

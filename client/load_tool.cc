@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "client/flags.h"
 #include "client/inference_client.h"
+#include "client/json_text.h"
 #include "client/load_generator.h"
 #include "client/request_mix.h"
 
@@ -178,7 +179,7 @@ int RunLoadTool(const std::vector<std::string>& args, std::ostream& out, std::os
   PrintLoadReport(*report, out);
   if (!o.json_out.empty()) {
     std::ofstream file(o.json_out, std::ios::trunc);
-    file << LoadReportJson(*report).Dump() << "\n";
+    file << DumpJson(LoadReportJson(*report)) << "\n";
     file.close();
     if (!file) {
       err << "precompile_load: cannot write " << o.json_out << "\n";

@@ -3,6 +3,9 @@
 // step. Only what a tensor can be is accepted: little-endian (or one-byte),
 // C-order arrays of bool, uint8/16/32/64, int8/16/32/64, float16/32/64.
 // bfloat16 has no .npy dtype, so BF16 tensors are refused on write.
+// Written here because Debian's one C++ .npy codec, xtensor's xnpy.hpp
+// (libxtensor-dev), reads and writes only an element type fixed at compile
+// time and has no float16, while a tensor's datatype is known at run time.
 //
 // Thread safety: free functions without shared state.
 #ifndef PRECOMPILE_CLIENT_NPY_H_

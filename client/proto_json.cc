@@ -23,34 +23,28 @@ Json FieldValue(const Message& message, const FieldDescriptor* field, int index)
   const bool repeated = index >= 0;
   switch (field->cpp_type()) {
     case FieldDescriptor::CPPTYPE_INT32:
-      return Json::Int(repeated ? r->GetRepeatedInt32(message, field, index)
-                                : r->GetInt32(message, field));
+      return repeated ? r->GetRepeatedInt32(message, field, index) : r->GetInt32(message, field);
     case FieldDescriptor::CPPTYPE_INT64:
-      return Json::Int(repeated ? r->GetRepeatedInt64(message, field, index)
-                                : r->GetInt64(message, field));
+      return repeated ? r->GetRepeatedInt64(message, field, index) : r->GetInt64(message, field);
     case FieldDescriptor::CPPTYPE_UINT32:
-      return Json::Uint(repeated ? r->GetRepeatedUInt32(message, field, index)
-                                 : r->GetUInt32(message, field));
+      return repeated ? r->GetRepeatedUInt32(message, field, index) : r->GetUInt32(message, field);
     case FieldDescriptor::CPPTYPE_UINT64:
-      return Json::Uint(repeated ? r->GetRepeatedUInt64(message, field, index)
-                                 : r->GetUInt64(message, field));
+      return repeated ? r->GetRepeatedUInt64(message, field, index) : r->GetUInt64(message, field);
     case FieldDescriptor::CPPTYPE_DOUBLE:
-      return Json::Double(repeated ? r->GetRepeatedDouble(message, field, index)
-                                   : r->GetDouble(message, field));
+      return JsonDouble(repeated ? r->GetRepeatedDouble(message, field, index)
+                                 : r->GetDouble(message, field));
     case FieldDescriptor::CPPTYPE_FLOAT:
-      return Json::Double(
+      return JsonDouble(
           repeated ? r->GetRepeatedFloat(message, field, index) : r->GetFloat(message, field), 9);
     case FieldDescriptor::CPPTYPE_BOOL:
-      return Json::Bool(repeated ? r->GetRepeatedBool(message, field, index)
-                                 : r->GetBool(message, field));
+      return repeated ? r->GetRepeatedBool(message, field, index) : r->GetBool(message, field);
     case FieldDescriptor::CPPTYPE_ENUM: {
       const auto* value =
           repeated ? r->GetRepeatedEnum(message, field, index) : r->GetEnum(message, field);
-      return Json::String(value->name());
+      return value->name();
     }
     case FieldDescriptor::CPPTYPE_STRING:
-      return Json::String(repeated ? r->GetRepeatedString(message, field, index)
-                                   : r->GetString(message, field));
+      return repeated ? r->GetRepeatedString(message, field, index) : r->GetString(message, field);
     case FieldDescriptor::CPPTYPE_MESSAGE:
       return ProtoToJson(repeated ? r->GetRepeatedMessage(message, field, index)
                                   : r->GetMessage(message, field));
@@ -93,13 +87,13 @@ Json MapValue(const Message& message, const FieldDescriptor* field) {
   std::vector<std::pair<std::string, Json>> entries;
   for (const std::unique_ptr<Message>& entry : MapEntries(message, field)) {
     Json key = FieldValue(*entry, key_field, -1);
-    entries.emplace_back(key.is_string() ? key.string_value() : key.Dump(false),
+    entries.emplace_back(key.is_string() ? key.get<std::string>() : DumpJson(key, false),
                          FieldValue(*entry, value_field, -1));
   }
   std::sort(entries.begin(), entries.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  Json object = Json::Object();
-  for (auto& [key, value] : entries) object.Set(key, std::move(value));
+  Json object = Json::object();
+  for (auto& [key, value] : entries) object[key] = std::move(value);
   return object;
 }
 
@@ -108,22 +102,22 @@ Json MapValue(const Message& message, const FieldDescriptor* field) {
 Json ProtoToJson(const Message& message) {
   const auto* descriptor = message.GetDescriptor();
   const Reflection* r = message.GetReflection();
-  Json object = Json::Object();
+  Json object = Json::object();
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const FieldDescriptor* field = descriptor->field(i);
     if (field->is_map()) {
-      object.Set(field->name(), MapValue(message, field));
+      object[field->name()] = MapValue(message, field);
     } else if (field->is_repeated()) {
-      Json array = Json::Array();
+      Json array = Json::array();
       for (int j = 0; j < r->FieldSize(message, field); ++j) {
-        array.Append(FieldValue(message, field, j));
+        array.push_back(FieldValue(message, field, j));
       }
-      object.Set(field->name(), std::move(array));
+      object[field->name()] = std::move(array);
     } else if (field->has_presence() && !r->HasField(message, field)) {
       // Unset messages and the unset members of a oneof: nothing to say.
       continue;
     } else {
-      object.Set(field->name(), FieldValue(message, field, -1));
+      object[field->name()] = FieldValue(message, field, -1);
     }
   }
   return object;

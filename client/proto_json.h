@@ -10,7 +10,7 @@
 
 #include <google/protobuf/message.h>
 
-#include "client/json.h"
+#include "client/json_text.h"
 
 namespace precompile::client {
 

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "client/infer_request.h"
-#include "client/json.h"
+#include "client/json_text.h"
 #include "client/tensor_json.h"
 
 namespace precompile::client {
@@ -25,13 +25,13 @@ absl::StatusOr<RequestTemplate> ParseTemplate(size_t index, const Json& spec, st
                                               const std::string& base_directory) {
   if (!spec.is_object()) return TemplateError(index, "", "expected an object");
   RequestTemplate t;
-  const Json* name = spec.Find("name");
-  if (name == nullptr || !name->is_string() || name->string_value().empty()) {
+  const Json* name = JsonMember(spec, "name");
+  if (name == nullptr || !name->is_string() || name->get_ref<const std::string&>().empty()) {
     return TemplateError(index, "", "\"name\" must be a non-empty string");
   }
-  t.name = name->string_value();
+  t.name = name->get<std::string>();
   auto error = [&](absl::string_view what) { return TemplateError(index, t.name, what); };
-  for (const std::string& key : spec.keys()) {
+  for (const auto& [key, value] : spec.items()) {
     static const std::set<std::string> kKnown = {"name",   "weight", "model",  "version",
                                                  "inputs", "params", "outputs"};
     if (!kKnown.count(key)) {
@@ -40,49 +40,47 @@ absl::StatusOr<RequestTemplate> ParseTemplate(size_t index, const Json& spec, st
                                 "outputs)"));
     }
   }
-  const Json* model = spec.Find("model");
-  if (model == nullptr || !model->is_string() || model->string_value().empty()) {
+  const Json* model = JsonMember(spec, "model");
+  if (model == nullptr || !model->is_string() || model->get_ref<const std::string&>().empty()) {
     return error("\"model\" must be a non-empty string");
   }
-  t.model = model->string_value();
-  if (const Json* weight = spec.Find("weight")) {
-    if (!weight->is_number() || !(weight->AsDouble() > 0)) {
+  t.model = model->get<std::string>();
+  if (const Json* weight = JsonMember(spec, "weight")) {
+    if (!weight->is_number() || !(weight->get<double>() > 0)) {
       return error("\"weight\" must be a number > 0");
     }
-    t.weight = weight->AsDouble();
+    t.weight = weight->get<double>();
   }
   InferRequestOptions options;
-  if (const Json* version = spec.Find("version")) {
+  if (const Json* version = JsonMember(spec, "version")) {
     if (!version->is_string()) return error("\"version\" must be a string");
-    options.model_version = version->string_value();
+    options.model_version = version->get<std::string>();
   }
-  if (const Json* outputs = spec.Find("outputs")) {
+  if (const Json* outputs = JsonMember(spec, "outputs")) {
     if (!outputs->is_array()) return error("\"outputs\" must be an array of names");
-    for (const Json& o : outputs->elements()) {
+    for (const Json& o : *outputs) {
       if (!o.is_string()) return error("\"outputs\" must be an array of names");
-      options.outputs.push_back(o.string_value());
+      options.outputs.push_back(o.get<std::string>());
     }
   }
   std::vector<Tensor> inputs;
-  if (const Json* specs = spec.Find("inputs")) {
+  if (const Json* specs = JsonMember(spec, "inputs")) {
     if (!specs->is_object()) return error("\"inputs\" must map input names to tensor specs");
-    for (size_t i = 0; i < specs->keys().size(); ++i) {
-      absl::StatusOr<Tensor> tensor =
-          TensorFromJson(specs->keys()[i], specs->values()[i], rng, base_directory);
+    for (const auto& [input, tensor_spec] : specs->items()) {
+      absl::StatusOr<Tensor> tensor = TensorFromJson(input, tensor_spec, rng, base_directory);
       if (!tensor.ok()) return error(tensor.status().message());
       inputs.push_back(*std::move(tensor));
     }
   }
   std::map<std::string, ScalarValue> scalars;
-  if (const Json* params = spec.Find("params")) {
+  if (const Json* params = JsonMember(spec, "params")) {
     if (!params->is_object()) return error("\"params\" must map argument names to values");
-    for (size_t i = 0; i < params->keys().size(); ++i) {
-      absl::StatusOr<ScalarValue> value = ScalarFromJson(params->values()[i]);
+    for (const auto& [param, json] : params->items()) {
+      absl::StatusOr<ScalarValue> value = ScalarFromJson(json);
       if (!value.ok()) {
-        return error(
-            absl::StrCat("parameter '", params->keys()[i], "': ", value.status().message()));
+        return error(absl::StrCat("parameter '", param, "': ", value.status().message()));
       }
-      scalars[params->keys()[i]] = *std::move(value);
+      scalars[param] = *std::move(value);
     }
   }
   absl::StatusOr<inference::ModelInferRequest> request =
@@ -101,15 +99,14 @@ absl::StatusOr<std::vector<RequestTemplate>> ParseRequestMix(absl::string_view j
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("mix: ", parsed.status().message()));
   }
-  if (!parsed->is_array() || parsed->elements().empty()) {
+  if (!parsed->is_array() || parsed->empty()) {
     return absl::InvalidArgumentError("mix: expected a non-empty array of request templates");
   }
   std::mt19937_64 rng(seed);
   std::vector<RequestTemplate> mix;
   std::set<std::string> names;
-  for (size_t i = 0; i < parsed->elements().size(); ++i) {
-    ASSIGN_OR_RETURN(RequestTemplate t,
-                     ParseTemplate(i, parsed->elements()[i], rng, base_directory));
+  for (size_t i = 0; i < parsed->size(); ++i) {
+    ASSIGN_OR_RETURN(RequestTemplate t, ParseTemplate(i, (*parsed)[i], rng, base_directory));
     if (!names.insert(t.name).second) {
       return TemplateError(i, t.name, "the name is used twice");
     }

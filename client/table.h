@@ -1,4 +1,6 @@
-// Plain-text tables for the client tools' human output.
+// Plain-text tables for the client tools' human output. Written here
+// because no Debian C++ package lays out a text table: fmt pads one cell at
+// a time, but finding each column's width is the whole job.
 #ifndef PRECOMPILE_CLIENT_TABLE_H_
 #define PRECOMPILE_CLIENT_TABLE_H_
 

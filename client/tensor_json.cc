@@ -18,9 +18,32 @@ absl::Status FieldError(absl::string_view name, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("input '", name, "': ", what));
 }
 
+// What a value is, for a message: a number as written, else its type.
+std::string Describe(const Json& value) {
+  return value.is_number() ? DumpJson(value, false) : value.type_name();
+}
+
+absl::StatusOr<int64_t> ToInt64(const Json& value) {
+  if (value.is_number_unsigned()) {
+    const uint64_t v = value.get<uint64_t>();
+    if (v > uint64_t{std::numeric_limits<int64_t>::max()}) {
+      return absl::InvalidArgumentError(absl::StrCat(v, " does not fit"));
+    }
+    return static_cast<int64_t>(v);
+  }
+  if (value.is_number_integer()) return value.get<int64_t>();
+  return absl::InvalidArgumentError(absl::StrCat("expected an integer, got ", Describe(value)));
+}
+
+absl::StatusOr<uint64_t> ToUint64(const Json& value) {
+  if (value.is_number_unsigned()) return value.get<uint64_t>();
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected a non-negative integer, got ", Describe(value)));
+}
+
 void Flatten(const Json& value, std::vector<const Json*>& out) {
   if (value.is_array()) {
-    for (const Json& e : value.elements()) Flatten(e, out);
+    for (const Json& e : value) Flatten(e, out);
   } else {
     out.push_back(&value);
   }
@@ -47,13 +70,13 @@ void StoreFloating(const std::string& datatype, std::string& data, int64_t index
 template <typename T>
 absl::Status StoreInteger(std::string& data, int64_t index, const Json& value) {
   if constexpr (std::is_unsigned_v<T>) {
-    ASSIGN_OR_RETURN(const uint64_t v, value.AsUint64());
+    ASSIGN_OR_RETURN(const uint64_t v, ToUint64(value));
     if (v > std::numeric_limits<T>::max()) {
       return absl::InvalidArgumentError(absl::StrCat(v, " does not fit"));
     }
     Store(data, index, static_cast<T>(v));
   } else {
-    ASSIGN_OR_RETURN(const int64_t v, value.AsInt64());
+    ASSIGN_OR_RETURN(const int64_t v, ToInt64(value));
     if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) {
       return absl::InvalidArgumentError(absl::StrCat(v, " does not fit"));
     }
@@ -65,11 +88,11 @@ absl::Status StoreInteger(std::string& data, int64_t index, const Json& value) {
 absl::Status StoreJsonValue(const std::string& datatype, std::string& data, int64_t index,
                             const Json& value) {
   if (datatype == "BOOL") {
-    if (value.is_bool()) {
-      Store<uint8_t>(data, index, value.bool_value());
+    if (value.is_boolean()) {
+      Store<uint8_t>(data, index, value.get<bool>());
       return absl::OkStatus();
     }
-    ASSIGN_OR_RETURN(const int64_t v, value.AsInt64());
+    ASSIGN_OR_RETURN(const int64_t v, ToInt64(value));
     if (v != 0 && v != 1) return absl::InvalidArgumentError("expected true, false, 0 or 1");
     Store<uint8_t>(data, index, static_cast<uint8_t>(v));
     return absl::OkStatus();
@@ -77,16 +100,15 @@ absl::Status StoreJsonValue(const std::string& datatype, std::string& data, int6
   if (IsFloatingDatatype(datatype)) {
     double v;
     if (value.is_number()) {
-      v = value.AsDouble();
-    } else if (value.is_string() && value.string_value() == "NaN") {
+      v = value.get<double>();
+    } else if (value == "NaN") {
       v = std::numeric_limits<double>::quiet_NaN();
-    } else if (value.is_string() && value.string_value() == "Infinity") {
+    } else if (value == "Infinity") {
       v = HUGE_VAL;
-    } else if (value.is_string() && value.string_value() == "-Infinity") {
+    } else if (value == "-Infinity") {
       v = -HUGE_VAL;
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("expected a number, got ", Json::TypeName(value.type())));
+      return absl::InvalidArgumentError(absl::StrCat("expected a number, got ", Describe(value)));
     }
     StoreFloating(datatype, data, index, v);
     return absl::OkStatus();
@@ -132,21 +154,21 @@ void Fill(const std::string& datatype, std::string& data, int64_t count,
 absl::StatusOr<Tensor> TensorFromJson(absl::string_view name, const Json& spec,
                                       std::mt19937_64& rng, const std::string& base_directory) {
   if (!spec.is_object()) return FieldError(name, "expected a JSON object");
-  for (const std::string& key : spec.keys()) {
+  for (const auto& [key, value] : spec.items()) {
     if (key != "shape" && key != "datatype" && key != "data" && key != "fill" && key != "npy") {
       return FieldError(name, absl::StrCat("unknown field \"", key,
                                            "\" (known: shape, datatype, data, fill, npy)"));
     }
   }
-  const Json* npy = spec.Find("npy");
-  const Json* data = spec.Find("data");
-  const Json* fill = spec.Find("fill");
+  const Json* npy = JsonMember(spec, "npy");
+  const Json* data = JsonMember(spec, "data");
+  const Json* fill = JsonMember(spec, "fill");
   if ((npy != nullptr) + (data != nullptr) + (fill != nullptr) != 1) {
     return FieldError(name, "give exactly one of \"data\", \"fill\" and \"npy\"");
   }
   if (npy != nullptr) {
     if (!npy->is_string()) return FieldError(name, "\"npy\" must be a path");
-    std::filesystem::path path(npy->string_value());
+    std::filesystem::path path(npy->get<std::string>());
     if (path.is_relative() && !base_directory.empty()) path = base_directory / path;
     ASSIGN_OR_RETURN(Tensor tensor, ReadNpy(path.string()));
     tensor.name = std::string(name);
@@ -155,18 +177,18 @@ absl::StatusOr<Tensor> TensorFromJson(absl::string_view name, const Json& spec,
   Tensor tensor;
   tensor.name = std::string(name);
   tensor.datatype = "FP32";
-  if (const Json* datatype = spec.Find("datatype")) {
+  if (const Json* datatype = JsonMember(spec, "datatype")) {
     if (!datatype->is_string()) return FieldError(name, "\"datatype\" must be a string");
-    tensor.datatype = datatype->string_value();
+    tensor.datatype = datatype->get<std::string>();
   }
   absl::StatusOr<int> size = ElementSize(tensor.datatype);
   if (!size.ok()) return FieldError(name, size.status().message());
-  const Json* shape = spec.Find("shape");
+  const Json* shape = JsonMember(spec, "shape");
   if (shape == nullptr || !shape->is_array()) {
     return FieldError(name, "\"shape\" must be an array of dimensions");
   }
-  for (const Json& d : shape->elements()) {
-    absl::StatusOr<int64_t> dim = d.AsInt64();
+  for (const Json& d : *shape) {
+    absl::StatusOr<int64_t> dim = ToInt64(d);
     if (!dim.ok() || *dim < 0) return FieldError(name, "dimensions must be integers >= 0");
     tensor.shape.push_back(*dim);
   }
@@ -177,12 +199,12 @@ absl::StatusOr<Tensor> TensorFromJson(absl::string_view name, const Json& spec,
   if (fill != nullptr) {
     std::optional<double> value;
     if (fill->is_number()) {
-      value = fill->AsDouble();
-    } else if (fill->is_string() && fill->string_value() == "zeros") {
+      value = fill->get<double>();
+    } else if (*fill == "zeros") {
       value = 0;
-    } else if (fill->is_string() && fill->string_value() == "ones") {
+    } else if (*fill == "ones") {
       value = 1;
-    } else if (!fill->is_string() || fill->string_value() != "random") {
+    } else if (*fill != "random") {
       return FieldError(name, "\"fill\" is \"zeros\", \"ones\", \"random\" or a number");
     }
     Fill(tensor.datatype, tensor.data, *count, value, rng);
@@ -205,17 +227,15 @@ absl::StatusOr<Tensor> TensorFromJson(absl::string_view name, const Json& spec,
 }
 
 absl::StatusOr<ScalarValue> ScalarFromJson(const Json& value) {
-  if (value.is_bool()) return ScalarValue(value.bool_value());
-  if (value.is_string()) return ScalarValue(value.string_value());
-  if (value.is_number()) {
-    if (value.IsIntegerLiteral()) {
-      ASSIGN_OR_RETURN(const int64_t v, value.AsInt64());
-      return ScalarValue(v);
-    }
-    return ScalarValue(value.AsDouble());
+  if (value.is_boolean()) return ScalarValue(value.get<bool>());
+  if (value.is_string()) return ScalarValue(value.get<std::string>());
+  if (value.is_number_integer()) {
+    ASSIGN_OR_RETURN(const int64_t v, ToInt64(value));
+    return ScalarValue(v);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "a parameter is a bool, a number or a string, not ", Json::TypeName(value.type())));
+  if (value.is_number()) return ScalarValue(value.get<double>());
+  return absl::InvalidArgumentError(
+      absl::StrCat("a parameter is a bool, a number or a string, not ", value.type_name()));
 }
 
 ScalarValue ScalarFromText(absl::string_view text) {
@@ -239,28 +259,28 @@ ScalarValue ScalarFromText(absl::string_view text) {
 }
 
 Json TensorValuesJson(const Tensor& tensor) {
-  Json values = Json::Array();
+  Json values = Json::array();
   absl::StatusOr<int64_t> count = ElementCount(tensor.shape);
   const int digits = tensor.datatype == "FP64" ? 17 : 9;
   for (int64_t i = 0; i < count.value_or(0); ++i) {
     if (tensor.datatype == "BOOL") {
-      values.Append(Json::Bool(ElementAsInt64(tensor, i) != 0));
+      values.push_back(ElementAsInt64(tensor, i) != 0);
     } else if (tensor.datatype == "UINT64") {
-      values.Append(Json::Uint(ElementAsUint64(tensor, i)));
+      values.push_back(ElementAsUint64(tensor, i));
     } else if (IsFloatingDatatype(tensor.datatype)) {
-      values.Append(Json::Double(ElementAsDouble(tensor, i), digits));
+      values.push_back(JsonDouble(ElementAsDouble(tensor, i), digits));
     } else {
-      values.Append(Json::Int(ElementAsInt64(tensor, i)));
+      values.push_back(ElementAsInt64(tensor, i));
     }
   }
   return values;
 }
 
 Json ScalarJson(const ScalarValue& value) {
-  if (const auto* b = std::get_if<bool>(&value)) return Json::Bool(*b);
-  if (const auto* i = std::get_if<int64_t>(&value)) return Json::Int(*i);
-  if (const auto* d = std::get_if<double>(&value)) return Json::Double(*d);
-  return Json::String(std::get<std::string>(value));
+  if (const auto* b = std::get_if<bool>(&value)) return *b;
+  if (const auto* i = std::get_if<int64_t>(&value)) return *i;
+  if (const auto* d = std::get_if<double>(&value)) return JsonDouble(*d);
+  return std::get<std::string>(value);
 }
 
 }  // namespace precompile::client

@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "client/infer_request.h"
-#include "client/json.h"
+#include "client/json_text.h"
 #include "client/tensor.h"
 
 namespace precompile::client {
@@ -32,8 +32,9 @@ namespace precompile::client {
 absl::StatusOr<Tensor> TensorFromJson(absl::string_view name, const Json& spec,
                                       std::mt19937_64& rng, const std::string& base_directory = "");
 
-// A scalar argument from JSON: true/false -> bool, an integer literal -> int,
-// any other number -> float, a string -> str. INVALID_ARGUMENT otherwise.
+// A scalar argument from JSON: true/false -> bool, an integer (3) -> int,
+// any other number (3.0, 1e3) -> float, a string -> str. INVALID_ARGUMENT
+// otherwise.
 absl::StatusOr<ScalarValue> ScalarFromJson(const Json& value);
 
 // A scalar argument from command-line text: "true"/"false" -> bool, "3" ->
