@@ -8,19 +8,18 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/admin_client.h"
-#include "client/flags.h"
 #include "client/infer_request.h"
 #include "client/inference_client.h"
 #include "client/json_text.h"
 #include "client/npy.h"
 #include "client/proto_json.h"
-#include "client/tensor.h"
 #include "client/table.h"
+#include "client/tensor.h"
 #include "client/tensor_json.h"
+#include "client/tool_flags.h"
 
 namespace precompile::client {
 namespace {
@@ -28,7 +27,7 @@ namespace {
 struct Options {
   ConnectionFlags connection;
   bool json = false;
-  bool help = false;
+  std::string model;
   std::vector<std::string> inputs;
   std::vector<std::string> params;
   std::vector<std::string> outputs;
@@ -38,50 +37,86 @@ struct Options {
   int64_t max_values = 16;
 };
 
-void AddFlags(FlagParser& parser, Options* options) {
-  AddConnectionFlags(parser, &options->connection);
-  parser.Bool("json", &options->json, "print JSON (stable keys) instead of text");
-  parser.Strings("input", &options->inputs,
-                 "infer: a tensor argument, NAME=FILE.npy or NAME={JSON spec} (repeatable)");
-  parser.Strings("param", &options->params,
-                 "infer: a non-tensor argument NAME=VALUE: true/false, an int, a float, "
-                 "or a string (\"quoted\" to keep digits a string) (repeatable)");
-  parser.Strings("output", &options->outputs,
-                 "infer: return only this output, e.g. output0 (repeatable)");
-  parser.String("output_dir", &options->output_dir, "infer: save each output as DIR/<output>.npy");
-  parser.String("model_version", &options->model_version,
-                "infer, metadata, config: the version to call (default: the served one)");
-  parser.String("id", &options->id, "infer: request id, echoed in the response");
-  parser.Int("max_values", &options->max_values,
-             "infer: values printed per output in text output (0: all)");
-  parser.Bool("help", &options->help, "print this help");
-}
-
 struct Command {
   const char* name;
-  const char* args;
+  // "MODEL" (required), "[MODEL]" (optional) or "" (none).
+  const char* model;
   const char* help;
-  int min_args;
-  int max_args;
 };
 
 constexpr Command kCommands[] = {
-    {"infer", "MODEL", "run one inference call (see --input, --param, --output_dir)", 1, 1},
-    {"metadata", "MODEL", "the model's inputs and outputs (KServe ModelMetadata)", 1, 1},
-    {"config", "MODEL", "the model's configuration (Triton ModelConfig)", 1, 1},
-    {"summary", "MODEL", "the artifact's precompile summary [admin]", 1, 1},
-    {"frames", "MODEL", "the artifact's FRAMES list [admin]", 1, 1},
-    {"coverage", "MODEL", "calls per frame and outcome since the model loaded [admin]", 1, 1},
-    {"warnings", "MODEL", "eager-fallback warnings since the model loaded [admin]", 1, 1},
-    {"models", "", "the repository's models and their state [admin]", 0, 0},
-    {"load", "MODEL", "load (or reload) a model from the repository [admin]", 1, 1},
-    {"unload", "MODEL", "unload a model [admin]", 1, 1},
-    {"rescan", "", "load new models and versions, unload removed ones [admin]", 0, 0},
+    {"infer", "MODEL", "run one inference call (see --input, --param, --output_dir)"},
+    {"metadata", "MODEL", "the model's inputs and outputs (KServe ModelMetadata)"},
+    {"config", "MODEL", "the model's configuration (Triton ModelConfig)"},
+    {"summary", "MODEL", "the artifact's precompile summary [admin]"},
+    {"frames", "MODEL", "the artifact's FRAMES list [admin]"},
+    {"coverage", "MODEL", "calls per frame and outcome since the model loaded [admin]"},
+    {"warnings", "MODEL", "eager-fallback warnings since the model loaded [admin]"},
+    {"models", "", "the repository's models and their state [admin]"},
+    {"load", "MODEL", "load (or reload) a model from the repository [admin]"},
+    {"unload", "MODEL", "unload a model [admin]"},
+    {"rescan", "", "load new models and versions, unload removed ones [admin]"},
     {"health", "[MODEL]",
      "liveness, readiness and grpc.health status of the server or a model "
-     "(exit 1 unless SERVING)",
-     0, 1},
+     "(exit 1 unless SERVING)"},
 };
+
+constexpr char kInferInputs[] =
+    "infer inputs:\n"
+    "  --input x=x.npy                              a .npy file (C order, little-endian)\n"
+    "  --input 'x={\"shape\":[2,4],\"datatype\":\"FP32\",\"data\":[...]}'   inline values\n"
+    "  --input 'x={\"shape\":[8,4],\"fill\":\"random\"}'   zeros, ones, random or a number\n"
+    "  --param n=3   --param scale=0.5   --param check=true   --param name='\"007\"'\n";
+
+// The tool's command line, writing into `o`, which must outlive the app.
+void AddFlags(CLI::App& app, Options* o) {
+  app.description(
+      "Calls a precompile-serve server: KServe v2 inference and the precompile admin API.\n"
+      "[admin] commands send the admin token when --admin_token_file is given.\n"
+      "The flags below go before or after the command; a command's own flags are in\n"
+      "'precompile_client COMMAND --help'.");
+  app.footer(absl::StrCat(
+      kInferInputs,
+      "\n"
+      "exit status: 0 success; 1 the server returned an error (its status code and message\n"
+      "are printed), health is not SERVING, or an output could not be saved; 2 usage error."));
+  AddConnectionFlags(app, &o->connection);
+  app.add_flag("--json", o->json, "print JSON (stable keys) instead of text");
+  app.require_subcommand(0, 1);
+  for (const Command& c : kCommands) {
+    CLI::App* command = app.add_subcommand(c.name, c.help);
+    command->footer(absl::StrCat(absl::string_view(c.name) == "infer" ? kInferInputs : "",
+                                 "\nThe connection flags and --json: precompile_client --help."));
+    if (absl::string_view(c.model) == "MODEL") {
+      command->add_option("MODEL", o->model, "the model")->required();
+    } else if (absl::string_view(c.model) == "[MODEL]") {
+      command->add_option("MODEL", o->model, "the model (default: the server)");
+    }
+  }
+  for (const char* name : {"infer", "metadata", "config"}) {
+    app.get_subcommand(name)->add_option("--model_version", o->model_version,
+                                         "the version to call (default: the served one)");
+  }
+  CLI::App* infer = app.get_subcommand("infer");
+  // Repeatable, one value per use, so that "--input x=x.npy mlp" leaves the
+  // model alone.
+  auto repeated = [](CLI::Option* option) {
+    option->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false)
+        ->default_str("");
+  };
+  repeated(infer->add_option("--input", o->inputs,
+                             "a tensor argument, NAME=FILE.npy or NAME={JSON spec} (repeatable)"));
+  repeated(infer->add_option("--param", o->params,
+                             "a non-tensor argument NAME=VALUE: true/false, an int, a float, or a "
+                             "string (\"quoted\" to keep digits a string) (repeatable)"));
+  repeated(infer->add_option("--output", o->outputs,
+                             "return only this output, e.g. output0 (repeatable)"));
+  infer->add_option("--output_dir", o->output_dir, "save each output as DIR/<output>.npy");
+  infer->add_option("--id", o->id, "request id, echoed in the response");
+  infer->add_option("--max_values", o->max_values, "values printed per output as text (0: all)")
+      ->check(NumberAbove(0, /*exclusive=*/false));
+}
 
 std::string YesNo(bool b) { return b ? "yes" : "no"; }
 
@@ -105,17 +140,7 @@ class Cli {
   Cli(const Options& options, std::ostream& out, std::ostream& err)
       : options_(options), out_(out), err_(err) {}
 
-  int Run(const std::string& command, const std::vector<std::string>& args) {
-    if (command != "infer") {
-      if (!options_.inputs.empty() || !options_.params.empty() || !options_.outputs.empty() ||
-          !options_.output_dir.empty() || !options_.id.empty()) {
-        return Usage("--input, --param, --output, --output_dir and --id apply to infer only");
-      }
-      if (!options_.model_version.empty() && command != "metadata" && command != "config") {
-        return Usage("--model_version applies to infer, metadata and config only");
-      }
-    }
-    if (options_.max_values < 0) return Usage("--max_values must be >= 0");
+  int Run(const std::string& command) {
     absl::StatusOr<ClientOptions> client_options = ClientOptionsFromFlags(options_.connection);
     if (!client_options.ok()) return Usage(client_options.status().message());
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateChannel(*client_options);
@@ -123,7 +148,7 @@ class Cli {
     inference_ = *InferenceClient::Create(*client_options, *channel);
     admin_ = *AdminClient::Create(*client_options, *channel);
 
-    const std::string model = args.empty() ? "" : args[0];
+    const std::string& model = options_.model;
     if (command == "infer") return Infer(model);
     if (command == "metadata") return Metadata(model);
     if (command == "config") return Config(model);
@@ -466,68 +491,43 @@ class Cli {
   std::unique_ptr<AdminClient> admin_;
 };
 
+// Builds the command line into `app` and parses `args`; see ParseCommandLine.
+absl::Status Parse(CLI::App& app, Options* options, const std::vector<std::string>& args,
+                   bool* help) {
+  return ParseCommandLine(
+      app, [options](CLI::App& built) { AddFlags(built, options); }, args, help);
+}
+
 }  // namespace
 
 std::string CliUsage() {
   Options defaults;
-  FlagParser parser;
-  AddFlags(parser, &defaults);
-  std::string text =
-      "usage: precompile_client [FLAGS] COMMAND [ARGS]\n"
-      "\n"
-      "Calls a precompile-serve server: KServe v2 inference and the precompile admin API.\n"
-      "[admin] commands send the admin token when --admin_token_file is given.\n"
-      "\n"
-      "commands:\n";
-  for (const Command& c : kCommands) {
-    absl::StrAppend(&text,
-                    absl::StrFormat("  %-18s %s\n", absl::StrCat(c.name, " ", c.args), c.help));
+  CLI::App app("", "precompile_client");
+  bool help;
+  if (absl::Status built = Parse(app, &defaults, {"--help"}, &help); !built.ok()) {
+    return std::string(built.message());
   }
-  absl::StrAppend(
-      &text,
-      "\n"
-      "infer inputs:\n"
-      "  --input x=x.npy                              a .npy file (C order, little-endian)\n"
-      "  --input 'x={\"shape\":[2,4],\"datatype\":\"FP32\",\"data\":[...]}'   inline values\n"
-      "  --input 'x={\"shape\":[8,4],\"fill\":\"random\"}'   zeros, ones, random or a number\n"
-      "  --param n=3   --param scale=0.5   --param check=true   --param name='\"007\"'\n"
-      "\n"
-      "flags:\n",
-      parser.Help(),
-      "\n"
-      "exit status: 0 success; 1 the server returned an error (its status code and message\n"
-      "are printed), health is not SERVING, or an output could not be saved; 2 usage error.\n");
-  return text;
+  return app.help();
 }
 
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   Options options;
-  FlagParser parser;
-  AddFlags(parser, &options);
-  std::vector<std::string> positional;
   Cli cli(options, out, err);
-  if (absl::Status parsed = parser.Parse(args, &positional); !parsed.ok()) {
-    return cli.Usage(parsed.message());
-  }
-  if (options.help || (!positional.empty() && positional[0] == "help")) {
+  if (!args.empty() && args[0] == "help") {
     out << CliUsage();
     return kExitOk;
   }
-  if (positional.empty()) return cli.Usage("no command given");
-  const std::string command = positional[0];
-  const std::vector<std::string> rest(positional.begin() + 1, positional.end());
-  for (const Command& c : kCommands) {
-    if (command != c.name) continue;
-    if (static_cast<int>(rest.size()) < c.min_args || static_cast<int>(rest.size()) > c.max_args) {
-      return cli.Usage(
-          absl::StrCat("usage: precompile_client ", c.name, c.args[0] ? " " : "", c.args,
-                       rest.size() > static_cast<size_t>(c.max_args)
-                           ? absl::StrCat(" (unexpected argument '", rest[c.max_args], "')")
-                           : std::string(" (missing argument)")));
-    }
-    return cli.Run(command, rest);
+  CLI::App app("", "precompile_client");
+  bool help = false;
+  if (absl::Status parsed = Parse(app, &options, args, &help); !parsed.ok()) {
+    return cli.Usage(parsed.message());
   }
-  return cli.Usage(absl::StrCat("unknown command '", command, "'"));
+  if (help) {
+    out << app.help();
+    return kExitOk;
+  }
+  if (app.get_subcommands().empty()) return cli.Usage("no command given");
+  return cli.Run(app.get_subcommands()[0]->get_name());
 }
 
 }  // namespace precompile::client

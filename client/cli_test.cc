@@ -194,7 +194,7 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{}, "no command given"},
       {{"predict", "mlp"}, "unknown command 'predict'"},
-      {{"infer"}, "usage: precompile_client infer MODEL (missing argument)"},
+      {{"infer"}, "infer: MODEL is required"},
       {{"summary", "mlp", "loop"}, "unexpected argument 'loop'"},
       {{"infer", "mlp", "--bogus"}, "unknown flag --bogus"},
       {{"infer", "mlp", "--input", "x"}, "expected NAME=FILE.npy or NAME={JSON}"},
@@ -205,9 +205,14 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
       {{"infer", "mlp", "--input", "x=" + npy, "--input", "x=" + npy},
        "input 'x' is given more than once"},
       {{"infer", "mlp", "--param", "n"}, "expected NAME=VALUE"},
-      {{"summary", "mlp", "--input", "x=" + npy}, "apply to infer only"},
-      {{"health", "--timeout=-1"}, "--timeout must be a positive number"},
-      {{"health", "--timeout=soon"}, "--timeout=soon: expected a number"},
+      {{"summary", "mlp", "--input", "x=" + npy}, "--input applies to infer only"},
+      {{"summary", "mlp", "--model_version=1"},
+       "--model_version applies to infer, metadata and config only"},
+      {{"--input", "x=" + npy, "infer", "mlp"}, "--input goes after the command infer"},
+      {{"health", "--timeout=-1"}, "--timeout: expected a number > 0, got '-1'"},
+      {{"health", "--timeout=soon"}, "--timeout: expected a number > 0, got 'soon'"},
+      {{"health", "--max_attempts=0"}, "--max_attempts: expected a number >= 1, got '0'"},
+      {{"infer", "mlp", "--max_values=-1"}, "--max_values: expected a number >= 0, got '-1'"},
       {{"health", "--tls_cert=a.pem"}, "--tls_cert and --tls_key go together"},
       {{"models", "--admin_token_file=/no/such/token"}, "cannot read the token file"},
   };
@@ -221,9 +226,19 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
 TEST_F(CliTest, PrintsHelp) {
   Result r = Run({"--help"});
   EXPECT_EQ(r.code, kExitOk);
-  EXPECT_THAT(r.out, HasSubstr("usage: precompile_client [FLAGS] COMMAND [ARGS]"));
-  EXPECT_THAT(r.out, HasSubstr("  coverage MODEL"));
-  EXPECT_THAT(r.out, HasSubstr("--admin_token_file=VALUE"));
+  EXPECT_THAT(r.out, HasSubstr("Usage: precompile_client [OPTIONS] [SUBCOMMAND]"));
+  EXPECT_THAT(r.out, HasSubstr("  coverage MODEL "));
+  EXPECT_THAT(r.out, HasSubstr("  health [MODEL] "));
+  EXPECT_THAT(r.out, HasSubstr("--admin_token_file TEXT     file holding the admin token"));
+  EXPECT_EQ(Run({"help"}).out, r.out);
+
+  // A command's help describes its own flags.
+  r = Run({"infer", "--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_THAT(r.out, HasSubstr("Usage: precompile_client infer [OPTIONS] MODEL"));
+  EXPECT_THAT(r.out, HasSubstr("--input TEXT ..."));
+  EXPECT_THAT(r.out, HasSubstr("a tensor argument, NAME=FILE.npy or NAME={JSON spec}"));
+  EXPECT_THAT(r.out, HasSubstr("--max_values INT=16"));
 }
 
 TEST_F(CliTest, DescribesAModel) {

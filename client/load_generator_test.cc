@@ -200,12 +200,18 @@ TEST_F(LoadGeneratorTest, RefusesRemoteTargetsAndBadArguments) {
       {{"--address=" + testing::AddressOf(*server_)}, "--mix is required"},
       {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--rate=10",
         "--concurrency=2"},
-       "exclude each other"},
+       "--concurrency excludes --rate"},
       {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--concurrency=0"},
-       "expected levels from 1 to 10000"},
+       "--concurrency: Value 0 not in range 1 to 10000"},
       {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--duration=1",
         "--requests=5"},
-       "exclude each other"},
+       "--duration excludes --requests"},
+      {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--arrivals=sometimes"},
+       "--arrivals: sometimes not in {poisson,constant}"},
+      {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--bogus"},
+       "unknown flag --bogus"},
+      {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "extra"},
+       "unexpected argument 'extra'"},
       {{"--address=" + testing::AddressOf(*server_),
         "--mix=" + testing::WriteTempFile("bad.json", R"([{"name": "a", "model": "mlp",
           "inputs": {"x": {"shape": [2], "fill": "sometimes"}}}])")},
@@ -218,6 +224,18 @@ TEST_F(LoadGeneratorTest, RefusesRemoteTargetsAndBadArguments) {
     EXPECT_EQ(Run(args), 2) << args[0];
     EXPECT_THAT(err_, HasSubstr(message)) << args[0];
   }
+}
+
+TEST(LoadToolTest, PrintsHelp) {
+  std::ostringstream out, err;
+  EXPECT_EQ(RunLoadTool({"--help"}, out, err), 0);
+  EXPECT_THAT(out.str(), HasSubstr("usage: precompile_load --mix=FILE"));
+  EXPECT_THAT(out.str(), HasSubstr("--concurrency INT"));
+  EXPECT_THAT(out.str(), HasSubstr("closed loop: comma-separated concurrency levels"));
+  // The load tool's own defaults: one attempt, 10 s.
+  EXPECT_THAT(out.str(), ::testing::ContainsRegex("--max_attempts INT[^\n]*=1\\s"));
+  EXPECT_THAT(out.str(), HasSubstr("--timeout FLOAT=10 "));
+  EXPECT_THAT(out.str(), HasSubstr("mix file:"));
 }
 
 TEST(LoopbackTest, KnowsLoopbackTargets) {
