@@ -3,12 +3,10 @@
 #include <utility>
 
 #include "absl/time/clock.h"
-#include "client/retry.h"
 
 namespace precompile::client {
 
 using precompile::v1::ModelRequest;
-using Stub = precompile::v1::PrecompileAdmin::Stub;
 
 absl::StatusOr<std::unique_ptr<AdminClient>> AdminClient::Create(
     const ClientOptions& options, std::shared_ptr<grpc::Channel> channel) {
@@ -20,29 +18,24 @@ absl::StatusOr<std::unique_ptr<AdminClient>> AdminClient::Create(
   return std::unique_ptr<AdminClient>(new AdminClient(options, std::move(channel)));
 }
 
+AdminClient::Stubs AdminClient::StubsOn(std::shared_ptr<grpc::Channel> channel) {
+  Stubs stubs;
+  stubs.admin = precompile::v1::PrecompileAdmin::NewStub(channel);
+  stubs.channel = std::move(channel);
+  return stubs;
+}
+
 AdminClient::AdminClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel)
     : options_(options),
-      channel_(std::move(channel)),
-      admin_(precompile::v1::PrecompileAdmin::NewStub(channel_)) {}
-
-absl::Status AdminClient::Run(const CallOptions& call, bool retryable,
-                              const std::function<grpc::Status(grpc::ClientContext&)>& rpc) {
-  const absl::Duration timeout = call.timeout.value_or(options_.timeout);
-  const absl::Time deadline =
-      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-  const int attempts = retryable ? call.max_attempts.value_or(options_.retry.max_attempts) : 1;
-  return CallWithRetries(
-      options_.retry, attempts, deadline,
-      [&](grpc::ClientContext& context) {
-        if (deadline != absl::InfiniteFuture()) {
-          context.set_deadline(absl::ToChronoTime(deadline));
-        }
-        if (!options_.admin_token.empty()) {
-          context.AddMetadata("authorization", "Bearer " + options_.admin_token);
-        }
-      },
-      rpc);
-}
+      stubs_(options.retry.max_attempts, StubsOn(std::move(channel)),
+             [options](int attempts) -> absl::StatusOr<Stubs> {
+               ClientOptions with_attempts = options;
+               with_attempts.retry.max_attempts = attempts;
+               absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+                   CreateChannel(with_attempts);
+               if (!channel.ok()) return channel.status();
+               return StubsOn(*std::move(channel));
+             }) {}
 
 namespace {
 
@@ -55,15 +48,24 @@ ModelRequest Named(const std::string& model) {
 }  // namespace
 
 template <typename Request, typename Response>
-absl::StatusOr<Response> AdminClient::Call(
-    grpc::Status (precompile::v1::PrecompileAdmin::Stub::*method)(grpc::ClientContext*,
-                                                                  const Request&, Response*),
-    const Request& request, bool retryable, const CallOptions& call) {
+absl::StatusOr<Response> AdminClient::Call(grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                                        const Request&, Response*),
+                                           const Request& request, bool retried,
+                                           const CallOptions& call) {
+  const int attempts = retried ? call.max_attempts.value_or(options_.retry.max_attempts) : 1;
+  absl::StatusOr<const Stubs*> stubs = retried ? stubs_.Get(attempts) : &stubs_.own();
+  if (!stubs.ok()) return stubs.status();
+  grpc::ClientContext context;
+  const absl::Duration timeout = call.timeout.value_or(options_.timeout);
+  if (timeout != absl::InfiniteDuration()) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+  if (!options_.admin_token.empty()) {
+    context.AddMetadata("authorization", "Bearer " + options_.admin_token);
+  }
   Response response;
-  absl::Status status = Run(call, retryable, [&](grpc::ClientContext& context) {
-    response.Clear();  // a retry must not see a failed attempt's partial result
-    return (admin_.get()->*method)(&context, request, &response);
-  });
+  absl::Status status =
+      RetriedResult(((*stubs)->admin.get()->*method)(&context, request, &response), attempts);
   if (!status.ok()) return status;
   return response;
 }

@@ -5,8 +5,8 @@
 // Every call sends the admin token when ClientOptions has one (a server
 // started with --admin_token_file refuses admin calls without it:
 // UNAUTHENTICATED). Reading calls are retried on UNAVAILABLE under the
-// RetryPolicy; LoadModel, UnloadModel and Rescan run once. NOT_FOUND names
-// an unknown model.
+// RetryPolicy, by gRPC (retry.h); LoadModel, UnloadModel and Rescan run
+// once. NOT_FOUND names an unknown model.
 //
 // Thread safety: all methods may be called concurrently.
 #ifndef PRECOMPILE_CLIENT_ADMIN_CLIENT_H_
@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/client_options.h"
+#include "client/retry.h"
 #include "proto/admin.grpc.pb.h"
 
 namespace precompile::client {
@@ -46,18 +47,25 @@ class AdminClient {
   absl::StatusOr<precompile::v1::RescanResponse> Rescan(const CallOptions& call = {});
 
  private:
+  using Stub = precompile::v1::PrecompileAdmin::Stub;
+  // A channel and the stub on it.
+  struct Stubs {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<Stub> admin;
+  };
+  static Stubs StubsOn(std::shared_ptr<grpc::Channel> channel);
+
   AdminClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
-  absl::Status Run(const CallOptions& call, bool retryable,
-                   const std::function<grpc::Status(grpc::ClientContext&)>& rpc);
-  // One unary admin RPC, retried when `retryable`.
+  // One unary admin RPC. When `retried`, on the channel whose retry policy
+  // makes the call's attempts; else on the client's own, where the method
+  // has none.
   template <typename Request, typename Response>
-  absl::StatusOr<Response> Call(grpc::Status (precompile::v1::PrecompileAdmin::Stub::*method)(
-                                    grpc::ClientContext*, const Request&, Response*),
-                                const Request& request, bool retryable, const CallOptions& call);
+  absl::StatusOr<Response> Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                             Response*),
+                                const Request& request, bool retried, const CallOptions& call);
 
   const ClientOptions options_;
-  const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<precompile::v1::PrecompileAdmin::Stub> admin_;
+  PerAttemptCount<Stubs> stubs_;
 };
 
 }  // namespace precompile::client

@@ -211,7 +211,7 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
       {{"--input", "x=" + npy, "infer", "mlp"}, "--input goes after the command infer"},
       {{"health", "--timeout=-1"}, "--timeout: expected a number > 0, got '-1'"},
       {{"health", "--timeout=soon"}, "--timeout: expected a number > 0, got 'soon'"},
-      {{"health", "--max_attempts=0"}, "--max_attempts: expected a number >= 1, got '0'"},
+      {{"health", "--max_attempts=6"}, "--max_attempts: Value 6 not in range 1 to 5"},
       {{"infer", "mlp", "--max_values=-1"}, "--max_values: expected a number >= 0, got '-1'"},
       {{"health", "--tls_cert=a.pem"}, "--tls_cert and --tls_key go together"},
       {{"models", "--admin_token_file=/no/such/token"}, "cannot read the token file"},
@@ -368,7 +368,7 @@ TEST(CliUnreachableTest, ReportsUnavailable) {
   close(fd);
   EXPECT_EQ(code, kExitFailed);
   EXPECT_THAT(err.str(), HasSubstr("error: UNAVAILABLE: "));
-  EXPECT_THAT(err.str(), HasSubstr("(gave up after 2 attempts)"));
+  EXPECT_THAT(err.str(), HasSubstr("(after up to 2 attempts)"));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "client/retry.h"
 
 namespace precompile::client {
 namespace {
@@ -26,9 +27,20 @@ int Milliseconds(absl::Duration d) {
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ClientOptions& options) {
   if (options.address.empty()) return absl::InvalidArgumentError("no server address");
+  absl::StatusOr<std::string> service_config = RetryServiceConfig(options.retry);
+  if (!service_config.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retry policy: ", service_config.status().message()));
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  args.SetServiceConfigJSON(*service_config);
+  // The policy is the client's to set, not a name resolver's.
+  args.SetInt(GRPC_ARG_SERVICE_CONFIG_DISABLE_RESOLUTION, 1);
+  // gRPC retries a call only while it holds the whole request, by default
+  // up to 256 KiB: an inference request may be as large as a message.
+  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, options.max_message_bytes);
   // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: despite its name it is the least
   // time a connection attempt (the TLS handshake included) is given.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, Milliseconds(options.retry.initial_backoff));

@@ -41,18 +41,20 @@ struct TlsOptions {
 // draining, restarting). No other code is retried: FAILED_PRECONDITION (no
 // variant matches), INVALID_ARGUMENT and the rest fail the same way again.
 // Only calls that change nothing on the server (inference, metadata,
-// summaries, health) are retried; load, unload and rescan run once.
+// summaries, health) are retried; load, unload and rescan run once. gRPC
+// makes the retries, under this policy as its channel's service config
+// (retry.h).
 struct RetryPolicy {
-  // Attempts per call, the first included; 1 disables retries. Default: 3.
+  // Attempts per call, the first included: from 1 (no retry) to 5, the most
+  // gRPC makes. Default: 3.
   int max_attempts = 3;
   // Delay before the second attempt; each later one is `multiplier` times
-  // longer, up to `max_backoff`. Defaults: 100 ms, x2, 2 s.
+  // longer, up to `max_backoff`. gRPC scales each delay by a random factor
+  // in [0.8, 1.2], so that clients which failed together do not retry
+  // together. Defaults: 100 ms, x2, 2 s.
   absl::Duration initial_backoff = absl::Milliseconds(100);
   double multiplier = 2.0;
   absl::Duration max_backoff = absl::Seconds(2);
-  // Each delay is scaled by a random factor in [1 - jitter, 1 + jitter] so
-  // that clients which failed together do not retry together. Default: 0.2.
-  double jitter = 0.2;
 };
 
 struct ClientOptions {
@@ -79,15 +81,18 @@ struct ClientOptions {
 struct CallOptions {
   // Deadline of this call, its retries included.
   std::optional<absl::Duration> timeout;
-  // Attempts for this call; 1: no retry.
+  // Attempts for this call, from 1 (no retry) to 5. A count other than the
+  // client's is served by a channel of the client's own for that count,
+  // made at the first call that asks for it.
   std::optional<int> max_attempts;
 };
 
-// A channel to `options.address` with its TLS settings. Reconnection after
-// a failed connect is paced by the retry policy (gRPC's own first reconnect
-// delay is 1 s, which would make every retry in between fail at once).
-// INVALID_ARGUMENT for inconsistent TLS options; NOT_FOUND when a PEM file
-// cannot be read.
+// A channel to `options.address` with its TLS settings and its retry policy
+// (retry.h). Reconnection after a failed connect is paced by the retry
+// policy too (gRPC's own first reconnect delay is 1 s, which would make
+// every retry in between fail at once). INVALID_ARGUMENT for inconsistent
+// TLS options or a retry policy gRPC cannot follow; NOT_FOUND when a PEM
+// file cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ClientOptions& options);
 
 // Reads a token (such as the admin token) from a file, without surrounding

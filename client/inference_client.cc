@@ -1,42 +1,33 @@
 #include "client/inference_client.h"
 
-#include <grpcpp/alarm.h>
-
-#include <optional>
 #include <utility>
 
 #include "absl/time/clock.h"
-#include "client/retry.h"
 
 namespace precompile::client {
 
-// One asynchronous Infer across its attempts. Owned by the client from
-// InferAsync until its callback has run. `stage` is guarded by the client's
-// mutex; the rest belongs to whichever thread handles the call's current
-// completion-queue event.
+// One asynchronous Infer, gRPC's retries included. Owned by the client from
+// InferAsync until its callback has run; the completion-queue thread that
+// gets its event has it to itself.
 class InferenceClient::AsyncCall {
  public:
-  enum class Stage { kRpc, kBackoff };
-
   AsyncCall(std::shared_ptr<const inference::ModelInferRequest> request, InferCallback done,
-            const RetryPolicy& policy, int max_attempts, absl::Time deadline)
+            int max_attempts, absl::Time deadline)
       : request(std::move(request)),
         done(std::move(done)),
-        deadline(deadline),
-        retry(policy, max_attempts, deadline) {}
+        max_attempts(max_attempts),
+        deadline(deadline) {}
 
   const std::shared_ptr<const inference::ModelInferRequest> request;
   InferCallback done;
+  const int max_attempts;
   const absl::Time deadline;
-  RetryState retry;
-  Stage stage = Stage::kRpc;
   // Declared before `reader`: the reader lives in the call's arena, which
   // the context frees, so the reader must go first.
   std::unique_ptr<grpc::ClientContext> context;
   std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> reader;
   inference::ModelInferResponse response;
   grpc::Status status;
-  std::unique_ptr<grpc::Alarm> alarm;
 };
 
 absl::StatusOr<std::unique_ptr<InferenceClient>> InferenceClient::Create(
@@ -49,12 +40,26 @@ absl::StatusOr<std::unique_ptr<InferenceClient>> InferenceClient::Create(
   return std::unique_ptr<InferenceClient>(new InferenceClient(options, std::move(channel)));
 }
 
+InferenceClient::Stubs InferenceClient::StubsOn(std::shared_ptr<grpc::Channel> channel) {
+  Stubs stubs;
+  stubs.inference = inference::GRPCInferenceService::NewStub(channel);
+  stubs.health = grpc::health::v1::Health::NewStub(channel);
+  stubs.channel = std::move(channel);
+  return stubs;
+}
+
 InferenceClient::InferenceClient(const ClientOptions& options,
                                  std::shared_ptr<grpc::Channel> channel)
     : options_(options),
-      channel_(std::move(channel)),
-      inference_(inference::GRPCInferenceService::NewStub(channel_)),
-      health_(grpc::health::v1::Health::NewStub(channel_)) {
+      stubs_(options.retry.max_attempts, StubsOn(std::move(channel)),
+             [options](int attempts) -> absl::StatusOr<Stubs> {
+               ClientOptions with_attempts = options;
+               with_attempts.retry.max_attempts = attempts;
+               absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+                   CreateChannel(with_attempts);
+               if (!channel.ok()) return channel.status();
+               return StubsOn(*std::move(channel));
+             }) {
   const int threads = std::max(1, options_.async_threads);
   for (int i = 0; i < threads; ++i) pollers_.emplace_back([this] { PollCompletions(); });
 }
@@ -64,11 +69,7 @@ InferenceClient::~InferenceClient() {
     std::unique_lock<std::mutex> lock(mu_);
     shutting_down_ = true;
     for (AsyncCall* call : outstanding_) {
-      if (call->stage == AsyncCall::Stage::kRpc) {
-        if (call->context) call->context->TryCancel();
-      } else if (call->alarm) {
-        call->alarm->Cancel();
-      }
+      if (call->context) call->context->TryCancel();
     }
     drained_.wait(lock, [this] { return outstanding_.empty(); });
   }
@@ -93,28 +94,33 @@ void InferenceClient::Prepare(grpc::ClientContext& context, absl::Time deadline,
   }
 }
 
-absl::Status InferenceClient::Run(const CallOptions& call, bool retryable, bool admin,
-                                  const std::function<grpc::Status(grpc::ClientContext&)>& rpc) {
-  const absl::Time deadline = DeadlineOf(call);
-  return CallWithRetries(
-      options_.retry, retryable ? AttemptsOf(call) : 1, deadline,
-      [&](grpc::ClientContext& context) { Prepare(context, deadline, admin); }, rpc);
+absl::Status InferenceClient::Run(
+    const CallOptions& call, bool retried, bool admin,
+    const std::function<grpc::Status(const Stubs&, grpc::ClientContext&)>& rpc) {
+  const int attempts = retried ? AttemptsOf(call) : 1;
+  absl::StatusOr<const Stubs*> stubs = retried ? stubs_.Get(attempts) : &stubs_.own();
+  if (!stubs.ok()) return stubs.status();
+  grpc::ClientContext context;
+  Prepare(context, DeadlineOf(call), admin);
+  return RetriedResult(rpc(**stubs, context), attempts);
 }
 
 absl::StatusOr<bool> InferenceClient::ServerLive(const CallOptions& call) {
   inference::ServerLiveResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    return inference_->ServerLive(&context, {}, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.inference->ServerLive(&context, {}, &response);
+      });
   if (!status.ok()) return status;
   return response.live();
 }
 
 absl::StatusOr<bool> InferenceClient::ServerReady(const CallOptions& call) {
   inference::ServerReadyResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    return inference_->ServerReady(&context, {}, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.inference->ServerReady(&context, {}, &response);
+      });
   if (!status.ok()) return status;
   return response.ready();
 }
@@ -126,9 +132,10 @@ absl::StatusOr<bool> InferenceClient::ModelReady(const std::string& model,
   request.set_name(model);
   request.set_version(version);
   inference::ModelReadyResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    return inference_->ModelReady(&context, request, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.inference->ModelReady(&context, request, &response);
+      });
   if (!status.ok()) return status;
   return response.ready();
 }
@@ -136,10 +143,10 @@ absl::StatusOr<bool> InferenceClient::ModelReady(const std::string& model,
 absl::StatusOr<inference::ServerMetadataResponse> InferenceClient::ServerMetadata(
     const CallOptions& call) {
   inference::ServerMetadataResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    response.Clear();
-    return inference_->ServerMetadata(&context, {}, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.inference->ServerMetadata(&context, {}, &response);
+      });
   if (!status.ok()) return status;
   return response;
 }
@@ -150,10 +157,10 @@ absl::StatusOr<inference::ModelMetadataResponse> InferenceClient::ModelMetadata(
   request.set_name(model);
   request.set_version(version);
   inference::ModelMetadataResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    response.Clear();
-    return inference_->ModelMetadata(&context, request, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.inference->ModelMetadata(&context, request, &response);
+      });
   if (!status.ok()) return status;
   return response;
 }
@@ -164,10 +171,10 @@ absl::StatusOr<inference::ModelConfigResponse> InferenceClient::ModelConfig(
   request.set_name(model);
   request.set_version(version);
   inference::ModelConfigResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    response.Clear();
-    return inference_->ModelConfig(&context, request, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.inference->ModelConfig(&context, request, &response);
+      });
   if (!status.ok()) return status;
   return response;
 }
@@ -178,10 +185,10 @@ absl::StatusOr<inference::ModelStatisticsResponse> InferenceClient::ModelStatist
   request.set_name(model);
   request.set_version(version);
   inference::ModelStatisticsResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    response.Clear();
-    return inference_->ModelStatistics(&context, request, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.inference->ModelStatistics(&context, request, &response);
+      });
   if (!status.ok()) return status;
   return response;
 }
@@ -191,10 +198,10 @@ absl::StatusOr<inference::RepositoryIndexResponse> InferenceClient::RepositoryIn
   inference::RepositoryIndexRequest request;
   request.set_ready(ready_only);
   inference::RepositoryIndexResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    response.Clear();
-    return inference_->RepositoryIndex(&context, request, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.inference->RepositoryIndex(&context, request, &response);
+      });
   if (!status.ok()) return status;
   return response;
 }
@@ -204,8 +211,8 @@ absl::Status InferenceClient::RepositoryModelLoad(const std::string& model,
   inference::RepositoryModelLoadRequest request;
   request.set_model_name(model);
   inference::RepositoryModelLoadResponse response;
-  return Run(call, false, true, [&](grpc::ClientContext& context) {
-    return inference_->RepositoryModelLoad(&context, request, &response);
+  return Run(call, false, true, [&](const Stubs& stubs, grpc::ClientContext& context) {
+    return stubs.inference->RepositoryModelLoad(&context, request, &response);
   });
 }
 
@@ -214,8 +221,8 @@ absl::Status InferenceClient::RepositoryModelUnload(const std::string& model,
   inference::RepositoryModelUnloadRequest request;
   request.set_model_name(model);
   inference::RepositoryModelUnloadResponse response;
-  return Run(call, false, true, [&](grpc::ClientContext& context) {
-    return inference_->RepositoryModelUnload(&context, request, &response);
+  return Run(call, false, true, [&](const Stubs& stubs, grpc::ClientContext& context) {
+    return stubs.inference->RepositoryModelUnload(&context, request, &response);
   });
 }
 
@@ -224,9 +231,10 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> InferenceCl
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    return health_->Check(&context, request, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.health->Check(&context, request, &response);
+      });
   if (!status.ok()) return status;
   return response.status();
 }
@@ -234,23 +242,28 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> InferenceCl
 absl::StatusOr<inference::ModelInferResponse> InferenceClient::Infer(
     const inference::ModelInferRequest& request, const CallOptions& call) {
   inference::ModelInferResponse response;
-  absl::Status status = Run(call, true, false, [&](grpc::ClientContext& context) {
-    response.Clear();
-    return inference_->ModelInfer(&context, request, &response);
-  });
+  absl::Status status =
+      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
+        return stubs.inference->ModelInfer(&context, request, &response);
+      });
   if (!status.ok()) return status;
   return response;
 }
 
 void InferenceClient::InferAsync(std::shared_ptr<const inference::ModelInferRequest> request,
                                  const CallOptions& call, InferCallback done) {
-  auto* async = new AsyncCall(std::move(request), std::move(done), options_.retry, AttemptsOf(call),
-                              DeadlineOf(call));
+  const int attempts = AttemptsOf(call);
+  auto* async = new AsyncCall(std::move(request), std::move(done), attempts, DeadlineOf(call));
   {
     std::lock_guard<std::mutex> lock(mu_);
     outstanding_.insert(async);
   }
-  StartAttempt(async);
+  absl::StatusOr<const Stubs*> stubs = stubs_.Get(attempts);
+  if (!stubs.ok()) {
+    Finish(async, stubs.status());
+    return;
+  }
+  Start(async, **stubs);
 }
 
 std::future<absl::StatusOr<inference::ModelInferResponse>> InferenceClient::InferFuture(
@@ -264,24 +277,21 @@ std::future<absl::StatusOr<inference::ModelInferResponse>> InferenceClient::Infe
   return future;
 }
 
-void InferenceClient::StartAttempt(AsyncCall* call) {
+void InferenceClient::Start(AsyncCall* call, const Stubs& stubs) {
   auto context = std::make_unique<grpc::ClientContext>();
   Prepare(*context, call->deadline, /*admin=*/false);
   // Serializes the request: outside the lock, which concurrent calls share.
   // Declared after `context`, so destroyed first if never started.
   auto reader =
-      inference_->PrepareAsyncModelInfer(context.get(), *call->request, &completion_queue_);
+      stubs.inference->PrepareAsyncModelInfer(context.get(), *call->request, &completion_queue_);
   {
     // Started under the lock that the poller takes before it touches the
     // call: gRPC hands the call over through code ThreadSanitizer cannot
     // see, and the lock makes the hand-over visible to it.
     std::lock_guard<std::mutex> lock(mu_);
     if (!shutting_down_) {
-      call->stage = AsyncCall::Stage::kRpc;
-      call->reader.reset();  // before the context that owns its memory
       call->context = std::move(context);
       call->reader = std::move(reader);
-      call->response.Clear();
       call->reader->StartCall();
       call->reader->Finish(&call->response, &call->status, call);
       return;
@@ -295,42 +305,16 @@ void InferenceClient::PollCompletions() {
   bool ok;
   while (completion_queue_.Next(&tag, &ok)) {
     auto* call = static_cast<AsyncCall*>(tag);
-    AsyncCall::Stage stage;
     {
+      // Pairs with the lock in Start (see there).
       std::lock_guard<std::mutex> lock(mu_);
-      stage = call->stage;
     }
-    if (stage == AsyncCall::Stage::kBackoff) {
-      // The alarm fired (ok), or was cancelled because the client is going.
-      if (ok) {
-        StartAttempt(call);
-      } else {
-        Finish(call, absl::CancelledError("the client is shutting down"));
-      }
-      continue;
+    absl::Status status = RetriedResult(call->status, call->max_attempts);
+    if (status.ok()) {
+      Finish(call, std::move(call->response));
+    } else {
+      Finish(call, std::move(status));
     }
-    std::optional<absl::Duration> delay = call->retry.OnAttemptDone(call->status);
-    if (!delay) {
-      absl::Status status = call->retry.Result(call->status);
-      if (status.ok()) {
-        Finish(call, std::move(call->response));
-      } else {
-        Finish(call, std::move(status));
-      }
-      continue;
-    }
-    bool cancelled = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (shutting_down_) {
-        cancelled = true;
-      } else {
-        call->stage = AsyncCall::Stage::kBackoff;
-        call->alarm = std::make_unique<grpc::Alarm>();
-        call->alarm->Set(&completion_queue_, absl::ToChronoTime(absl::Now() + *delay), call);
-      }
-    }
-    if (cancelled) Finish(call, absl::CancelledError("the client is shutting down"));
   }
 }
 

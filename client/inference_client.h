@@ -3,7 +3,8 @@
 //
 // Every call has a deadline (ClientOptions::timeout, or CallOptions) that
 // covers its retries. Calls that change nothing on the server are retried on
-// UNAVAILABLE under the RetryPolicy; RepositoryModelLoad/Unload are not.
+// UNAVAILABLE under the RetryPolicy, by gRPC (retry.h);
+// RepositoryModelLoad/Unload are not.
 // Errors are the server's gRPC status as an absl::Status (same code, same
 // message), e.g. FAILED_PRECONDITION when no captured variant matches a call
 // and the frame is not flagged for eager fallback.
@@ -34,6 +35,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "client/client_options.h"
+#include "client/retry.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/inference.grpc.pb.h"
 
@@ -44,8 +46,9 @@ class InferenceClient {
   using InferCallback = std::function<void(absl::StatusOr<inference::ModelInferResponse>)>;
 
   // A client on a new channel to `options.address`; or on `channel` when
-  // given, so that several clients share one connection. Errors are
-  // CreateChannel's. Connecting happens on the first call.
+  // given, so that several clients share one connection: then `channel`
+  // must come from CreateChannel(options), whose retry policy it carries.
+  // Errors are CreateChannel's. Connecting happens on the first call.
   static absl::StatusOr<std::unique_ptr<InferenceClient>> Create(
       const ClientOptions& options, std::shared_ptr<grpc::Channel> channel = nullptr);
   ~InferenceClient();
@@ -100,25 +103,31 @@ class InferenceClient {
 
  private:
   class AsyncCall;
+  // A channel and the stubs on it.
+  struct Stubs {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<inference::GRPCInferenceService::Stub> inference;
+    std::unique_ptr<grpc::health::v1::Health::Stub> health;
+  };
+  static Stubs StubsOn(std::shared_ptr<grpc::Channel> channel);
 
   InferenceClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
   absl::Time DeadlineOf(const CallOptions& call) const;
   int AttemptsOf(const CallOptions& call) const;
   void Prepare(grpc::ClientContext& context, absl::Time deadline, bool admin) const;
-  // Runs an RPC with retries (when `retryable`) and the admin token (when
-  // `admin`).
-  absl::Status Run(const CallOptions& call, bool retryable, bool admin,
-                   const std::function<grpc::Status(grpc::ClientContext&)>& rpc);
+  // Runs an RPC on the channel whose retry policy makes the call's attempts
+  // (when `retried`; else on the client's own, where the method has none),
+  // with the admin token when `admin`.
+  absl::Status Run(const CallOptions& call, bool retried, bool admin,
+                   const std::function<grpc::Status(const Stubs&, grpc::ClientContext&)>& rpc);
 
-  void StartAttempt(AsyncCall* call);
+  void Start(AsyncCall* call, const Stubs& stubs);
   void PollCompletions();
   // Takes `call` out of the outstanding set and runs its callback.
   void Finish(AsyncCall* call, absl::StatusOr<inference::ModelInferResponse> result);
 
   const ClientOptions options_;
-  const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<inference::GRPCInferenceService::Stub> inference_;
-  const std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  PerAttemptCount<Stubs> stubs_;
 
   grpc::CompletionQueue completion_queue_;
   std::vector<std::thread> pollers_;

@@ -1,7 +1,7 @@
 // InferenceClient and AdminClient against the real server on loopback: the
 // reference calls of the example models, asynchronous calls, deadlines,
-// retries on UNAVAILABLE (and none on a refusal), mutual TLS and the admin
-// token.
+// gRPC's retries on UNAVAILABLE (and none on a refusal, nor of the calls
+// that change the server), mutual TLS and the admin token.
 #include "client/inference_client.h"
 
 #include <arpa/inet.h>
@@ -16,9 +16,11 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/admin_client.h"
 #include "client/infer_request.h"
+#include "client/retry.h"
 #include "tests/testing/test_server.h"
 
 namespace precompile::client {
@@ -140,7 +142,7 @@ TEST_F(InferenceClientTest, ARefusalIsFailedPreconditionAndIsNotRetried) {
   EXPECT_EQ(response.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(response.status().message(),
               HasSubstr("no captured variant matches this call of frame 'forward'"));
-  EXPECT_THAT(response.status().message(), Not(HasSubstr("gave up")));
+  EXPECT_THAT(response.status().message(), Not(HasSubstr("attempts")));
   // The server saw exactly one attempt.
   EXPECT_EQ(FailedInferences("mlp"), failed_before + 1);
 
@@ -246,11 +248,11 @@ TEST_F(InferenceClientTest, EnforcesTheDeadline) {
 TEST(RetryTest, GivesUpOnARefusingPortAfterTheConfiguredAttempts) {
   RefusingPort port;
   auto client = *InferenceClient::Create(FastRetries(port.address(), 3));
-  const absl::Time start = absl::Now();
+  absl::Time start = absl::Now();
   absl::StatusOr<bool> live = client->ServerLive();
-  const absl::Duration elapsed = absl::Now() - start;
+  absl::Duration elapsed = absl::Now() - start;
   EXPECT_EQ(live.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(live.status().message(), HasSubstr("(gave up after 3 attempts)"));
+  EXPECT_THAT(live.status().message(), HasSubstr("(after up to 3 attempts)"));
   // Two backoffs of 50 and 100 ms, each jittered by at most 20%.
   EXPECT_GE(elapsed, absl::Milliseconds(120));
 
@@ -259,26 +261,71 @@ TEST(RetryTest, GivesUpOnARefusingPortAfterTheConfiguredAttempts) {
   auto future = client->InferFuture(request);
   absl::StatusOr<inference::ModelInferResponse> response = future.get();
   EXPECT_EQ(response.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(response.status().message(), HasSubstr("(gave up after 3 attempts)"));
+  EXPECT_THAT(response.status().message(), HasSubstr("(after up to 3 attempts)"));
+
+  // Another count for one call: 50, 100, 200 and 200 ms.
+  start = absl::Now();
+  live = client->ServerLive({.max_attempts = 5});
+  elapsed = absl::Now() - start;
+  EXPECT_THAT(live.status().message(), HasSubstr("(after up to 5 attempts)"));
+  EXPECT_GE(elapsed, absl::Milliseconds(440));
+  response = client->InferFuture(request, {.max_attempts = 5}).get();
+  EXPECT_THAT(response.status().message(), HasSubstr("(after up to 5 attempts)"));
 
   absl::StatusOr<bool> once = client->ServerLive({.max_attempts = 1});
   EXPECT_EQ(once.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(once.status().message(), Not(HasSubstr("gave up")));
+  EXPECT_THAT(once.status().message(), Not(HasSubstr("attempts")));
+  EXPECT_EQ(client->ServerLive({.max_attempts = 6}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RetryTest, NeverRetriesWhatChangesTheServer) {
+  RefusingPort port;
+  // Retries would take 0.8 + 1.6 s at least.
+  ClientOptions options = FastRetries(port.address(), 3);
+  options.retry.initial_backoff = absl::Seconds(1);
+  options.retry.max_backoff = absl::Seconds(2);
+  // One channel: a second one would wait for the first one's reconnect
+  // backoff (they share the connection) before failing its first call.
+  std::shared_ptr<grpc::Channel> channel = *CreateChannel(options);
+  auto client = *InferenceClient::Create(options, channel);
+  auto admin = *AdminClient::Create(options, channel);
+  const absl::Time start = absl::Now();
+  absl::Status load = client->RepositoryModelLoad("mlp");
+  EXPECT_EQ(load.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(load.message(), Not(HasSubstr("attempts")));
+  EXPECT_EQ(client->RepositoryModelUnload("mlp").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(admin->LoadModel("mlp").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(admin->UnloadModel("mlp").status().code(), absl::StatusCode::kUnavailable);
+  absl::StatusOr<precompile::v1::RescanResponse> rescan = admin->Rescan({.max_attempts = 5});
+  EXPECT_EQ(rescan.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(rescan.status().message(), Not(HasSubstr("attempts")));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(800));
+
+  // A reading admin call is retried.
+  EXPECT_THAT(admin->ListModels().status().message(), HasSubstr("(after up to 3 attempts)"));
 }
 
 TEST(RetryTest, StopsRetryingAtTheDeadline) {
   RefusingPort port;
-  auto client = *InferenceClient::Create(FastRetries(port.address(), 100));
+  ClientOptions options = FastRetries(port.address(), 5);
+  options.retry.initial_backoff = absl::Milliseconds(300);
+  auto client = *InferenceClient::Create(options);
   const absl::Time start = absl::Now();
   absl::StatusOr<bool> live = client->ServerLive({.timeout = absl::Milliseconds(400)});
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
-  EXPECT_EQ(live.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(live.status().message(), HasSubstr("the deadline leaves no time for another"));
+  EXPECT_EQ(live.status().code(), absl::StatusCode::kDeadlineExceeded) << live.status();
 }
 
 TEST(RetryTest, ReachesAServerThatStartsWhileRetrying) {
   RefusingPort port;
-  auto client = *InferenceClient::Create(FastRetries(port.address(), 30));
+  // Attempts at about 0, 1, 3, 7 and 11 s; gRPC reconnects on a schedule of
+  // its own in between (1, 2.6, 5.2 s, ...), so the last attempts leave it
+  // time to find the server up.
+  ClientOptions options = FastRetries(port.address(), 5);
+  options.retry.initial_backoff = absl::Seconds(1);
+  options.retry.max_backoff = absl::Seconds(4);
+  auto client = *InferenceClient::Create(options);
   std::unique_ptr<server::Server> server;
   std::thread starter([&] {
     absl::SleepFor(absl::Milliseconds(300));
@@ -292,6 +339,34 @@ TEST(RetryTest, ReachesAServerThatStartsWhileRetrying) {
   EXPECT_TRUE(live.ok()) << live.status();
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
   starter.join();
+}
+
+TEST(RetryTest, RetriesOnlyWhatChangesNothing) {
+  const std::string config = *RetryServiceConfig(RetryPolicy());
+  EXPECT_THAT(config,
+              HasSubstr(R"({"method":"ModelInfer","service":"inference.GRPCInferenceService"})"));
+  EXPECT_THAT(config, HasSubstr(R"({"method":"Check","service":"grpc.health.v1.Health"})"));
+  EXPECT_THAT(config,
+              HasSubstr(R"({"method":"GetSummary","service":"precompile.v1.PrecompileAdmin"})"));
+  for (const char* method :
+       {"RepositoryModelLoad", "RepositoryModelUnload", "LoadModel", "UnloadModel", "Rescan"}) {
+    EXPECT_THAT(config, Not(HasSubstr(absl::StrCat("\"", method, "\""))));
+  }
+  EXPECT_THAT(config,
+              HasSubstr(R"("retryPolicy":{"backoffMultiplier":2.0,)"
+                        R"("initialBackoff":"0.100s","maxAttempts":3,"maxBackoff":"2.000s",)"
+                        R"("retryableStatusCodes":["UNAVAILABLE"]})"));
+  RetryPolicy once;
+  once.max_attempts = 1;
+  EXPECT_EQ(*RetryServiceConfig(once), "{}");
+  for (int attempts : {0, 6}) {
+    RetryPolicy bad;
+    bad.max_attempts = attempts;
+    EXPECT_EQ(RetryServiceConfig(bad).status().code(), absl::StatusCode::kInvalidArgument);
+    ClientOptions options;
+    options.retry = bad;
+    EXPECT_THAT(CreateChannel(options).status().message(), HasSubstr("from 1 to 5"));
+  }
 }
 
 TEST_F(InferenceClientTest, AdminCallsReportTheArtifact) {

@@ -1,72 +1,62 @@
 #include "client/retry.h"
 
 #include <algorithm>
-#include <random>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/strings/str_format.h"
+#include "proto/admin.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/inference.grpc.pb.h"
 
 namespace precompile::client {
 namespace {
 
-// One generator per thread, seeded once: jitter needs to differ between
-// clients, not to be unpredictable.
-double UniformJitterFactor(double jitter) {
-  thread_local std::minstd_rand rng(std::random_device{}());
-  jitter = std::clamp(jitter, 0.0, 1.0);
-  std::uniform_real_distribution<double> factor(1.0 - jitter, 1.0 + jitter);
-  return factor(rng);
+// gRPC's duration syntax: seconds with a fraction and an "s".
+std::string Seconds(absl::Duration d) {
+  d = std::clamp(d, absl::Milliseconds(1), absl::Hours(1));
+  return absl::StrFormat("%.3fs", absl::ToDoubleSeconds(d));
 }
 
 }  // namespace
 
-bool IsRetryableCode(grpc::StatusCode code) { return code == grpc::StatusCode::UNAVAILABLE; }
-
-RetryState::RetryState(const RetryPolicy& policy, int max_attempts, absl::Time deadline)
-    : policy_(policy),
-      max_attempts_(std::max(1, max_attempts)),
-      deadline_(deadline),
-      next_backoff_(policy.initial_backoff) {}
-
-std::optional<absl::Duration> RetryState::OnAttemptDone(const grpc::Status& status) {
-  ++attempts_;
-  if (status.ok() || !IsRetryableCode(status.error_code()) || attempts_ >= max_attempts_) {
-    return std::nullopt;
+absl::StatusOr<std::string> RetryServiceConfig(const RetryPolicy& policy) {
+  if (policy.max_attempts < 1 || policy.max_attempts > kMaxAttempts) {
+    return absl::InvalidArgumentError(absl::StrCat("max_attempts is ", policy.max_attempts,
+                                                   ": from 1 to ", kMaxAttempts,
+                                                   ", the most gRPC retries a call"));
   }
-  const absl::Duration delay =
-      std::min(next_backoff_, policy_.max_backoff) * UniformJitterFactor(policy_.jitter);
-  next_backoff_ = std::min(next_backoff_ * std::max(1.0, policy_.multiplier), policy_.max_backoff);
-  if (absl::Now() + delay >= deadline_) {
-    out_of_time_ = true;
-    return std::nullopt;
-  }
-  return delay;
+  nlohmann::json config = nlohmann::json::object();
+  if (policy.max_attempts == 1) return config.dump();
+  nlohmann::json names = nlohmann::json::array();
+  auto add = [&names](const char* service, std::initializer_list<const char*> methods) {
+    for (const char* method : methods) names.push_back({{"service", service}, {"method", method}});
+  };
+  add(inference::GRPCInferenceService::service_full_name(),
+      {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
+       "ModelConfig", "ModelStatistics", "RepositoryIndex"});
+  add(grpc::health::v1::Health::service_full_name(), {"Check"});
+  add(precompile::v1::PrecompileAdmin::service_full_name(),
+      {"ListModels", "GetSummary", "GetFrames", "GetCoverage", "ListWarnings"});
+  config["methodConfig"] = {{
+      {"name", std::move(names)},
+      {"retryPolicy",
+       {
+           {"maxAttempts", policy.max_attempts},
+           {"initialBackoff", Seconds(policy.initial_backoff)},
+           {"maxBackoff", Seconds(policy.max_backoff)},
+           {"backoffMultiplier", std::max(1.0, policy.multiplier)},
+           {"retryableStatusCodes", nlohmann::json::array({"UNAVAILABLE"})},
+       }},
+  }};
+  return config.dump();
 }
 
-absl::Status RetryState::Result(const grpc::Status& last) const {
-  absl::Status status = FromGrpcStatus(last);
-  if (status.ok() || !IsRetryableCode(last.error_code()) || (attempts_ <= 1 && !out_of_time_)) {
-    return status;
-  }
-  return absl::Status(
-      status.code(),
-      absl::StrCat(status.message(), " (gave up after ", attempts_,
-                   attempts_ == 1 ? " attempt" : " attempts",
-                   out_of_time_ ? ": the deadline leaves no time for another)" : ")"));
-}
-
-absl::Status CallWithRetries(const RetryPolicy& policy, int max_attempts, absl::Time deadline,
-                             absl::FunctionRef<void(grpc::ClientContext&)> prepare,
-                             absl::FunctionRef<grpc::Status(grpc::ClientContext&)> attempt) {
-  RetryState state(policy, max_attempts, deadline);
-  while (true) {
-    grpc::ClientContext context;  // a context serves one attempt only
-    prepare(context);
-    const grpc::Status status = attempt(context);
-    std::optional<absl::Duration> delay = state.OnAttemptDone(status);
-    if (!delay) return state.Result(status);
-    absl::SleepFor(*delay);
-  }
+absl::Status RetriedResult(const grpc::Status& status, int max_attempts) {
+  absl::Status result = FromGrpcStatus(status);
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE || max_attempts <= 1) return result;
+  return absl::Status(result.code(),
+                      absl::StrCat(result.message(), " (after up to ", max_attempts, " attempts)"));
 }
 
 }  // namespace precompile::client

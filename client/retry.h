@@ -1,58 +1,86 @@
-// The retry decisions of one call under a RetryPolicy: whether the status of
-// an attempt allows another one, and how long to wait before it
-// (exponential backoff with jitter, bounded by attempts and the deadline).
-// Shared by the synchronous calls and the asynchronous Infer.
+// Retries of the calls that change nothing on the server, made by gRPC:
+// RetryServiceConfig turns a RetryPolicy into the service config that
+// CreateChannel gives a channel, a retry policy (gRPC's methodConfig) for
+// those methods only, so that load, unload and rescan are never retried.
+// gRPC then retries within the call's deadline, with the policy's backoff
+// and ±20% jitter of its own; a deadline that passes between attempts ends
+// the call with DEADLINE_EXCEEDED.
 //
-// Thread safety: a RetryState belongs to one call; not thread-safe.
+// What stays here is what gRPC's retry policy cannot do:
+// - A policy belongs to a channel, not to a call, so a call that asks for
+//   another attempt count than its client's (CallOptions::max_attempts) is
+//   made on a channel of its own, one per count (PerAttemptCount).
+// - gRPC does not say how many attempts a call made, so a call that still
+//   failed with UNAVAILABLE says how many it was allowed (RetriedResult).
+//
+// Thread safety: free functions; PerAttemptCount is thread-safe.
 #ifndef PRECOMPILE_CLIENT_RETRY_H_
 #define PRECOMPILE_CLIENT_RETRY_H_
 
 #include <grpcpp/grpcpp.h>
 
-#include <optional>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
-#include "absl/time/time.h"
+#include "absl/status/statusor.h"
 #include "client/client_options.h"
 
 namespace precompile::client {
 
-// True only for UNAVAILABLE (see RetryPolicy).
-bool IsRetryableCode(grpc::StatusCode code);
+// The most attempts a gRPC retry policy makes, whatever it asks for.
+inline constexpr int kMaxAttempts = 5;
 
-class RetryState {
+// The service config (JSON) under which gRPC retries UNAVAILABLE on
+// inference (ModelInfer, health, metadata, model readiness, config and
+// statistics, the repository index), grpc.health.v1 Check and the admin
+// service's reading calls; no retry policy at all for one attempt.
+// Backoffs are taken from 1 ms to 1 h and the multiplier at least 1.
+// INVALID_ARGUMENT unless 1 <= policy.max_attempts <= kMaxAttempts.
+absl::StatusOr<std::string> RetryServiceConfig(const RetryPolicy& policy);
+
+// A retried call's result: `status` as an absl::Status, where an
+// UNAVAILABLE that may have been retried (`max_attempts` > 1) says so:
+// "... (after up to 3 attempts)".
+absl::Status RetriedResult(const grpc::Status& status, int max_attempts);
+
+// One T (a channel and the stubs on it) per attempt count: the client's own,
+// given at construction, and others made by `make` the first time a call
+// asks for their count, kept for the owner's life.
+template <typename T>
+class PerAttemptCount {
  public:
-  // `max_attempts` < 1 counts as 1. `deadline` may be absl::InfiniteFuture().
-  RetryState(const RetryPolicy& policy, int max_attempts, absl::Time deadline);
+  using Make = std::function<absl::StatusOr<T>(int attempts)>;
 
-  // Records an attempt that ended with `status`. Returns the delay before
-  // the next attempt, or nullopt when the call is over: it succeeded, failed
-  // with a code that is not retried, used its attempts, or the deadline
-  // would pass before the next attempt could start.
-  std::optional<absl::Duration> OnAttemptDone(const grpc::Status& status);
+  PerAttemptCount(int attempts, T own, Make make)
+      : own_attempts_(attempts), own_(std::move(own)), make_(std::move(make)) {}
 
-  int attempts() const { return attempts_; }
+  // Errors are `make`'s.
+  absl::StatusOr<const T*> Get(int attempts) {
+    if (attempts == own_attempts_) return &own_;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = others_.find(attempts);
+    if (it == others_.end()) {
+      absl::StatusOr<T> made = make_(attempts);
+      if (!made.ok()) return made.status();
+      it = others_.emplace(attempts, *std::move(made)).first;
+    }
+    return &it->second;  // std::map does not move its values
+  }
 
-  // The call's result from its last attempt's status. A retryable failure
-  // says how many attempts were made ("... (gave up after 3 attempts)").
-  absl::Status Result(const grpc::Status& last) const;
+  const T& own() const { return own_; }
 
  private:
-  const RetryPolicy policy_;
-  const int max_attempts_;
-  const absl::Time deadline_;
-  int attempts_ = 0;
-  absl::Duration next_backoff_;
-  bool out_of_time_ = false;
+  const int own_attempts_;
+  const T own_;
+  const Make make_;
+  // std::mutex, not absl::Mutex: see base/notification.h.
+  std::mutex mu_;
+  std::map<int, T> others_;
 };
-
-// Runs `attempt` with a fresh context from `prepare` until RetryState says
-// the call is over, sleeping between attempts; returns RetryState::Result.
-// `prepare` sets the deadline and metadata of each attempt's context.
-absl::Status CallWithRetries(const RetryPolicy& policy, int max_attempts, absl::Time deadline,
-                             absl::FunctionRef<void(grpc::ClientContext&)> prepare,
-                             absl::FunctionRef<grpc::Status(grpc::ClientContext&)> attempt);
 
 }  // namespace precompile::client
 

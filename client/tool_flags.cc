@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/retry.h"
 
 namespace precompile::client {
 namespace {
@@ -95,8 +96,10 @@ void AddConnectionFlags(CLI::App& app, ConnectionFlags* flags) {
                  "seconds each call may take, its retries included")
       ->check(NumberAbove(0, /*exclusive=*/true));
   app.add_option("--max_attempts", flags->max_attempts,
-                 "attempts per call when the server is UNAVAILABLE (1: no retry)")
-      ->check(NumberAbove(1, /*exclusive=*/false));
+                 absl::StrCat("attempts per call when the server is UNAVAILABLE, from 1 (no retry) "
+                              "to ",
+                              kMaxAttempts))
+      ->check(CLI::Range(1, kMaxAttempts));
   app.add_flag("--tls", flags->tls, "speak TLS, verifying the server with the default roots");
   app.add_option("--tls_ca", flags->tls_ca, "PEM root CA that signed the server's certificate");
   app.add_option("--tls_cert", flags->tls_cert, "PEM client certificate for mutual TLS");
