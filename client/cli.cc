@@ -413,11 +413,16 @@ class Cli {
     return kExitOk;
   }
 
+  // "3,2" for a model serving versions 3 and 2; "-" for none.
+  static std::string ServedVersions(const precompile::v1::ModelStatus& status) {
+    if (status.versions_size() > 0) return absl::StrJoin(status.versions(), ",");
+    return status.version() > 0 ? absl::StrCat(status.version()) : "-";
+  }
+
   void PrintModels(const google::protobuf::RepeatedPtrField<precompile::v1::ModelStatus>& models) {
-    std::vector<std::vector<std::string>> rows = {{"MODEL", "VERSION", "STATE", "REASON"}};
+    std::vector<std::vector<std::string>> rows = {{"MODEL", "VERSIONS", "STATE", "REASON"}};
     for (const auto& m : models) {
-      rows.push_back({m.name(), m.version() > 0 ? absl::StrCat(m.version()) : "-",
-                      ModelStateName(m.state()), m.reason()});
+      rows.push_back({m.name(), ServedVersions(m), ModelStateName(m.state()), m.reason()});
     }
     PrintTable(out_, rows);
   }
@@ -432,7 +437,10 @@ class Cli {
 
   void PrintStatus(const precompile::v1::ModelStatus& status) {
     out_ << status.name() << ": " << ModelStateName(status.state());
-    if (status.version() > 0) out_ << " (version " << status.version() << ")";
+    if (status.version() > 0) {
+      out_ << " (version" << (status.versions_size() > 1 ? "s " : " ") << ServedVersions(status)
+           << ")";
+    }
     if (!status.reason().empty()) out_ << ": " << status.reason();
     out_ << "\n";
   }

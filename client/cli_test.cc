@@ -312,8 +312,8 @@ TEST_F(CliTest, ReportsSummaryFramesCoverageAndWarnings) {
 TEST_F(CliTest, ListsLoadsUnloadsAndRescans) {
   Result r = Run({"models"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("MODEL  VERSION  STATE  REASON\n"));
-  EXPECT_THAT(r.out, HasSubstr("mlp    1        READY"));
+  EXPECT_THAT(r.out, HasSubstr("MODEL  VERSIONS  STATE  REASON\n"));
+  EXPECT_THAT(r.out, HasSubstr("mlp    1         READY"));
 
   r = Run({"unload", "mlp"});
   ASSERT_EQ(r.code, kExitOk) << r.err;

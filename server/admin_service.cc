@@ -9,6 +9,7 @@ namespace {
 void ToProto(const ModelState& state, v1::ModelStatus* out) {
   out->set_name(state.name);
   out->set_version(state.version);
+  for (const int64_t version : state.versions) out->add_versions(version);
   out->set_reason(state.reason);
   out->set_artifact_directory(state.directory);
   switch (state.phase) {

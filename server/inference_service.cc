@@ -3,6 +3,7 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <optional>
@@ -372,7 +373,14 @@ grpc::Status InferenceService::ModelMetadata(grpc::ServerContext*,
   if (!handle.ok()) return ToGrpcStatus(handle.status());
   const Frame& entry = handle->model->entry_frame();
   response->set_name(request->name());
-  response->add_versions(absl::StrCat(handle->version));
+  // Every version served, as Triton lists them; the inputs and outputs are
+  // those of the version asked for (the newest when none is).
+  auto versions = repository_.GetVersions(request->name());
+  if (versions.ok()) {
+    for (const ModelRepository::Handle& v : *versions) response->add_versions(absl::StrCat(v.version));
+  } else {
+    response->add_versions(absl::StrCat(handle->version));
+  }
   response->set_platform(kPlatform);
   for (const TensorMeta& in : InputsOf(entry)) {
     auto* t = response->add_inputs();
@@ -402,9 +410,22 @@ grpc::Status InferenceService::ModelConfig(grpc::ServerContext*,
   config->set_backend("precompile");
   // Requests carry whole tensors: the server does not batch them.
   config->set_max_batch_size(0);
-  // The one policy the repository has (config.pbtxt may ask for it, and for
-  // nothing else).
-  config->mutable_version_policy()->mutable_latest()->set_num_versions(1);
+  VersionPolicy policy;
+  for (const ModelState& state : repository_.List()) {
+    if (state.name == request->name()) policy = state.policy;
+  }
+  inference::ModelVersionPolicy* version_policy = config->mutable_version_policy();
+  switch (policy.kind) {
+    case VersionPolicy::Kind::kLatest:
+      version_policy->mutable_latest()->set_num_versions(static_cast<uint32_t>(policy.latest));
+      break;
+    case VersionPolicy::Kind::kAll:
+      version_policy->mutable_all();
+      break;
+    case VersionPolicy::Kind::kSpecific:
+      for (const int64_t v : policy.specific) version_policy->mutable_specific()->add_versions(v);
+      break;
+  }
   for (const TensorMeta& in : InputsOf(entry)) {
     auto* t = config->add_input();
     t->set_name(in.name);
@@ -635,18 +656,27 @@ void InferenceService::LogFailure(const std::string& model, const absl::Status& 
 grpc::Status InferenceService::ModelStatistics(
     grpc::ServerContext*, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
+  // Every served version of every model, or of the model asked for, or the
+  // one version asked for: as Triton answers.
   std::vector<std::pair<ModelState, ModelRepository::Handle>> models;
   if (request->name().empty()) {
-    for (const ModelState& state : repository_.List()) {
-      auto handle = repository_.Get(state.name, "");
-      if (handle.ok()) models.emplace_back(state, *std::move(handle));
-    }
+    models = repository_.Served();
+    std::sort(models.begin(), models.end(), [](const auto& a, const auto& b) {
+      return std::make_pair(a.first.name, -a.second.version) <
+             std::make_pair(b.first.name, -b.second.version);
+    });
   } else {
-    auto handle = repository_.Get(request->name(), request->version());
-    if (!handle.ok()) return ToGrpcStatus(handle.status());
     ModelState state;
     state.name = request->name();
-    models.emplace_back(state, *std::move(handle));
+    if (request->version().empty()) {
+      auto handles = repository_.GetVersions(request->name());
+      if (!handles.ok()) return ToGrpcStatus(handles.status());
+      for (ModelRepository::Handle& handle : *handles) models.emplace_back(state, std::move(handle));
+    } else {
+      auto handle = repository_.Get(request->name(), request->version());
+      if (!handle.ok()) return ToGrpcStatus(handle.status());
+      models.emplace_back(state, *std::move(handle));
+    }
   }
   for (const auto& [state, handle] : models) {
     auto* stats = response->add_model_stats();
@@ -675,13 +705,19 @@ grpc::Status InferenceService::ModelStatistics(
 grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext*,
                                                const inference::RepositoryIndexRequest* request,
                                                inference::RepositoryIndexResponse* response) {
+  // One entry per served version, as Triton lists them; one for a model
+  // with none served.
   for (const ModelState& state : repository_.List()) {
     if (request->ready() && state.phase != ModelState::Phase::kReady) continue;
-    auto* m = response->add_models();
-    m->set_name(state.name);
-    if (state.version > 0) m->set_version(absl::StrCat(state.version));
-    m->set_state(PhaseName(state.phase));
-    m->set_reason(state.reason);
+    auto add = [&](int64_t version) {
+      auto* m = response->add_models();
+      m->set_name(state.name);
+      if (version > 0) m->set_version(absl::StrCat(version));
+      m->set_state(PhaseName(state.phase));
+      m->set_reason(state.reason);
+    };
+    if (state.versions.empty()) add(0);
+    for (const int64_t version : state.versions) add(version);
   }
   return grpc::Status::OK;
 }

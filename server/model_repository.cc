@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "proto/model_config.pb.h"
 #include "server/repository_policy.h"
@@ -60,10 +61,12 @@ std::string Fingerprint(const std::string& directory) {
   return absl::StrCat(files, "/", bytes, "/", newest.time_since_epoch().count());
 }
 
-// What a model looks like to a rescan: its newest version's files and its
+// What a model looks like to a rescan: each version's files and its
 // config.pbtxt (size and modification time, or none), so that fixing either
 // retries a failed load.
-std::string ModelFingerprint(const fs::path& model_dir, const std::string& newest_version_dir) {
+std::string ModelFingerprint(const fs::path& model_dir, const std::vector<VersionOnDisk>& versions) {
+  std::string fingerprint;
+  for (const VersionOnDisk& v : versions) absl::StrAppend(&fingerprint, v.version, ":", v.fingerprint, ";");
   std::error_code ec;
   const fs::path config = model_dir / "config.pbtxt";
   std::string config_part = "none";
@@ -71,7 +74,16 @@ std::string ModelFingerprint(const fs::path& model_dir, const std::string& newes
     config_part = absl::StrCat(fs::file_size(config, ec), "/",
                                fs::last_write_time(config, ec).time_since_epoch().count());
   }
-  return absl::StrCat(Fingerprint(newest_version_dir), "|", config_part);
+  return absl::StrCat(fingerprint, "|", config_part);
+}
+
+std::vector<VersionOnDisk> FingerprintVersions(
+    const std::vector<std::pair<int64_t, std::string>>& versions) {
+  std::vector<VersionOnDisk> on_disk;
+  for (const auto& [version, directory] : versions) {
+    on_disk.push_back({version, Fingerprint(directory)});
+  }
+  return on_disk;
 }
 
 class FirstError : public google::protobuf::io::ErrorCollector {
@@ -83,16 +95,16 @@ class FirstError : public google::protobuf::io::ErrorCollector {
   std::string first;
 };
 
-// The model's optional config.pbtxt (Triton's ModelConfig in text format).
-// Fields this server does not know are ignored, as long as they are written
-// without list brackets (protobuf's parser cannot skip `f [ {...} ]` of an
-// unknown field). It may name the model (as its directory) and ask for the
-// version policy the server has: the newest version that loads. Another
-// policy is refused, not ignored.
-absl::Status CheckModelConfig(const std::string& name, const fs::path& model_dir) {
+// The version policy of the model's optional config.pbtxt (Triton's
+// ModelConfig in text format); the default when there is none. Fields this
+// server does not know are ignored, as long as they are written without list
+// brackets (protobuf's parser cannot skip `f [ {...} ]` of an unknown
+// field). It may name the model, as its directory does.
+absl::StatusOr<VersionPolicy> ReadVersionPolicy(const std::string& name,
+                                                const fs::path& model_dir) {
   const fs::path path = model_dir / "config.pbtxt";
   std::error_code ec;
-  if (!fs::exists(path, ec)) return absl::OkStatus();
+  if (!fs::exists(path, ec)) return VersionPolicy{};
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -109,15 +121,43 @@ absl::Status CheckModelConfig(const std::string& name, const fs::path& model_dir
     return absl::InvalidArgumentError(absl::StrCat("config.pbtxt names the model '", config.name(),
                                                    "', its directory '", name, "'"));
   }
-  if (config.has_version_policy() &&
-      !(config.version_policy().has_latest() &&
-        config.version_policy().latest().num_versions() <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.pbtxt: version_policy { ", config.version_policy().ShortDebugString(),
-        " } is not supported: the server serves the newest version that loads, "
-        "version_policy { latest { num_versions: 1 } }"));
+  VersionPolicy policy;
+  const inference::ModelVersionPolicy& asked = config.version_policy();
+  switch (asked.policy_choice_case()) {
+    case inference::ModelVersionPolicy::kLatest:
+      if (asked.latest().num_versions() < 1) {
+        return absl::InvalidArgumentError(
+            "config.pbtxt: version_policy { latest { num_versions } } must be at least 1");
+      }
+      policy.latest = asked.latest().num_versions();
+      break;
+    case inference::ModelVersionPolicy::kAll:
+      policy.kind = VersionPolicy::Kind::kAll;
+      break;
+    case inference::ModelVersionPolicy::kSpecific:
+      policy.kind = VersionPolicy::Kind::kSpecific;
+      for (const int64_t version : asked.specific().versions()) {
+        if (version < 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "config.pbtxt: version_policy { specific } names version ", version,
+              ": versions are positive integers"));
+        }
+        policy.specific.push_back(version);
+      }
+      if (policy.specific.empty()) {
+        return absl::InvalidArgumentError(
+            "config.pbtxt: version_policy { specific } names no version");
+      }
+      break;
+    case inference::ModelVersionPolicy::POLICY_CHOICE_NOT_SET:
+      break;
   }
-  return absl::OkStatus();
+  return policy;
+}
+
+std::string VersionList(const std::vector<int64_t>& versions) {
+  return absl::StrCat(versions.size() == 1 ? "version " : "versions ",
+                      absl::StrJoin(versions, ", "));
 }
 
 std::atomic<uint64_t> next_repository_id{1};
@@ -126,8 +166,7 @@ std::atomic<uint64_t> next_repository_id{1};
 
 ModelKnown ModelRepository::Known(const Entry& entry) {
   ModelKnown known;
-  known.served_version = entry.model ? entry.state.version : 0;
-  known.attempted_version = entry.attempted_version;
+  known.served = !entry.versions.empty();
   known.attempted_fingerprint = entry.attempted_fingerprint;
   known.unloaded_on_request = entry.unloaded;
   return known;
@@ -151,10 +190,11 @@ void ModelRepository::Changed() {
   auto answers = std::make_shared<Answers>();
   for (const auto& [name, entry] : models_) {
     Answer& answer = (*answers)[name];
-    if (entry.model) {
-      answer.model = entry.model;
-      answer.version = entry.state.version;
-      answer.metrics = entry.metrics;
+    if (!entry.versions.empty()) {
+      for (const Loaded& loaded : entry.versions) {
+        answer.versions.push_back(
+            {loaded.handle.model, loaded.handle.version, loaded.handle.metrics});
+      }
     } else if (entry.state.phase == ModelState::Phase::kLoading) {
       answer.unavailable = absl::UnavailableError(absl::StrCat("model '", name, "' is loading"));
     } else if (entry.unloaded) {
@@ -168,30 +208,28 @@ void ModelRepository::Changed() {
   generation_.fetch_add(1, std::memory_order_release);
 }
 
-void ModelRepository::Publish(const ModelState& state,
-                              const std::shared_ptr<LoadedVersion>& model,
-                              std::shared_ptr<ModelMetrics> metrics) {
+void ModelRepository::Publish(const ModelState& state, std::vector<Loaded> versions) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = models_[state.name];
     entry.state = state;
-    entry.model = model;
-    entry.metrics = std::move(metrics);
+    entry.versions = std::move(versions);
     Changed();
   }
-  if (listener_) listener_->OnModelState(state, model);
+  if (listener_) listener_->OnModelState(state);
 }
 
 std::optional<ModelState> ModelRepository::Retire(const std::string& name,
                                                   const std::string& reason,
                                                   bool on_request) {
-  std::shared_ptr<LoadedVersion> model;
+  std::vector<Loaded> versions;
   ModelState state;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = models_.find(name);
-    if (it == models_.end() || !it->second.model) return std::nullopt;
-    model = std::move(it->second.model);
+    if (it == models_.end() || it->second.versions.empty()) return std::nullopt;
+    versions = std::move(it->second.versions);
+    it->second.versions.clear();
     state = it->second.state;
     it->second.unloaded = on_request;
     Changed();
@@ -199,13 +237,18 @@ std::optional<ModelState> ModelRepository::Retire(const std::string& name,
   const ModelState served = state;
   state.phase = ModelState::Phase::kUnavailable;
   state.reason = reason;
-  Publish(state, nullptr);
-  spdlog::info("event=model_unloaded model={} version={} calls_in_flight={} reason=\"{}\"",
-               name, served.version, model->calls_in_flight(), reason);
+  state.version = 0;
+  state.versions.clear();
+  state.directory.clear();
+  Publish(state, {});
+  for (const Loaded& loaded : versions) {
+    spdlog::info("event=model_unloaded model={} version={} calls_in_flight={} reason=\"{}\"",
+                 name, loaded.handle.version, loaded.handle.model->calls_in_flight(), reason);
+  }
   return served;
 }
 
-absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) {
+absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, bool reload) {
   if (!IsPlainName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "'", name, "' is not a model name (a directory directly under the repository)"));
@@ -217,60 +260,82 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
                                             options_.root));
   }
   ModelState previous;
-  std::shared_ptr<LoadedVersion> previous_model;
+  std::vector<Loaded> previous_versions;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = models_.find(name); it != models_.end()) {
       previous = it->second.state;
-      previous_model = it->second.model;
+      previous_versions = it->second.versions;
     }
   }
   ModelState state;
   state.name = name;
-  if (!previous_model) {
+  if (previous_versions.empty()) {
     state.phase = ModelState::Phase::kLoading;
-    Publish(state, nullptr);
+    Publish(state, {});
   }
 
   const auto versions = Versions(model_dir);
   if (versions.empty()) {
     const std::string reason =
         "no version directory (a positive integer) holds an artifact";
-    if (!previous_model) {
+    if (previous_versions.empty()) {
       state.phase = ModelState::Phase::kUnavailable;
       state.reason = reason;
       state.failed = true;
-      Publish(state, nullptr);
+      Publish(state, {});
     }
     spdlog::warn("event=model_load_failed model={} reason=\"{}\"", name, reason);
     return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", reason));
   }
+  const std::vector<VersionOnDisk> on_disk = FingerprintVersions(versions);
   {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = models_[name];
-    entry.attempted_version = versions.front().first;
-    entry.attempted_fingerprint = ModelFingerprint(model_dir, versions.front().second);
+    entry.attempted_fingerprint = ModelFingerprint(model_dir, on_disk);
     entry.unloaded = false;
     Changed();
   }
-  std::vector<int64_t> on_disk;
   absl::flat_hash_map<int64_t, std::string> directories;
-  for (const auto& [version, directory] : versions) {
-    on_disk.push_back(version);
-    directories.emplace(version, directory);  // "01" and "1": the first listed.
+  absl::flat_hash_map<int64_t, std::string> fingerprints;
+  for (size_t i = 0; i < versions.size(); ++i) {
+    directories.emplace(versions[i].first, versions[i].second);  // "01" and "1": the first listed.
+    fingerprints.emplace(on_disk[i].version, on_disk[i].fingerprint);
   }
   std::string newest_failure;
+  auto failed = [&](int64_t version, const std::string& reason) {
+    spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name, version,
+                  reason);
+    if (listener_) listener_->OnLoadFailure(name, version, reason);
+    if (newest_failure.empty()) newest_failure = reason;
+  };
   // A config the server refuses leaves nothing to try: what is served stays.
-  std::vector<int64_t> to_try;
-  if (absl::Status config = CheckModelConfig(name, model_dir); !config.ok()) {
-    newest_failure = std::string(config.message());
-    spdlog::error("event=model_load_failed model={} reason=\"{}\"", name, newest_failure);
-    if (listener_) listener_->OnLoadFailure(name, versions.front().first, newest_failure);
+  VersionPlan plan;
+  absl::StatusOr<VersionPolicy> policy = ReadVersionPolicy(name, model_dir);
+  if (!policy.ok()) {
+    failed(versions.front().first, std::string(policy.status().message()));
   } else {
-    to_try = VersionsToTry(on_disk, previous_model ? previous.version : 0);
+    std::vector<ServedVersion> served;
+    for (const Loaded& loaded : previous_versions) {
+      served.push_back({loaded.handle.version, loaded.fingerprint});
+    }
+    plan = PlanVersions(*policy, on_disk, served, reload);
+    state.policy = *policy;
   }
-  for (const int64_t version : to_try) {
-    const std::string& directory = directories.at(version);
+  auto served_copy = [&](int64_t version) -> const Loaded* {
+    for (const Loaded& loaded : previous_versions) {
+      if (loaded.handle.version == version) return &loaded;
+    }
+    return nullptr;
+  };
+  std::vector<Loaded> serving;
+  for (const VersionPlan::Step& step : plan.steps) {
+    if (serving.size() >= plan.wanted) break;
+    if (!step.load) {
+      serving.push_back(*served_copy(step.version));
+      continue;
+    }
+    const std::string& directory = directories.at(step.version);
     const absl::Time start = absl::Now();
     LoadOptions load_options = options_.load_options;
     load_options.name = name;
@@ -278,60 +343,75 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name) 
         options_.loader ? options_.loader(directory, load_options)
                         : LoadedVersion::Load(directory, load_options);
     if (!model.ok()) {
-      spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
-                    version, std::string(model.status().message()));
-      if (listener_) {
-        listener_->OnLoadFailure(name, version, std::string(model.status().message()));
-      }
-      if (newest_failure.empty()) {
-        newest_failure = absl::StrCat("version ", version, " failed to load: ",
-                                      model.status().message());
-      }
+      failed(step.version, absl::StrCat("version ", step.version, " failed to load: ",
+                                        model.status().message()));
+      // Its copy in memory, if any, keeps serving.
+      if (const Loaded* copy = served_copy(step.version)) serving.push_back(*copy);
       continue;
     }
     std::shared_ptr<ModelMetrics> metrics;
     if (options_.metrics_factory) {
-      metrics = options_.metrics_factory(name, version, **model);
+      metrics = options_.metrics_factory(name, step.version, **model);
       (*model)->SetObserver(metrics);
     }
-    state.version = version;
-    state.directory = directory;
-    state.phase = ModelState::Phase::kReady;
-    state.reason = newest_failure;
-    Publish(state, *model, std::move(metrics));
-    spdlog::info(
-        "event=model_loaded model={} version={} directory={} complete={} "
-        "duration_ms={}{}",
-        name, version, directory, (*model)->manifest().summary().complete(),
-        absl::ToInt64Milliseconds(absl::Now() - start),
-        previous_model ? absl::StrCat(" replaced_version=", previous.version) : "");
-    if (!newest_failure.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "model '", name, "': ", newest_failure, "; serving version ", version));
-    }
-    return state;
+    spdlog::info("event=model_loaded model={} version={} directory={} complete={} duration_ms={}{}",
+                 name, step.version, directory, (*model)->manifest().summary().complete(),
+                 absl::ToInt64Milliseconds(absl::Now() - start),
+                 served_copy(step.version) ? " reloaded=true" : "");
+    serving.push_back(
+        {Handle{*std::move(model), step.version, std::move(metrics)}, directory,
+         fingerprints.at(step.version)});
   }
-  // Nothing loaded: keep serving what was served, if anything.
-  if (previous_model) {
-    std::shared_ptr<ModelMetrics> previous_metrics;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      previous_metrics = models_[name].metrics;
-    }
+  if (!plan.missing.empty()) {
+    failed(plan.missing.front(),
+           absl::StrCat("version_policy names ", VersionList(plan.missing),
+                        ", not in the repository"));
+  }
+  // Nothing serves: keep what was served, if anything.
+  if (serving.empty() && !previous_versions.empty()) {
     previous.reason = newest_failure;
-    Publish(previous, previous_model, std::move(previous_metrics));
-  } else {
+    Publish(previous, std::move(previous_versions));
+    return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", newest_failure));
+  }
+  if (serving.empty()) {
     state.phase = ModelState::Phase::kUnavailable;
     state.reason = newest_failure;
     state.failed = true;
-    Publish(state, nullptr);
+    Publish(state, {});
+    return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", newest_failure));
   }
-  return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", newest_failure));
+  std::sort(serving.begin(), serving.end(), [](const Loaded& a, const Loaded& b) {
+    return a.handle.version > b.handle.version;
+  });
+  state.phase = ModelState::Phase::kReady;
+  state.version = serving.front().handle.version;
+  state.directory = serving.front().directory;
+  for (const Loaded& loaded : serving) state.versions.push_back(loaded.handle.version);
+  state.reason = newest_failure;
+  std::vector<int64_t> retired;
+  for (const Loaded& loaded : previous_versions) {
+    if (std::find(state.versions.begin(), state.versions.end(), loaded.handle.version) ==
+        state.versions.end()) {
+      retired.push_back(loaded.handle.version);
+    }
+  }
+  Publish(state, std::move(serving));
+  for (const Loaded& loaded : previous_versions) {
+    if (std::find(retired.begin(), retired.end(), loaded.handle.version) == retired.end()) continue;
+    spdlog::info("event=model_unloaded model={} version={} calls_in_flight={} reason=\"{}\"",
+                 name, loaded.handle.version, loaded.handle.model->calls_in_flight(),
+                 "its version policy no longer serves it");
+  }
+  if (!newest_failure.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", newest_failure,
+                                                      "; serving ", VersionList(state.versions)));
+  }
+  return state;
 }
 
 absl::StatusOr<ModelState> ModelRepository::Load(const std::string& name) {
   std::lock_guard<std::mutex> load_lock(load_mu_);
-  return LoadLocked(name);
+  return LoadLocked(name, /*reload=*/true);
 }
 
 absl::StatusOr<ModelState> ModelRepository::Unload(const std::string& name) {
@@ -360,20 +440,18 @@ std::vector<ModelState> ModelRepository::Rescan() {
   }
   std::sort(found.begin(), found.end());
   for (const std::string& name : found) {
-    const auto versions = Versions(fs::path(options_.root) / name);
+    const fs::path model_dir = fs::path(options_.root) / name;
+    const auto versions = Versions(model_dir);
     ModelOnDisk disk;
     for (const auto& [version, directory] : versions) disk.versions.push_back(version);
-    if (!versions.empty()) {
-      disk.newest_fingerprint =
-          ModelFingerprint(fs::path(options_.root) / name, versions.front().second);
-    }
+    if (!versions.empty()) disk.fingerprint = ModelFingerprint(model_dir, FingerprintVersions(versions));
     std::optional<ModelKnown> known;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = models_.find(name); it != models_.end()) known = Known(it->second);
     }
     if (DecideRescan(&disk, known ? &*known : nullptr) == RescanAction::kLoad) {
-      (void)LoadLocked(name);
+      (void)LoadLocked(name, /*reload=*/false);
     }
   }
   std::vector<std::string> gone;
@@ -408,6 +486,22 @@ absl::StatusOr<ModelRepository::Handle> ModelRepository::Get(
   return *Find(*mine.answers, name, version);
 }
 
+absl::StatusOr<std::vector<ModelRepository::Handle>> ModelRepository::GetVersions(
+    absl::string_view name) const {
+  // Under the lock the current answers name versions that are alive.
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = answers_->find(name);
+  if (it == answers_->end()) {
+    return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+  }
+  if (!it->second.unavailable.ok()) return it->second.unavailable;
+  std::vector<Handle> handles;
+  for (const Answer::Version& v : it->second.versions) {
+    handles.push_back(Handle{v.model.lock(), v.version, v.metrics.lock()});
+  }
+  return handles;
+}
+
 std::optional<absl::StatusOr<ModelRepository::Handle>> ModelRepository::Find(
     const Answers& answers, absl::string_view name, absl::string_view version) {
   auto it = answers.find(name);
@@ -416,17 +510,26 @@ std::optional<absl::StatusOr<ModelRepository::Handle>> ModelRepository::Find(
   }
   const Answer& answer = it->second;
   if (!answer.unavailable.ok()) return answer.unavailable;
+  const Answer::Version* chosen = &answer.versions.front();
   if (!version.empty()) {
     int64_t wanted = 0;
-    if (!absl::SimpleAtoi(version, &wanted) || wanted != answer.version) {
+    chosen = nullptr;
+    if (absl::SimpleAtoi(version, &wanted)) {
+      for (const Answer::Version& v : answer.versions) {
+        if (v.version == wanted) chosen = &v;
+      }
+    }
+    if (chosen == nullptr) {
+      std::vector<int64_t> served;
+      for (const Answer::Version& v : answer.versions) served.push_back(v.version);
       return absl::NotFoundError(absl::StrCat("version '", version, "' of model '", name,
-                                              "' is not served (serving version ",
-                                              answer.version, ")"));
+                                              "' is not served (serving ", VersionList(served),
+                                              ")"));
     }
   }
-  std::shared_ptr<LoadedVersion> model = answer.model.lock();
+  std::shared_ptr<LoadedVersion> model = chosen->model.lock();
   if (!model) return std::nullopt;
-  return Handle{std::move(model), answer.version, answer.metrics.lock()};
+  return Handle{std::move(model), chosen->version, chosen->metrics.lock()};
 }
 
 std::vector<ModelState> ModelRepository::List() const {
@@ -438,12 +541,11 @@ std::vector<ModelState> ModelRepository::List() const {
   return states;
 }
 
-std::vector<std::pair<ModelState, std::shared_ptr<LoadedVersion>>> ModelRepository::Served()
-    const {
+std::vector<std::pair<ModelState, ModelRepository::Handle>> ModelRepository::Served() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::pair<ModelState, std::shared_ptr<LoadedVersion>>> served;
+  std::vector<std::pair<ModelState, Handle>> served;
   for (const auto& [name, entry] : models_) {
-    if (entry.model) served.emplace_back(entry.state, entry.model);
+    for (const Loaded& loaded : entry.versions) served.emplace_back(entry.state, loaded.handle);
   }
   return served;
 }

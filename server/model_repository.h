@@ -1,8 +1,10 @@
 // The models the server serves, from a repository directory laid out as
 // <root>/<model>/<version>/ (each version directory a precompile artifact;
-// versions are positive integers, the newest that loads is served). What to
-// load, keep or retire is decided by server/repository_policy.h; this class
-// gathers what is on disk and loaded, and carries the decisions out.
+// versions are positive integers) with an optional <root>/<model>/config.pbtxt
+// whose version_policy says which versions are served (default: the newest
+// that loads). What to load, keep or retire is decided by
+// server/repository_policy.h; this class gathers what is on disk and loaded,
+// and carries the decisions out.
 //
 // A request takes a Handle: a reference to the version it uses. Replacing a
 // version loads the new one first and then swaps it in; requests holding the
@@ -40,9 +42,7 @@ namespace precompile::server {
 class RepositoryListener {
  public:
   virtual ~RepositoryListener() = default;
-  // `model` is null unless the state is kReady.
-  virtual void OnModelState(const ModelState& state,
-                            const std::shared_ptr<LoadedVersion>& model) = 0;
+  virtual void OnModelState(const ModelState& state) = 0;
   // A version of `name` failed to load (another may still be served).
   virtual void OnLoadFailure(const std::string& name, int64_t version,
                              const std::string& reason) = 0;
@@ -74,45 +74,54 @@ class ModelRepository {
   // `listener` may be null; it must outlive the repository.
   ModelRepository(RepositoryOptions options, RepositoryListener* listener);
 
-  // Loads models found under the root that are not served yet and newer
-  // versions of served ones; unloads models whose directory is gone
-  // (DecideRescan). A model unloaded on request stays unloaded, and a version
-  // that failed to load is retried only when its files change.
-  // Returns every model's state afterwards.
+  // Loads models found under the root that are not served yet, and the
+  // versions of served ones that their policy now asks for; unloads models
+  // whose directory is gone (DecideRescan). A model unloaded on request
+  // stays unloaded, and a version that failed to load is retried only when
+  // the model's files change. Returns every model's state afterwards.
   std::vector<ModelState> Rescan();
 
-  // (Re)loads the newest loadable version of `name` among VersionsToTry: a
-  // newer version that fails leaves the served one as it is.
+  // (Re)loads `name`: the versions its policy asks for (PlanVersions), each
+  // served version read again. A version that fails leaves its served copy,
+  // if any, serving.
   // NOT_FOUND: no such model directory; INVALID_ARGUMENT: a name that is not
   // a plain directory name; otherwise the load error of the newest version
-  // (an older version may still have loaded and be served).
+  // that failed (other versions may still have loaded and be served).
   absl::StatusOr<ModelState> Load(const std::string& name);
 
-  // Stops serving `name`; running requests finish. NOT_FOUND if not served.
+  // Stops serving every version of `name`; running requests finish.
+  // NOT_FOUND if not served.
   absl::StatusOr<ModelState> Unload(const std::string& name);
 
-  // The served version of `name`, or the given `version` if it is the one
-  // served ("" for whichever is). NOT_FOUND for an unknown model or version;
-  // UNAVAILABLE for a model that is loading or failed to load.
+  // The given `version` of `name`, or its newest served version for "".
+  // NOT_FOUND for an unknown model or a version not served; UNAVAILABLE for
+  // a model that is loading or failed to load.
   absl::StatusOr<Handle> Get(absl::string_view name,
                              absl::string_view version) const;
 
+  // Every served version of `name`, newest first; errors as Get's.
+  absl::StatusOr<std::vector<Handle>> GetVersions(absl::string_view name) const;
+
   std::vector<ModelState> List() const;
 
-  // The models that are served right now.
-  std::vector<std::pair<ModelState, std::shared_ptr<LoadedVersion>>> Served() const;
+  // Every version served right now, with its model's state.
+  std::vector<std::pair<ModelState, Handle>> Served() const;
 
   const std::string& root() const { return options_.root; }
 
  private:
+  // One version served.
+  struct Loaded {
+    Handle handle;
+    std::string directory;
+    std::string fingerprint;  // Of its files when loaded.
+  };
   struct Entry {
     ModelState state;
-    std::shared_ptr<LoadedVersion> model;
-    std::shared_ptr<ModelMetrics> metrics;
-    // The newest version a load tried and what its files looked like, so
-    // that a rescan retries a version that failed only once its files
-    // change (it may have been read while still being copied in).
-    int64_t attempted_version = 0;
+    std::vector<Loaded> versions;  // Newest first.
+    // What the model's files looked like when a load last read them, so
+    // that a rescan retries a version that failed only once they change
+    // (it may have been read while still being copied in).
     std::string attempted_fingerprint;
     // Unloaded on request: stays unloaded until loaded on request.
     bool unloaded = false;
@@ -125,9 +134,12 @@ class ModelRepository {
   // Weak references, so that a thread's copy keeps no model alive.
   struct Answer {
     absl::Status unavailable;  // OK when a version is served.
-    std::weak_ptr<LoadedVersion> model;
-    int64_t version = 0;
-    std::weak_ptr<ModelMetrics> metrics;
+    struct Version {
+      std::weak_ptr<LoadedVersion> model;
+      int64_t version = 0;
+      std::weak_ptr<ModelMetrics> metrics;
+    };
+    std::vector<Version> versions;  // Newest first.
   };
   using Answers = absl::flat_hash_map<std::string, Answer>;
   struct ThreadAnswers;
@@ -138,10 +150,13 @@ class ModelRepository {
   // After every change to models_: new answers for Get.
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::StatusOr<ModelState> LoadLocked(const std::string& name)
+  // `reload`: read every served version again (a load asked for by a user),
+  // not only those whose files changed (a rescan).
+  absl::StatusOr<ModelState> LoadLocked(const std::string& name, bool reload)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
-  void Publish(const ModelState& state, const std::shared_ptr<LoadedVersion>& model,
-               std::shared_ptr<ModelMetrics> metrics = nullptr);
+  // Replaces what the repository holds for `state.name` with `state` and
+  // `versions` (empty: nothing served).
+  void Publish(const ModelState& state, std::vector<Loaded> versions);
   // Stops serving `name`, with `reason`; returns what it served.
   std::optional<ModelState> Retire(const std::string& name, const std::string& reason,
                                    bool on_request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);

@@ -146,11 +146,11 @@ response_cache { enable: false }
   EXPECT_EQ(repository_->List()[0].version, 2);
 }
 
-TEST_F(RepositoryTest, AConfigAskingForAnotherVersionPolicyIsRefusedUntilItChanges) {
-  WriteConfig(root_, "version_policy: { all: {} }\n");
+TEST_F(RepositoryTest, AConfigWithAPolicyThatCannotBeServedIsRefusedUntilItChanges) {
+  WriteConfig(root_, "version_policy: { latest: { num_versions: 0 } }\n");
   EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
-              HasSubstr("config.pbtxt: version_policy { all { } } is not supported: the server "
-                        "serves the newest version that loads"));
+              HasSubstr("config.pbtxt: version_policy { latest { num_versions } } must be at "
+                        "least 1"));
   EXPECT_THAT(loader_.loaded, ::testing::IsEmpty());
   EXPECT_EQ(Served(), nullptr);
   EXPECT_TRUE(repository_->List()[0].failed);
@@ -161,6 +161,76 @@ TEST_F(RepositoryTest, AConfigAskingForAnotherVersionPolicyIsRefusedUntilItChang
   repository_->Rescan();  // Fixed: the rescan loads it.
   EXPECT_THAT(loader_.loaded, ElementsAre("1"));
   EXPECT_NE(Served(), nullptr);
+
+  WriteConfig(root_, "version_policy: { specific: { } }\n");
+  EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
+              HasSubstr("version_policy { specific } names no version"));
+  EXPECT_NE(Served(), nullptr);  // What was served stays.
+}
+
+// The versions Get serves, asked for one by one; "-" for none.
+std::string ServedVersions(const ModelRepository& repository) {
+  std::string out;
+  for (const char* v : {"1", "2", "3", "4"}) {
+    auto handle = repository.Get("mlp", v);
+    if (handle.ok()) absl::StrAppend(&out, out.empty() ? "" : ",", handle->version);
+  }
+  return out.empty() ? "-" : out;
+}
+
+TEST_F(RepositoryTest, LatestTwoServesTheTwoNewestAndRequestsPickOneByNumber) {
+  WriteConfig(root_, "version_policy: { latest: { num_versions: 2 } }\n");
+  AddVersion(2);
+  AddVersion(3);
+  repository_->Rescan();
+  EXPECT_THAT(loader_.loaded, ElementsAre("3", "2"));
+  EXPECT_EQ(ServedVersions(*repository_), "2,3");
+  EXPECT_THAT(repository_->List()[0].versions, ElementsAre(3, 2));
+  // No version asked for: the newest.
+  EXPECT_EQ(repository_->Get("mlp", "")->version, 3);
+  EXPECT_EQ(repository_->Get("mlp", "")->model, repository_->Get("mlp", "3")->model);
+  EXPECT_NE(repository_->Get("mlp", "2")->model, repository_->Get("mlp", "3")->model);
+  const absl::Status missing = repository_->Get("mlp", "1").status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.message()),
+              HasSubstr("version '1' of model 'mlp' is not served (serving versions 3, 2)"));
+  auto all = repository_->GetVersions("mlp");
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].version, 3);
+  EXPECT_EQ((*all)[1].version, 2);
+
+  // A fourth version: 4 and 3 serve, 3 is kept as loaded, 2 is retired.
+  const std::shared_ptr<LoadedVersion> three = repository_->Get("mlp", "3")->model;
+  AddVersion(4);
+  repository_->Rescan();
+  EXPECT_THAT(loader_.loaded, ElementsAre("3", "2", "4"));
+  EXPECT_EQ(ServedVersions(*repository_), "3,4");
+  EXPECT_EQ(repository_->Get("mlp", "3")->model, three);
+}
+
+TEST_F(RepositoryTest, SpecificAndAllServeTheVersionsTheyNameAndReportWhatIsMissing) {
+  AddVersion(2);
+  AddVersion(3);
+  WriteConfig(root_, "version_policy: { specific: { versions: [1, 3, 7] } }\n");
+  const absl::Status partly = repository_->Load("mlp").status();
+  EXPECT_THAT(std::string(partly.message()),
+              HasSubstr("version_policy names version 7, not in the repository; serving "
+                        "versions 3, 1"));
+  EXPECT_EQ(ServedVersions(*repository_), "1,3");
+  EXPECT_FALSE(repository_->List()[0].failed);
+
+  WriteConfig(root_, "version_policy: { all: { } }\n");
+  repository_->Rescan();  // The config changed: 2 joins, 3 and 1 stay as loaded.
+  EXPECT_THAT(loader_.loaded, ElementsAre("3", "1", "2"));
+  EXPECT_EQ(ServedVersions(*repository_), "1,2,3");
+
+  // A version that fails under `all` leaves the others serving.
+  loader_.broken = {"4"};
+  AddVersion(4);
+  repository_->Rescan();
+  EXPECT_EQ(ServedVersions(*repository_), "1,2,3");
+  EXPECT_THAT(repository_->List()[0].reason, HasSubstr("version 4 failed to load"));
 }
 
 TEST_F(RepositoryTest, AConfigThatDoesNotParseOrNamesAnotherModelIsRefusedNamingWhy) {

@@ -5,16 +5,24 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "server/repository_policy.h"
 
 namespace precompile::server {
 
 struct ModelState {
   enum class Phase { kUnavailable, kLoading, kReady, kUnloading };
   std::string name;
-  int64_t version = 0;  // The version served; 0 when none.
+  // The newest version served, which requests naming no version get; 0
+  // when none.
+  int64_t version = 0;
+  // Every version served, newest first (as the version policy asks).
+  std::vector<int64_t> versions;
   Phase phase = Phase::kUnavailable;
   std::string reason;  // Why the last load failed, or why it is not served.
-  std::string directory;
+  std::string directory;  // The newest served version's.
+  VersionPolicy policy;
   // Its last load failed and no version of it is served.
   bool failed = false;
 };

@@ -1,33 +1,52 @@
 // The model repository's decisions, as pure functions over plain snapshots
 // of what is on disk and what is loaded: which models a rescan loads or
-// retires, and which versions a load tries. ModelRepository
+// retires, and which versions a load serves. ModelRepository
 // (server/model_repository.h) gathers the snapshots and carries the
 // decisions out; these functions touch no file, no lock and no model, so
 // they are tested on their own.
 #ifndef PRECOMPILE_SERVER_REPOSITORY_POLICY_H_
 #define PRECOMPILE_SERVER_REPOSITORY_POLICY_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace precompile::server {
 
+// Which versions of a model are served: Triton's ModelVersionPolicy, read
+// from the model's config.pbtxt (default: the newest version that loads).
+struct VersionPolicy {
+  enum class Kind {
+    kLatest,    // The `latest` newest versions that load.
+    kSpecific,  // The versions listed in `specific`.
+    kAll,       // Every version.
+  };
+  Kind kind = Kind::kLatest;
+  int64_t latest = 1;
+  std::vector<int64_t> specific;
+};
+
+// One version directory, and what its files look like (count, bytes,
+// newest modification time): a version read while still being copied in
+// looks different once the copy is done.
+struct VersionOnDisk {
+  int64_t version = 0;
+  std::string fingerprint;
+};
+
 // One model directory as a scan found it.
 struct ModelOnDisk {
   // Version directories (positive integers), newest first.
   std::vector<int64_t> versions;
-  // What the newest version's files look like (count, bytes, newest
-  // modification time): a version read while still being copied in looks
-  // different once the copy is done.
-  std::string newest_fingerprint;
+  // What the versions' files and the model's config look like.
+  std::string fingerprint;
 };
 
 // What the repository holds for a model name.
 struct ModelKnown {
-  int64_t served_version = 0;  // 0: none served.
-  // The newest version the last load tried, and its fingerprint then.
-  int64_t attempted_version = 0;
+  bool served = false;  // Some version of it is served.
+  // What the model looked like (ModelOnDisk::fingerprint) when last loaded.
   std::string attempted_fingerprint;
   // Unloaded on request: stays unloaded until loaded on request.
   bool unloaded_on_request = false;
@@ -42,23 +61,45 @@ enum class RescanAction {
 // What a rescan does with one model. `disk` is null when the scan did not
 // find its directory, `known` when the repository never saw it.
 //
-// A model unloaded on request stays so; a model whose newest version and
-// files are what the last load tried is left alone, so a version that
-// failed is retried only once its files change; a directory without
-// versions is ignored; a served model whose directory is gone is retired.
+// A model unloaded on request stays so; a model whose files are what the
+// last load saw is left alone, so a version that failed is retried only once
+// the files change; a directory without versions is ignored; a served model
+// whose directory is gone is retired.
 RescanAction DecideRescan(const ModelOnDisk* disk, const ModelKnown* known);
 
-// The versions a load tries, in order, given the versions on disk (newest
-// first) and the version served (0: none). The first that loads is served;
-// if none does, the served version stays.
+// A version served now, and its files' fingerprint when it was loaded.
+struct ServedVersion {
+  int64_t version = 0;
+  std::string fingerprint;
+};
+
+// What a load does: walk `steps` in order, counting a version as serving
+// when it loads, or when it is kept (`load` false), or when its reload fails
+// while an earlier copy of it is served (that copy keeps serving); stop once
+// `wanted` versions serve. Versions served before and not counted are
+// retired.
+struct VersionPlan {
+  struct Step {
+    int64_t version = 0;
+    bool load = true;  // false: the served copy is current; keep it.
+  };
+  std::vector<Step> steps;  // Newest first.
+  size_t wanted = 0;
+  // Versions the policy names that are not on disk.
+  std::vector<int64_t> missing;
+};
+
+// The plan for one model. `on_disk` is newest first; `reload` (a load asked
+// for by a user) reloads every served version it reaches, otherwise only
+// those whose files changed.
 //
-// While the served version is on disk a load never goes below it: it tries
-// the newer versions, or, when none is newer, the served one itself (its
-// files changed, or a reload was asked for); if that fails the loaded copy
-// keeps serving. A served version whose directory was removed is a
-// rollback: every version on disk is tried, newest first.
-std::vector<int64_t> VersionsToTry(const std::vector<int64_t>& on_disk,
-                                   int64_t served_version);
+// With `latest` N the walk goes down from the newest version until N serve,
+// so a newer version that fails leaves the served one as it is, a served
+// version is never replaced by an older one while it is on disk, and a
+// served version whose directory was removed rolls back to the newest that
+// remains. `specific` and `all` try each version they name that is on disk.
+VersionPlan PlanVersions(const VersionPolicy& policy, const std::vector<VersionOnDisk>& on_disk,
+                         const std::vector<ServedVersion>& served, bool reload);
 
 }  // namespace precompile::server
 

@@ -198,7 +198,7 @@ absl::Status Server::Listen() {
   return absl::OkStatus();
 }
 
-void Server::OnModelState(const ModelState& state, const std::shared_ptr<LoadedVersion>&) {
+void Server::OnModelState(const ModelState& state) {
   if (metrics_) metrics_->OnModelState(state);
   if (grpc_server_ && !state_.draining()) {
     grpc_server_->GetHealthCheckService()->SetServingStatus(
@@ -247,9 +247,9 @@ absl::Status Server::Stop() {
   if (!scheduler_->AwaitIdle(deadline)) {
     const int left = scheduler_->in_flight();
     std::vector<std::string> running;
-    for (const auto& [state, model] : repository_->Served()) {
-      if (model->calls_in_flight() > 0) {
-        running.push_back(absl::StrCat(state.name, ": ", model->calls_in_flight()));
+    for (const auto& [state, handle] : repository_->Served()) {
+      if (const int calls = handle.model->calls_in_flight(); calls > 0) {
+        running.push_back(absl::StrCat(state.name, " version ", handle.version, ": ", calls));
       }
     }
     shutdown.detach();

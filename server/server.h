@@ -104,7 +104,7 @@ class Server final : public RepositoryListener {
   int metrics_port() const { return metrics_ ? metrics_->http_port() : 0; }
   ModelRepository& repository() { return *repository_; }
 
-  void OnModelState(const ModelState& state, const std::shared_ptr<LoadedVersion>& model) override;
+  void OnModelState(const ModelState& state) override;
   void OnLoadFailure(const std::string& name, int64_t version,
                      const std::string& reason) override;
 

@@ -201,7 +201,7 @@ TEST_F(ServerTest, DescribesAModelsInputsAndOutputsFromItsArtifact) {
   inference::ModelConfigResponse config;
   ASSERT_TRUE(inference_->ModelConfig(&c2, config_request, &config).ok());
   EXPECT_EQ(config.config().max_batch_size(), 0);
-  // The repository's one version policy: the newest version that loads.
+  // The default version policy: the newest version that loads.
   EXPECT_EQ(config.config().version_policy().latest().num_versions(), 1u);
   ASSERT_EQ(config.config().input_size(), 1);
   EXPECT_EQ(config.config().input(0).data_type(), inference::TYPE_FP32);

@@ -1,5 +1,6 @@
 // The model repository under a running server: new versions replace old ones
-// without failing requests in flight, broken models are reported and do not
+// without failing requests in flight, a version policy serves several
+// versions that requests choose by number, broken models are reported and do not
 // stop the others, requests beyond the inference threads wait their turn
 // while other calls still answer, and the concurrency limit answers
 // RESOURCE_EXHAUSTED.
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
@@ -33,6 +35,7 @@ using ::precompile::testing::ExampleRepository;
 using ::precompile::testing::HttpGet;
 using ::precompile::testing::MetricValue;
 using ::precompile::testing::SlowLoopRequest;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 inference::ModelInferRequest MlpRequest() { return testing::ZerosRequest("mlp"); }
@@ -72,7 +75,9 @@ class Harness {
     inference::RepositoryIndexResponse index;
     EXPECT_TRUE(inference->RepositoryIndex(&context, {}, &index).ok());
     std::map<std::string, inference::RepositoryIndexResponse::ModelIndex> by_name;
-    for (const auto& m : index.models()) by_name[m.name()] = m;
+    // A model with several versions served is listed once per version,
+    // newest first: keep the newest.
+    for (const auto& m : index.models()) by_name.emplace(m.name(), m);
     return by_name;
   }
 
@@ -160,6 +165,91 @@ TEST(ServerRepository, ANewVersionReplacesTheOldWithoutFailingARequest) {
   EXPECT_EQ(MetricValue(metrics, "precompile_requests_total{model=\"mlp\",outcome=\"variant\","
                                  "version=\"1\"}"),
             -1);
+}
+
+// The version each of `versions` is answered by ("" for none asked), or the
+// error's code and message.
+std::vector<std::string> AnsweredBy(Harness& harness, const std::vector<std::string>& versions) {
+  std::vector<std::string> answers;
+  for (const std::string& version : versions) {
+    inference::ModelInferRequest request = MlpRequest();
+    request.set_model_version(version);
+    inference::ModelInferResponse response;
+    const grpc::Status status = harness.Infer(request, &response);
+    answers.push_back(status.ok() ? response.model_version()
+                                  : absl::StrCat(status.error_code(), ": ", status.error_message()));
+  }
+  return answers;
+}
+
+TEST(ServerRepository, AVersionPolicyServesSeveralVersionsThatRequestsChooseByNumber) {
+  const std::string repository = ExampleRepository({"mlp"});
+  CopyTree(ExampleArtifact("mlp"), repository + "/mlp/2");
+  std::ofstream(repository + "/mlp/config.pbtxt")
+      << "name: \"mlp\"\nversion_policy: { latest: { num_versions: 2 } }\n";
+  Harness harness(repository);
+
+  EXPECT_THAT(AnsweredBy(harness, {"1", "2", "", "2"}), ElementsAre("1", "2", "2", "2"));
+  EXPECT_THAT(AnsweredBy(harness, {"3"}),
+              ElementsAre(absl::StrCat(grpc::StatusCode::NOT_FOUND,
+                                       ": version '3' of model 'mlp' is not served (serving "
+                                       "versions 2, 1)")));
+  {
+    grpc::ClientContext context;
+    inference::ModelMetadataRequest request;
+    request.set_name("mlp");
+    inference::ModelMetadataResponse metadata;
+    ASSERT_TRUE(harness.inference->ModelMetadata(&context, request, &metadata).ok());
+    EXPECT_THAT(metadata.versions(), ElementsAre("2", "1"));
+  }
+  {
+    grpc::ClientContext context;
+    inference::ModelConfigRequest request;
+    request.set_name("mlp");
+    inference::ModelConfigResponse config;
+    ASSERT_TRUE(harness.inference->ModelConfig(&context, request, &config).ok());
+    EXPECT_EQ(config.config().version_policy().latest().num_versions(), 2u);
+  }
+  for (const auto& [version, ready] :
+       std::vector<std::pair<std::string, bool>>{{"1", true}, {"2", true}, {"3", false}}) {
+    grpc::ClientContext context;
+    inference::ModelReadyRequest request;
+    request.set_name("mlp");
+    request.set_version(version);
+    inference::ModelReadyResponse response;
+    ASSERT_TRUE(harness.inference->ModelReady(&context, request, &response).ok());
+    EXPECT_EQ(response.ready(), ready) << "version " << version;
+  }
+  {
+    grpc::ClientContext context;
+    inference::RepositoryIndexResponse index;
+    ASSERT_TRUE(harness.inference->RepositoryIndex(&context, {}, &index).ok());
+    std::vector<std::string> listed;
+    for (const auto& m : index.models()) listed.push_back(m.name() + "/" + m.version());
+    EXPECT_THAT(listed, ElementsAre("mlp/2", "mlp/1"));
+  }
+  {
+    // Each version counts its own requests: one for 1, three for 2.
+    grpc::ClientContext context;
+    inference::ModelStatisticsRequest request;
+    request.set_name("mlp");
+    inference::ModelStatisticsResponse stats;
+    ASSERT_TRUE(harness.inference->ModelStatistics(&context, request, &stats).ok());
+    std::vector<std::string> counts;
+    for (const auto& m : stats.model_stats()) {
+      counts.push_back(absl::StrCat(m.version(), ":", m.inference_count()));
+    }
+    EXPECT_THAT(counts, ElementsAre("2:3", "1:1"));
+  }
+
+  // Back to the newest only: version 1 is retired, 2 keeps serving as loaded.
+  std::ofstream(repository + "/mlp/config.pbtxt")
+      << "version_policy: { latest: { num_versions: 1 } }\n";
+  harness.Rescan();
+  EXPECT_THAT(AnsweredBy(harness, {"2", "1"}),
+              ElementsAre("2", absl::StrCat(grpc::StatusCode::NOT_FOUND,
+                                            ": version '1' of model 'mlp' is not served "
+                                            "(serving version 2)")));
 }
 
 TEST(ServerRepository, PollingPicksUpNewModelsAndVersions) {
