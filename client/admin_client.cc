@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 
 namespace precompile::client {
 
@@ -29,12 +30,9 @@ AdminClient::AdminClient(const ClientOptions& options, std::shared_ptr<grpc::Cha
     : options_(options),
       stubs_(options.retry.max_attempts, StubsOn(std::move(channel)),
              [options](int attempts) -> absl::StatusOr<Stubs> {
-               ClientOptions with_attempts = options;
-               with_attempts.retry.max_attempts = attempts;
-               absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-                   CreateChannel(with_attempts);
-               if (!channel.ok()) return channel.status();
-               return StubsOn(*std::move(channel));
+               ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                                CreateChannel(options, attempts));
+               return StubsOn(std::move(channel));
              }) {}
 
 namespace {

@@ -25,6 +25,13 @@ int Milliseconds(absl::Duration d) {
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ClientOptions& options,
+                                                             int max_attempts) {
+  ClientOptions with_attempts = options;
+  with_attempts.retry.max_attempts = max_attempts;
+  return CreateChannel(with_attempts);
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ClientOptions& options) {
   if (options.address.empty()) return absl::InvalidArgumentError("no server address");
   absl::StatusOr<std::string> service_config = RetryServiceConfig(options.retry);

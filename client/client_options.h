@@ -95,6 +95,11 @@ struct CallOptions {
 // file cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ClientOptions& options);
 
+// The same with the retry policy's attempt count replaced: the channel for
+// calls that ask for another count than the client's (CallOptions).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ClientOptions& options,
+                                                             int max_attempts);
+
 // Reads a token (such as the admin token) from a file, without surrounding
 // whitespace. The token never appears in an error.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
