@@ -210,28 +210,21 @@ for name, model, factory, shape, params, outcome in cases:
         np.save(f"{out}/{name}.expected.npy", y.numpy())
     index.append({"name": name, "model": model, "inputs": {"x": f"{name}.x.npy"},
                   "output": "output0", "params": params, "outcome": outcome})
-# A model nobody here wrote, called with keywords, on a shape it was not captured at.
-ids = torch.randint(0, 1000, (3, 11), generator=g)
-mask = torch.ones(3, 11, dtype=torch.long)
-np.save(f"{out}/bert.input_ids.npy", ids.numpy())
-np.save(f"{out}/bert.attention_mask.npy", mask.numpy())
-with torch.no_grad():
-    y = gallery_models.make_bert()(input_ids=ids, attention_mask=mask).last_hidden_state
-np.save(f"{out}/bert.expected.npy", y.numpy())
-index.append({"name": "bert", "model": "bert", "output": "last_hidden_state", "params": {},
-              "outcome": "variant",
-              "inputs": {"input_ids": "bert.input_ids.npy", "attention_mask": "bert.attention_mask.npy"}})
-# A decoder's logits at a batch and length it was not captured at.
-ids = torch.randint(0, 1000, (3, 29), generator=g)
-mask = torch.ones(3, 29, dtype=torch.long)
-np.save(f"{out}/gpt2.input_ids.npy", ids.numpy())
-np.save(f"{out}/gpt2.attention_mask.npy", mask.numpy())
-with torch.no_grad():
-    y = gallery_models.make_gpt2()(input_ids=ids, attention_mask=mask).logits
-np.save(f"{out}/gpt2.expected.npy", y.numpy())
-index.append({"name": "gpt2", "model": "gpt2", "output": "logits", "params": {},
-              "outcome": "variant",
-              "inputs": {"input_ids": "gpt2.input_ids.npy", "attention_mask": "gpt2.attention_mask.npy"}})
+# Hugging Face models, called with keywords, at shapes they were not captured at.
+def keyword_case(name, factory, output, shape):
+    ids = torch.randint(0, 1000, shape, generator=g)
+    mask = torch.ones(shape, dtype=torch.long)
+    np.save(f"{out}/{name}.input_ids.npy", ids.numpy())
+    np.save(f"{out}/{name}.attention_mask.npy", mask.numpy())
+    with torch.no_grad():
+        y = getattr(factory()(input_ids=ids, attention_mask=mask), output)
+    np.save(f"{out}/{name}.expected.npy", y.numpy())
+    index.append({"name": name, "model": name, "output": output, "params": {},
+                  "outcome": "variant",
+                  "inputs": {"input_ids": f"{name}.input_ids.npy",
+                             "attention_mask": f"{name}.attention_mask.npy"}})
+keyword_case("bert", gallery_models.make_bert, "last_hidden_state", (3, 11))
+keyword_case("gpt2", gallery_models.make_gpt2, "logits", (3, 29))  # a decoder's logits
 # torchvision's resnet18 at batch 3 (captured at 2 and 4). Its convolutions go
 # through cuDNN, which libtorch lets use TF32 by default, as eager PyTorch on a
 # GPU does: compared with the CPU at a TF32 tolerance, the error is reported.
