@@ -303,11 +303,13 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
     fingerprints.emplace(on_disk[i].version, on_disk[i].fingerprint);
   }
   std::string newest_failure;
-  auto failed = [&](int64_t version, const std::string& reason) {
+  // `message` is logged and reported; `reason`, if given, becomes the model's
+  // reason when this is the newest failure.
+  auto failed = [&](int64_t version, const std::string& message, std::string reason = "") {
     spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name, version,
-                  reason);
-    if (listener_) listener_->OnLoadFailure(name, version, reason);
-    if (newest_failure.empty()) newest_failure = reason;
+                  message);
+    if (listener_) listener_->OnLoadFailure(name, version, message);
+    if (newest_failure.empty()) newest_failure = reason.empty() ? message : std::move(reason);
   };
   // A config the server refuses leaves nothing to try: what is served stays.
   VersionPlan plan;
@@ -343,8 +345,9 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
         options_.loader ? options_.loader(directory, load_options)
                         : LoadedVersion::Load(directory, load_options);
     if (!model.ok()) {
-      failed(step.version, absl::StrCat("version ", step.version, " failed to load: ",
-                                        model.status().message()));
+      failed(step.version, std::string(model.status().message()),
+             absl::StrCat("version ", step.version, " failed to load: ",
+                          model.status().message()));
       // Its copy in memory, if any, keeps serving.
       if (const Loaded* copy = served_copy(step.version)) serving.push_back(*copy);
       continue;

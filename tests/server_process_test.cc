@@ -209,7 +209,7 @@ TEST(ServerProcess, ExitsNonZeroNamingWhatRanPastTheDrainDeadline) {
   EXPECT_EQ(server.Wait(), 1) << server.output();
   EXPECT_THAT(server.output(), HasSubstr("event=drain_incomplete"));
   EXPECT_THAT(server.output(), HasSubstr("still running after the drain timeout"));
-  EXPECT_THAT(server.output(), HasSubstr("loop: 1"));
+  EXPECT_THAT(server.output(), HasSubstr("loop version 1: 1"));
   stuck.join();
 }
 
