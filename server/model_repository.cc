@@ -11,6 +11,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -391,16 +392,9 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
   state.directory = serving.front().directory;
   for (const Loaded& loaded : serving) state.versions.push_back(loaded.handle.version);
   state.reason = newest_failure;
-  std::vector<int64_t> retired;
-  for (const Loaded& loaded : previous_versions) {
-    if (std::find(state.versions.begin(), state.versions.end(), loaded.handle.version) ==
-        state.versions.end()) {
-      retired.push_back(loaded.handle.version);
-    }
-  }
   Publish(state, std::move(serving));
   for (const Loaded& loaded : previous_versions) {
-    if (std::find(retired.begin(), retired.end(), loaded.handle.version) == retired.end()) continue;
+    if (absl::c_linear_search(state.versions, loaded.handle.version)) continue;
     spdlog::info("event=model_unloaded model={} version={} calls_in_flight={} reason=\"{}\"",
                  name, loaded.handle.version, loaded.handle.model->calls_in_flight(),
                  "its version policy no longer serves it");
