@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "client/json_text.h"
+#include "base/json_text.h"
 #include "client/npy.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/test_server.h"

@@ -31,7 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/inference_client.h"
-#include "client/json_text.h"
+#include "base/json_text.h"
 #include "client/latency_histogram.h"
 #include "client/request_mix.h"
 

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "client/json_text.h"
+#include "base/json_text.h"
 #include "client/load_tool.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/test_server.h"

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/inference_client.h"
-#include "client/json_text.h"
+#include "base/json_text.h"
 #include "client/load_generator.h"
 #include "client/request_mix.h"
 #include "client/tool_flags.h"

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "client/infer_request.h"
-#include "client/json_text.h"
+#include "base/json_text.h"
 #include "client/tensor_json.h"
 
 namespace precompile::client {

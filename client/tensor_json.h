@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "client/infer_request.h"
-#include "client/json_text.h"
+#include "base/json_text.h"
 #include "client/tensor.h"
 
 namespace precompile::client {

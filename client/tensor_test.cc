@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "client/json_text.h"
+#include "base/json_text.h"
 #include "client/tensor_json.h"
 
 namespace precompile::client {

@@ -1,15 +1,16 @@
-// JSON text in and out of the client tools, through nlohmann::ordered_json:
-// the inputs they read (inline tensors, request mixes) and the --json and
-// load reports they print. Ordered, so that what the tools print keeps the
-// order it was built in; nlohmann keeps integers as int64 or uint64, so an
-// INT64 beyond 2^53 survives and 3 (an int) stays apart from 3.0 (a float).
+// JSON text in and out, through nlohmann::ordered_json: what the client tools
+// read (inline tensors, request mixes) and print (--json, load reports), and
+// the server's KServe v2 HTTP/REST bodies. Ordered, so that what is printed
+// keeps the order it was built in; nlohmann keeps integers as int64 or
+// uint64, so an INT64 beyond 2^53 survives and 3 (an int) stays apart from
+// 3.0 (a float).
 //
 // nlohmann throws; these functions do not, so that no exception leaves the
-// client's modules.
+// modules that use them.
 //
 // Thread safety: free functions without shared state.
-#ifndef PRECOMPILE_CLIENT_JSON_TEXT_H_
-#define PRECOMPILE_CLIENT_JSON_TEXT_H_
+#ifndef PRECOMPILE_BASE_JSON_TEXT_H_
+#define PRECOMPILE_BASE_JSON_TEXT_H_
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace precompile::client {
+namespace precompile {
 
 using Json = nlohmann::ordered_json;
 
@@ -42,6 +43,6 @@ std::string DumpJson(const Json& json, bool pretty = true);
 // proto3's JSON does the same.
 Json JsonDouble(double value, int significant_digits = 17);
 
-}  // namespace precompile::client
+}  // namespace precompile
 
-#endif  // PRECOMPILE_CLIENT_JSON_TEXT_H_
+#endif  // PRECOMPILE_BASE_JSON_TEXT_H_

@@ -1,4 +1,4 @@
-#include "client/json_text.h"
+#include "base/json_text.h"
 
 #include <cmath>
 #include <set>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 
-namespace precompile::client {
+namespace precompile {
 namespace {
 
 constexpr int kMaxDepth = 200;
@@ -88,4 +88,4 @@ Json JsonDouble(double value, int significant_digits) {
   return value;
 }
 
-}  // namespace precompile::client
+}  // namespace precompile

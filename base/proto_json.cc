@@ -1,4 +1,4 @@
-#include "client/proto_json.h"
+#include "base/proto_json.h"
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/coded_stream.h>
@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace precompile::client {
+namespace precompile {
 namespace {
 
 using google::protobuf::FieldDescriptor;
@@ -123,4 +123,4 @@ Json ProtoToJson(const Message& message) {
   return object;
 }
 
-}  // namespace precompile::client
+}  // namespace precompile
