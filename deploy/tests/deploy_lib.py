@@ -37,6 +37,9 @@ OVERLAYS = {
     # The optional components, on top of an overlay as a user would add them.
     "cpu+fetch-artifacts": ("overlays/cpu", ["components/fetch-artifacts"]),
     "gpu+hpa-request-rate": ("overlays/gpu", ["components/hpa-request-rate"]),
+    # TLS changes the probes, which the gpu overlay patches too.
+    "cpu+tls": ("overlays/cpu", ["components/tls"]),
+    "gpu+tls": ("overlays/gpu", ["components/tls"]),
 }
 
 SERVER_CONTAINER = "server"
@@ -125,7 +128,8 @@ def check_flag(name: str, value: str):
         check_device(value)
     if name == "log_level" and value not in LOG_LEVELS:
         raise ValueError(f"--log_level={value}: spdlog knows {sorted(LOG_LEVELS)}")
-    if name.endswith("_port") and not (parsed == -1 and name == "metrics_port") and not 0 < parsed < 65536:
+    disables = parsed == -1 and name in ("metrics_port", "http_port")
+    if name.endswith("_port") and not disables and not 0 < parsed < 65536:
         raise ValueError(f"--{name}={value}: not a port")
     if name.endswith("_seconds") and parsed < 0:
         raise ValueError(f"--{name}={value}: negative")
@@ -309,13 +313,27 @@ def image_user():
     return users[-1].args
 
 
-def local_server_args(objects, deployment, directory, token: str = "a-token"):
+def local_server_args(objects, deployment, directory, token: str = "a-token", secrets=None):
     """The server container's args, runnable here: each --flagfile's ConfigMap
     key and the --admin_token_file (holding `token`, readable by its owner's
     group only, as the Secret volume mounts it) are written under
-    `directory` (a pathlib.Path) and the flags point there."""
+    `directory` (a pathlib.Path) and the flags point there. `secrets` maps
+    the name of a Secret to a local directory holding its files: a path under
+    that Secret's mount, in the args or a flag file, names the local file."""
     container = server_container(deployment)
     mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"].get("volumes", [])}
+    local_dirs = {}
+    for mount, volume in mounts.items():
+        secret_name = volumes.get(volume, {}).get("secret", {}).get("secretName")
+        if secret_name in (secrets or {}):
+            local_dirs[mount + "/"] = str(secrets[secret_name]).rstrip("/") + "/"
+
+    def localize(text):
+        for mount, local in local_dirs.items():
+            text = text.replace(mount, local)
+        return text
+
     args = []
     for arg in container.get("args", []):
         name, value = split_flag(arg)
@@ -330,10 +348,10 @@ def local_server_args(objects, deployment, directory, token: str = "a-token"):
                 mount, key = os.path.split(path)
                 cm = configmap_for_volume(objects, deployment, mounts[mount])
                 local = directory / key
-                local.write_text(cm["data"][key])
+                local.write_text(localize(cm["data"][key]))
                 paths.append(str(local))
             arg = "--flagfile=" + ",".join(paths)
-        args.append(arg)
+        args.append(localize(arg))
     return args
 
 

@@ -236,6 +236,18 @@ def test_runs_as_a_numeric_non_root_user():
     assert last_user.stage == "runtime"
 
 
+def test_exposes_the_server_ports():
+    """EXPOSE documents the ports the server listens on by default."""
+    exposed = set()
+    for i in instructions("runtime", "EXPOSE"):
+        exposed |= {int(p.split("/")[0]) for p in i.args.split()}
+    flags = lib.server_flags()
+    defaults = {name: flags[name].default_value() for name in ("grpc_port", "http_port", "metrics_port")}
+    assert exposed == set(defaults.values()), (
+        f"the runtime stage exposes {sorted(exposed)}; the server's default ports are {defaults}"
+    )
+
+
 def test_writable_home_and_tmp():
     env = " ".join(i.args for i in instructions("runtime", "ENV"))
     assert re.search(r"\bHOME=/tmp\b", env), "HOME must be writable under a read-only root: /tmp"

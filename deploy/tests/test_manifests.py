@@ -41,6 +41,29 @@ EXPECTED_KINDS = {
 
 overlays = pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 
+# The component that turns TLS on (gRPC and HTTPS), and what it mounts.
+TLS_COMPONENT = "components/tls"
+TLS_SECRET = "precompile-serve-tls"
+TLS_FLAGS = os.path.join(lib.K8S, TLS_COMPONENT, "tls.flags")
+
+
+def tls_variant(overlay):
+    return TLS_COMPONENT in OVERLAYS[overlay][1]
+
+
+tls_overlays = pytest.mark.parametrize("overlay", sorted(o for o in OVERLAYS if tls_variant(o)))
+
+# The server's HTTP health paths each probe asks (server/http_service.cc):
+# /v2/health/ready is 200 only when ready (400 while loading, with a failed
+# model under --strict_readiness, and from SIGTERM on), as the gRPC health
+# service "" is SERVING; /v2/health/live is 200 whenever the server answers.
+HTTP_PROBE_PATHS = {
+    "startupProbe": "/v2/health/ready",
+    "readinessProbe": "/v2/health/ready",
+    "livenessProbe": "/v2/health/live",
+}
+PROBE_HANDLERS = {"exec", "grpc", "httpGet", "tcpSocket"}
+
 
 def deployment(overlay):
     return one(render(overlay), "Deployment", "precompile-serve")
@@ -326,6 +349,10 @@ def test_container_ports_match_the_server(overlay):
     assert ports.get("grpc") == values["grpc_port"], (
         f"container port 'grpc' is {ports.get('grpc')}, the server listens on --grpc_port={values['grpc_port']}"
     )
+    assert ports.get("http") == values["http_port"] > 0, (
+        f"container port 'http' is {ports.get('http')}, the server serves HTTP/REST on "
+        f"--http_port={values['http_port']}"
+    )
     assert ports.get("metrics") == values["metrics_port"], (
         f"container port 'metrics' is {ports.get('metrics')}, the server serves "
         f"--metrics_port={values['metrics_port']}"
@@ -336,26 +363,100 @@ def test_container_ports_match_the_server(overlay):
 
 
 @overlays
-@pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
-def test_probes_use_grpc_health(overlay, probe):
+@pytest.mark.parametrize("probe", sorted(HTTP_PROBE_PATHS))
+def test_probes_ask_the_server_s_health(overlay, probe):
+    """Without TLS: gRPC probes of the health service "". With TLS, which
+    Kubernetes' gRPC probes cannot speak: HTTPS httpGet probes of the KServe
+    v2 health paths, which the kubelet sends without verifying the server's
+    certificate and without one of its own."""
     container = server_container(deployment(overlay))
+    values = flags(overlay)
     assert probe in container, f"{overlay}: the server container has no {probe}"
     p = container[probe]
-    assert "grpc" in p, f"{overlay}: {probe} is not a gRPC probe"
-    assert p["grpc"]["port"] == flags(overlay)["grpc_port"], (
-        f"{overlay}: {probe} checks port {p['grpc']['port']}, the server listens on "
-        f"--grpc_port={flags(overlay)['grpc_port']}"
+    # The schemas do not check this: a patch that adds a handler without
+    # removing the old one leaves two, which the API server refuses.
+    handlers = sorted(PROBE_HANDLERS & set(p))
+    assert len(handlers) == 1, f"{overlay}: {probe} has the handlers {handlers}; exactly one is allowed"
+    if not tls_variant(overlay):
+        assert not values["tls_cert"], (
+            f"{overlay}: Kubernetes gRPC probes speak plaintext: with --tls_cert they fail (use {TLS_COMPONENT})"
+        )
+        assert "grpc" in p, f"{overlay}: {probe} is not a gRPC probe"
+        assert p["grpc"]["port"] == values["grpc_port"], (
+            f"{overlay}: {probe} checks port {p['grpc']['port']}, the server listens on "
+            f"--grpc_port={values['grpc_port']}"
+        )
+        # server/server.cc: the service "" is SERVING once the repository is
+        # loaded and NOT_SERVING from SIGTERM on; per-model services carry model
+        # names, which a deployment-wide probe cannot know.
+        assert p["grpc"].get("service", "") == "", (
+            f"{overlay}: {probe} asks for health service '{p['grpc']['service']}'; the server's overall "
+            f"service is ''"
+        )
+        return
+    assert values["tls_cert"], f"{overlay}: the TLS variant does not set --tls_cert"
+    assert "httpGet" in p, (
+        f"{overlay}: {probe} is a {handlers[0]} probe; with TLS it must be an HTTPS httpGet probe "
+        f"(Kubernetes' gRPC probes cannot speak TLS)"
     )
-    # server/server.cc: the service "" is SERVING once the repository is
-    # loaded and NOT_SERVING from SIGTERM on; per-model services carry model
-    # names, which a deployment-wide probe cannot know.
-    assert p["grpc"].get("service", "") == "", (
-        f"{overlay}: {probe} asks for health service '{p['grpc']['service']}'; the server's overall "
-        f"service is ''"
+    get = p["httpGet"]
+    assert get.get("scheme") == "HTTPS", (
+        f"{overlay}: {probe} uses scheme {get.get('scheme', 'HTTP')}; with --tls_cert the HTTP port speaks HTTPS only"
     )
-    assert not flags(overlay)["tls_cert"], (
-        "Kubernetes gRPC probes speak plaintext: with --tls_cert they fail"
+    ports = {q["name"]: q["containerPort"] for q in container["ports"]}
+    port = ports.get(get["port"]) if isinstance(get["port"], str) else get["port"]
+    assert port == values["http_port"] > 0, (
+        f"{overlay}: {probe} asks port {get['port']} ({port}), the server serves HTTPS on "
+        f"--http_port={values['http_port']}"
     )
+    assert get.get("path") == HTTP_PROBE_PATHS[probe], (
+        f"{overlay}: {probe} asks {get.get('path')}, expected {HTTP_PROBE_PATHS[probe]}"
+    )
+    # The kubelet would send Host: <host> to the pod IP; the server knows no
+    # virtual hosts, and a probe needs no headers.
+    assert "host" not in get and not get.get("httpHeaders"), f"{overlay}: {probe}: {get}"
+
+
+@tls_overlays
+def test_tls_files_come_from_the_tls_secret(overlay):
+    """--tls_cert and --tls_key (and --tls_client_ca when set) name files of
+    the Secret volume the component mounts: the kubernetes.io/tls keys,
+    read-only, not readable by every user (the key is private)."""
+    values = flags(overlay)
+    spec = pod_spec(overlay)
+    container = server_container(deployment(overlay))
+    files = {"tls_cert": "tls.crt", "tls_key": "tls.key"}
+    if values["tls_client_ca"]:
+        files["tls_client_ca"] = "ca.crt"
+    for flag, key in files.items():
+        path = values[flag]
+        assert path, f"{overlay}: --{flag} is not set"
+        assert os.path.basename(path) == key, (
+            f"{overlay}: --{flag}={path}: a kubernetes.io/tls Secret (kubectl create secret tls, "
+            f"cert-manager) holds it as {key}"
+        )
+        secret, mount = secret_file_mount(spec, container, path)
+        assert secret["secretName"] == TLS_SECRET and not secret.get("optional", False), secret
+        assert mount.get("readOnly") is True, f"{overlay}: the TLS Secret is mounted writable"
+        assert secret.get("defaultMode", 0o644) & 0o007 == 0, (
+            f"{overlay}: the TLS Secret's files are readable by every user (mode "
+            f"{oct(secret.get('defaultMode', 0o644))})"
+        )
+    assert values["http_port"] > 0 and values["grpc_port"] > 0
+    assert_no_token_in_env_or_literals(render(overlay), all_containers(spec), overlay)
+
+
+def test_the_mutual_tls_line_names_the_secret_s_ca():
+    """tls.flags offers mutual TLS as a commented line: uncommented, it must be
+    a valid flag naming a file of the TLS Secret's mount."""
+    with open(TLS_FLAGS) as f:
+        lines = [l.strip().lstrip("#").strip() for l in f if re.match(r"\s*#\s*--tls_client_ca=", l)]
+    assert len(lines) == 1, f"{TLS_FLAGS}: expected one commented --tls_client_ca line, found {lines}"
+    name, value = lib.split_flag(lines[0])
+    lib.check_flag(name, value)
+    overlay = sorted(o for o in OVERLAYS if tls_variant(o))[0]
+    secret, _ = secret_file_mount(pod_spec(overlay), server_container(deployment(overlay)), value)
+    assert secret["secretName"] == TLS_SECRET and os.path.basename(value) == "ca.crt"
 
 
 @overlays
@@ -411,22 +512,41 @@ def test_services(overlay):
     assert set(services) == {"precompile-serve", "precompile-serve-headless"}, sorted(services)
     main, headless = services["precompile-serve"], services["precompile-serve-headless"]
     assert main["spec"].get("type", "ClusterIP") == "ClusterIP"
-    assert {p["name"] for p in main["spec"]["ports"]} == {"grpc", "metrics"}
+    assert {p["name"] for p in main["spec"]["ports"]} == {"grpc", "http", "metrics"}
     assert headless["spec"].get("clusterIP") == "None", "the headless Service needs clusterIP: None"
     assert not headless["spec"].get("publishNotReadyAddresses"), (
         "the headless Service must publish only ready pods to clients"
     )
-    assert "grpc" in {p["name"] for p in headless["spec"]["ports"]}
+    assert {"grpc", "http"} <= {p["name"] for p in headless["spec"]["ports"]}
+    values = flags(overlay)
+    # What meshes and gateways send to each port: cleartext HTTP/2 and HTTP,
+    # or TLS to both once --tls_cert is set; metrics stay plain HTTP.
+    tls = bool(values["tls_cert"])
+    app_protocols = {
+        "grpc": "https" if tls else "kubernetes.io/h2c",
+        "http": "https" if tls else "http",
+        "metrics": "http",
+    }
     for s in services.values():
-        assert matches(s["spec"]["selector"], labels), f"Service {s['metadata']['name']} selects no server pod"
+        name = s["metadata"]["name"]
+        assert matches(s["spec"]["selector"], labels), f"Service {name} selects no server pod"
         for p in s["spec"]["ports"]:
             target = p.get("targetPort", p["port"])
             if isinstance(target, str):
-                assert target in port_names, f"Service {s['metadata']['name']}: no container port named {target}"
+                assert target in port_names, f"Service {name}: no container port named {target}"
             else:
                 assert target in port_names.values()
-            if p["name"] == "grpc":
-                assert (port_names[target] if isinstance(target, str) else target) == flags(overlay)["grpc_port"]
+            if p["name"] in app_protocols:
+                resolved = port_names[target] if isinstance(target, str) else target
+                flag = f"{p['name']}_port"
+                assert resolved == values[flag], (
+                    f"Service {name}: port {p['name']} reaches {resolved}, the server listens on "
+                    f"--{flag}={values[flag]}"
+                )
+                assert p.get("appProtocol") == app_protocols[p["name"]], (
+                    f"{overlay}: Service {name}: port {p['name']} has appProtocol {p.get('appProtocol')}, "
+                    f"expected {app_protocols[p['name']]} ({'TLS' if tls else 'no TLS'})"
+                )
 
 
 @overlays
@@ -449,9 +569,14 @@ def test_network_policy(overlay):
             assert not isinstance(p["port"], str) or p["port"] in ports, f"no container port named {p['port']}"
             allowed.setdefault(resolve(p["port"]), []).append(rule["from"])
     values = flags(overlay)
-    assert set(allowed) == {values["grpc_port"], values["metrics_port"]}, (
-        f"the NetworkPolicy admits ports {sorted(allowed)}; expected gRPC {values['grpc_port']} "
-        f"and metrics {values['metrics_port']} only"
+    assert set(allowed) == {values["grpc_port"], values["http_port"], values["metrics_port"]}, (
+        f"the NetworkPolicy admits ports {sorted(allowed)}; expected gRPC {values['grpc_port']}, "
+        f"HTTP {values['http_port']} and metrics {values['metrics_port']} only"
+    )
+    # HTTP/REST is the same API as gRPC: the same clients may call it.
+    assert allowed[values["http_port"]] == allowed[values["grpc_port"]], (
+        f"the NetworkPolicy admits HTTP from {allowed[values['http_port']]}, gRPC from "
+        f"{allowed[values['grpc_port']]}"
     )
     for peers in allowed[values["metrics_port"]]:
         for peer in peers:

@@ -3,13 +3,16 @@ deploy/stage_runtime.sh lays out the server and its torch libraries as the
 Dockerfile's builder stage does; the staged server must then load only what is
 staged or comes from the Debian packages the runtime stage installs, serve an
 example artifact from that layout, and behave on SIGTERM as the Kubernetes
-probes and grace period expect (deploy/k8s).
+probes and grace period expect (deploy/k8s), with TLS too (the tls
+component): HTTPS probes as the kubelet sends them.
 """
 
+import http.client
 import os
 import re
 import signal
 import shutil
+import ssl
 import subprocess
 import time
 
@@ -60,6 +63,42 @@ def dpkg_package(path):
 
 def allowed_packages():
     return set(test_dockerfile.runtime_apt_packages()) | test_dockerfile.SLIM_BASE_PACKAGES
+
+
+def packages_owning_name(name):
+    """The Debian packages that own a file `name` in a system library
+    directory, under that name: a link only a -dev package provides (the
+    unversioned libfoo.so) counts as that package's, not the library's."""
+    owners = set()
+    for directory in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib"):
+        path = os.path.join(directory, name)
+        if not os.path.lexists(path):
+            continue
+        r = subprocess.run(["dpkg-query", "-S", path], capture_output=True, text=True)
+        if r.returncode == 0:
+            for line in r.stdout.splitlines():  # "pkg:arch[, pkg:arch]: path"
+                owners |= {p.strip().split(":")[0] for p in line.rsplit(": ", 1)[0].split(",")}
+    return owners
+
+
+def check_dlopened_by_name(debug_output, staged):
+    """LD_DEBUG=files output: every library opened with dlopen by a bare name
+    is staged or comes from a package the runtime stage installs, under that
+    very name. ldd cannot see these: no NEEDED entry names them."""
+    if not shutil.which("dpkg-query"):
+        return
+    staged_names = {p.name for p in staged.rglob("*")}
+    problems = []
+    for path in debug_output:
+        for name, loader in set(re.findall(r"file=([^/\s]+) \[\d+\];\s+dynamically loaded by (\S+)",
+                                           path.read_text())):
+            if name in staged_names:
+                continue
+            owners = packages_owning_name(name)
+            if not owners & allowed_packages():
+                problems.append(f"{loader} opens {name} with dlopen: here it comes from {sorted(owners)}, "
+                                f"which the runtime stage of deploy/Dockerfile does not install")
+    assert not problems, "\n".join(problems)
 
 
 def test_layout(staged):
@@ -169,7 +208,8 @@ def test_serves_from_the_staged_layout_and_drains(staged, tmp_path):
     command = (
         [str(staged / "bin/precompile_server"), f"--model_repository={repository}"]
         + args
-        + ["--grpc_port=0", "--metrics_port=-1", f"--shutdown_delay_seconds={delay}", "--drain_timeout_seconds=5"]
+        + ["--listen_address=127.0.0.1", "--grpc_port=0", "--http_port=0", "--metrics_port=-1",
+           f"--shutdown_delay_seconds={delay}", "--drain_timeout_seconds=5"]
     )
     log = tmp_path / "server.log"
     with open(log, "w") as out:
@@ -217,6 +257,173 @@ def test_serves_from_the_staged_layout_and_drains(staged, tmp_path):
         elapsed = time.monotonic() - signalled
         assert code == 0, f"exit {code} after SIGTERM:\n{read_log(log)}"
         assert elapsed >= delay, f"exited after {elapsed:.1f} s, before --shutdown_delay_seconds={delay}"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+TLS_SECRET = "precompile-serve-tls"
+
+
+def make_certificates(secret, client):
+    """The Secret's files, made with the openssl CLI: a self-signed server
+    certificate for 127.0.0.1 (tls.crt, tls.key) and a CA (ca.crt); in
+    `client`, a client certificate that CA signed."""
+    assert shutil.which("openssl"), "no openssl command (tools/setup.sh installs it)"
+
+    def openssl(*args):
+        r = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"openssl {' '.join(map(str, args))}:\n{r.stderr}"
+
+    new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *new_key, "-days", "1", "-keyout", secret / "tls.key", "-out", secret / "tls.crt",
+            "-subj", "/CN=precompile-serve", "-addext", "subjectAltName=IP:127.0.0.1")
+    openssl("req", "-x509", *new_key, "-days", "1", "-keyout", client / "ca.key", "-out", secret / "ca.crt",
+            "-subj", "/CN=precompile-serve test CA")
+    openssl("req", "-new", *new_key, "-keyout", client / "client.key", "-out", client / "client.csr",
+            "-subj", "/CN=client")
+    (client / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", client / "client.csr", "-CA", secret / "ca.crt", "-CAkey", client / "ca.key",
+            "-CAcreateserial", "-out", client / "client.crt", "-days", "1", "-extfile", client / "client.ext")
+    for path in secret.iterdir():
+        path.chmod(0o440)  # as the Secret volume's defaultMode
+
+
+def https_get(port, path, client_certificate=None):
+    """GET https://127.0.0.1:port/path as the kubelet probes: the server's
+    certificate not verified, no client certificate, HTTP/2 and HTTP/1.1
+    offered, no keep-alive. Returns the status."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    if client_certificate:
+        context.load_cert_chain(*client_certificate)
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+    try:
+        connection.request("GET", path, headers={"User-Agent": "kube-probe/1.27", "Connection": "close"})
+        assert connection.sock.selected_alpn_protocol() in (None, "http/1.1"), (
+            f"the server negotiated {connection.sock.selected_alpn_protocol()}, which this client cannot speak"
+        )
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mutual-tls"])
+def test_https_probes_with_the_tls_component(staged, tmp_path, mutual):
+    """The staged server with the cpu+tls variant's flags and certificates in
+    its Secret's place (mutual-tls: the commented --tls_client_ca line of
+    tls.flags uncommented) serves HTTPS only on the HTTP port: the probes'
+    paths answer the kubelet's requests, /v2/health/ready 200 once the example
+    is loaded and 400 from SIGTERM on while /v2/health/live stays 200; plain
+    HTTP gets no answer; under mutual TLS every other path needs a client
+    certificate. gRPC speaks TLS from the same files."""
+    import grpc
+
+    artifact = os.environ.get("EXAMPLE_ARTIFACT")
+    if not artifact:
+        pytest.skip("EXAMPLE_ARTIFACT is not set (bazel test sets it)")
+    repository = tmp_path / "models"
+    shutil.copytree(artifact, repository / "mlp" / "1", symlinks=False)
+    secret, client = tmp_path / "tls-secret", tmp_path / "client"
+    secret.mkdir()
+    client.mkdir()
+    make_certificates(secret, client)
+
+    objects = lib.render("cpu+tls")
+    args = lib.local_server_args(objects, lib.one(objects, "Deployment"), tmp_path, token="t0ken",
+                                 secrets={TLS_SECRET: secret})
+    tls_flags = tmp_path / "tls.flags"
+    text = tls_flags.read_text()
+    assert f"--tls_cert={secret}/tls.crt" in text and f"--tls_key={secret}/tls.key" in text, text
+    if mutual:
+        text, n = re.subn(r"^#\s*(--tls_client_ca=)", r"\1", text, flags=re.M)
+        assert n == 1 and f"--tls_client_ca={secret}/ca.crt" in text, text
+        tls_flags.write_text(text)
+    delay = 2
+    command = (
+        [str(staged / "bin/precompile_server"), f"--model_repository={repository}"]
+        + args
+        + ["--listen_address=127.0.0.1", "--grpc_port=0", "--http_port=0", "--metrics_port=-1",
+           f"--shutdown_delay_seconds={delay}", "--drain_timeout_seconds=5"]
+    )
+    log = tmp_path / "server.log"
+    debug = tmp_path / "ld-debug"
+    debug.mkdir()
+    with open(log, "w") as out:
+        # As in the image, no LD_LIBRARY_PATH; the loader reports what it
+        # opens (LD_DEBUG changes no search).
+        environment = {"LD_DEBUG": "files", "LD_DEBUG_OUTPUT": str(debug / "ld")}
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment, cwd="/")
+    try:
+        listening = wait_for(
+            lambda: server.poll() is not None
+            or re.search(r"event=listening grpc_port=(\d+) metrics_port=\S+ http_port=(\d+)", read_log(log)),
+            60, "the server to listen", log)
+        assert server.poll() is None, f"the server exited {server.returncode}:\n{read_log(log)}"
+        grpc_port, port = int(listening.group(1)), int(listening.group(2))
+        assert port > 0
+
+        def probe(path, certificate=None):
+            try:
+                return https_get(port, path, certificate)
+            except (OSError, http.client.HTTPException) as e:
+                try:
+                    code = server.wait(timeout=1)
+                    died = f"; the server died ({f'signal {-code}' if code < 0 else f'exit {code}'})"
+                except subprocess.TimeoutExpired:
+                    died = ""
+                pytest.fail(f"GET https://127.0.0.1:{port}{path}: {e!r}{died}\nserver log:\n{read_log(log)}")
+
+        assert probe("/v2/health/live") == 200
+        wait_for(lambda: probe("/v2/health/ready") == 200, 120, "/v2/health/ready to answer 200", log)
+        ready = re.search(r"event=ready models_ready=(\d+) models_failed=(\d+)", read_log(log))
+        assert ready and ready.groups() == ("1", "0"), f"the example did not load:\n{read_log(log)}"
+
+        # HTTPS only: a plaintext request gets no HTTP answer.
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            plain.request("GET", "/v2/health/live")
+            status = plain.getresponse().status
+        except (http.client.HTTPException, OSError):
+            pass
+        else:
+            pytest.fail(f"plain HTTP to the HTTPS port got an answer: {status}")
+        finally:
+            plain.close()
+        assert server.poll() is None, f"a plaintext request ended the server:\n{read_log(log)}"
+
+        certificate = (str(client / "client.crt"), str(client / "client.key"))
+        if mutual:
+            assert probe("/v2") == 401, "server metadata answered without a client certificate"
+            assert probe("/v2", certificate) == 200
+        else:
+            assert probe("/v2") == 200
+
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=(secret / "tls.crt").read_bytes(),
+            private_key=(client / "client.key").read_bytes() if mutual else None,
+            certificate_chain=(client / "client.crt").read_bytes() if mutual else None,
+        )
+        with grpc.secure_channel(f"127.0.0.1:{grpc_port}", credentials) as channel:
+            assert health(channel, "") == "SERVING"
+
+        server.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        wait_for(lambda: probe("/v2/health/ready") == 400, 1, "/v2/health/ready to answer 400", log)
+        # Through the shutdown delay the server still answers: not ready, live.
+        time.sleep(delay / 2)
+        assert server.poll() is None, f"the server exited inside --shutdown_delay_seconds:\n{read_log(log)}"
+        assert probe("/v2/health/live") == 200
+        assert probe("/v2/health/ready") == 400
+        code = server.wait(timeout=delay + 5 + 10)
+        assert code == 0, f"exit {code} after SIGTERM:\n{read_log(log)}"
+        assert time.monotonic() - signalled >= delay
+        check_dlopened_by_name(sorted(debug.iterdir()), staged)
     finally:
         if server.poll() is None:
             server.kill()
