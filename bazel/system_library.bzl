@@ -8,6 +8,8 @@ them (/usr/include is on the compiler's default search path), which keeps
 """
 
 def _pkg_config(rctx, flag, modules):
+    if not modules:
+        return []
     result = rctx.execute(["pkg-config", flag] + modules)
     if result.return_code != 0:
         fail("pkg-config {} {} failed: {}\nInstall the Debian packages with tools/setup.sh.".format(
@@ -48,7 +50,7 @@ system_library = repository_rule(
     implementation = _system_library_impl,
     local = True,
     attrs = {
-        "modules": attr.string_list(mandatory = True, doc = "pkg-config module names"),
+        "modules": attr.string_list(doc = "pkg-config module names; none for a library without one"),
         "headers": attr.string_list(doc = "headers under /usr/include that must exist"),
         "extra_linkopts": attr.string_list(doc = "libraries without a pkg-config module"),
         "target": attr.string(doc = "name of the cc_library; defaults to the repository's name"),

@@ -48,7 +48,7 @@ EOF
 
 log "starting precompile_server on :$PORT"
 taskset -c "$SERVER_CPUS" "$BIN/server/precompile_server" --model_repository="$REPO" \
-  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=-1 --torch_threads=1 \
+  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=-1 --http_port=-1 --torch_threads=1 \
   --inference_threads=2 --log_level=warn > "$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT

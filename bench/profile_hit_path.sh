@@ -30,7 +30,8 @@ REPO="$OUT/repo"
 rm -rf "$REPO"; mkdir -p "$REPO/mlp"; cp -rL "$BIN/examples/mlp" "$REPO/mlp/1"; chmod -R u+w "$REPO"
 
 ours=("$BIN/server/precompile_server" --model_repository="$REPO" --listen_address=127.0.0.1
-      --grpc_port="$PORT" --metrics_port=$((PORT + 1)) --torch_threads=1 --log_level=warn)
+      --grpc_port="$PORT" --metrics_port=$((PORT + 1)) --http_port=-1 --torch_threads=1
+      --log_level=warn)
 echo=("$BIN/bench/echo_server" --port="$PORT")
 
 profile() {  # name server...

@@ -15,13 +15,10 @@
 namespace precompile::server {
 namespace {
 
-// True when the call's "authorization" metadata is "Bearer <token>". The
-// comparison takes the same time wherever the values differ.
-bool CarriesToken(const grpc::ServerContext& context, const std::string& token) {
+// True when `given` is "Bearer <token>". The comparison takes the same time
+// wherever the values differ.
+bool IsBearer(absl::string_view given, const std::string& token) {
   const std::string expected = "Bearer " + token;
-  auto it = context.client_metadata().find("authorization");
-  if (it == context.client_metadata().end()) return false;
-  absl::string_view given(it->second.data(), it->second.size());
   if (given.size() != expected.size()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < given.size(); ++i) {
@@ -29,6 +26,18 @@ bool CarriesToken(const grpc::ServerContext& context, const std::string& token) 
   }
   return diff == 0;
 }
+
+// True when the call's "authorization" metadata is "Bearer <token>".
+bool CarriesToken(const grpc::ServerContext& context, const std::string& token) {
+  auto it = context.client_metadata().find("authorization");
+  if (it == context.client_metadata().end()) return false;
+  return IsBearer(absl::string_view(it->second.data(), it->second.size()), token);
+}
+
+constexpr char kControlOff[] =
+    "model control (load, unload, rescan) is off: start the server with "
+    "--admin_token_file=FILE and send 'authorization: Bearer <token>', or, "
+    "for local development only, with --allow_unauthenticated_control";
 
 grpc::Status Unauthenticated() {
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -46,11 +55,17 @@ grpc::Status ControlAccess::CheckRead(const grpc::ServerContext& context) const 
 grpc::Status ControlAccess::CheckControl(const grpc::ServerContext& context) const {
   if (!token_.empty()) return CarriesToken(context, token_) ? grpc::Status::OK : Unauthenticated();
   if (allow_unauthenticated_) return grpc::Status::OK;
-  return grpc::Status(
-      grpc::StatusCode::PERMISSION_DENIED,
-      "model control (load, unload, rescan) is off: start the server with "
-      "--admin_token_file=FILE and send 'authorization: Bearer <token>', or, "
-      "for local development only, with --allow_unauthenticated_control");
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, kControlOff);
+}
+
+absl::Status ControlAccess::CheckControlHeader(const char* authorization) const {
+  if (!token_.empty()) {
+    if (authorization != nullptr && IsBearer(authorization, token_)) return absl::OkStatus();
+    return absl::UnauthenticatedError(
+        "this call needs the admin token: header 'Authorization: Bearer <token>'");
+  }
+  if (allow_unauthenticated_) return absl::OkStatus();
+  return absl::PermissionDeniedError(kControlOff);
 }
 
 absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path) {

@@ -4,7 +4,8 @@
 //
 // Calls that change what is served (the admin service's LoadModel,
 // UnloadModel and Rescan; KServe's RepositoryModelLoad and Unload) need:
-//   - with a token: the metadata "authorization: Bearer <token>";
+//   - with a token: the metadata (over HTTP, the header)
+//     "authorization: Bearer <token>";
 //   - without one: --allow_unauthenticated_control, meant for development;
 //     otherwise PERMISSION_DENIED naming both ways to enable them.
 // The admin service's reading calls (models, summary, FRAMES, coverage,
@@ -41,6 +42,9 @@ class ControlAccess {
   // and the call does not carry it) or PERMISSION_DENIED (no token, and
   // unauthenticated control is not allowed).
   grpc::Status CheckControl(const grpc::ServerContext& context) const;
+  // The same for an HTTP request: `authorization` is its Authorization
+  // header's value, or null without one.
+  absl::Status CheckControlHeader(const char* authorization) const;
 
  private:
   const std::string token_;

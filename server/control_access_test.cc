@@ -42,6 +42,24 @@ TEST(ControlAccess, WithoutATokenControlIsOffAndSaysHowToTurnItOn) {
   EXPECT_EQ(Read(access), grpc::StatusCode::OK);
 }
 
+// Over HTTP the same rules read the Authorization header.
+TEST(ControlAccess, AnHttpAuthorizationHeaderIsCheckedAsTheMetadataIs) {
+  const ControlAccess off("", /*allow_unauthenticated=*/false);
+  EXPECT_EQ(off.CheckControlHeader(nullptr).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(off.CheckControlHeader("Bearer guess").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(ControlAccess("", true).CheckControlHeader(nullptr).ok());
+  for (bool allow : {false, true}) {
+    const ControlAccess access("s3cret", allow);
+    EXPECT_TRUE(access.CheckControlHeader("Bearer s3cret").ok());
+    for (const char* wrong : {"", "Bearer s3cre", "Bearer s3cret ", "bearer s3cret", "s3cret"}) {
+      const absl::Status refused = access.CheckControlHeader(wrong);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << wrong;
+      EXPECT_THAT(refused.message(), HasSubstr("Authorization: Bearer <token>"));
+    }
+    EXPECT_EQ(access.CheckControlHeader(nullptr).code(), absl::StatusCode::kUnauthenticated);
+  }
+}
+
 TEST(ControlAccess, TheExplicitFlagAllowsControlWithoutAToken) {
   const ControlAccess access("", /*allow_unauthenticated=*/true);
   EXPECT_TRUE(Control(access).ok());

@@ -1,161 +1,19 @@
 #include "server/inference_service.h"
 
 #include <grpcpp/support/proto_buffer_reader.h>
-#include <spdlog/spdlog.h>
 
-#include <algorithm>
 #include <array>
 #include <chrono>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/algorithm/container.h"
-#include "absl/container/flat_hash_set.h"
-#include "absl/container/inlined_vector.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
-#include "runtime/dtype.h"
-#include "runtime/value.h"
-#include "server/control_access.h"
 #include "server/grpc_status.h"
 #include "server/infer_response.h"
-#include "server/tensor_codec.h"
 
 namespace precompile::server {
 namespace {
-
-using artifact::v1::Frame;
-using artifact::v1::Parameter;
-
-constexpr char kServerName[] = "precompile-serve";
-constexpr char kServerVersion[] = "0.1.0";
-constexpr char kPlatform[] = "precompile_serve";
-
-// Request parameters that Triton's clients may send and that mean nothing
-// here; they are accepted and ignored rather than refused.
-const absl::flat_hash_set<std::string>& IgnoredParameters() {
-  static const auto* keys = new absl::flat_hash_set<std::string>{
-      "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-      "binary_data_output", "triton_enable_empty_final_response", "headers"};
-  return *keys;
-}
-
-bool IsTensorKind(Parameter::Kind kind) {
-  return kind == Parameter::TENSOR || kind == Parameter::OPTIONAL_TENSOR;
-}
-
-struct TensorMeta {
-  std::string name;
-  DType dtype = DType::kFloat32;
-  std::vector<int64_t> shape;
-  // An input the request may leave out (its argument has a default).
-  bool optional = false;
-};
-
-// Merges the sizes the variants guard for one tensor: a dimension every
-// variant fixes to the same size keeps it, anything else is -1.
-void MergeShape(std::optional<std::vector<int64_t>>& merged,
-                const std::vector<int64_t>& shape) {
-  if (!merged) {
-    merged = shape;
-    return;
-  }
-  if (merged->size() != shape.size()) {
-    merged = std::vector<int64_t>{-1};
-    return;
-  }
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if ((*merged)[d] != shape[d]) (*merged)[d] = -1;
-  }
-}
-
-// The tensor arguments the example calls passed: a tensor argument no call
-// passed keeps its default (None) in every variant, so it is not listed,
-// although a request that sends it is answered (refused by the guards).
-std::vector<TensorMeta> InputsOf(const Frame& frame) {
-  std::vector<TensorMeta> inputs;
-  for (int p = 0; p < frame.parameters_size(); ++p) {
-    const Parameter& param = frame.parameters(p);
-    if (!IsTensorKind(param.kind())) continue;
-    if (!param.passed() && param.has_default_value()) continue;
-    TensorMeta meta;
-    meta.name = param.name();
-    meta.optional = param.has_default_value();
-    meta.dtype = DTypeFromProto(param.example_dtype()).value_or(DType::kFloat32);
-    std::optional<std::vector<int64_t>> shape;
-    for (const auto& variant : frame.variants()) {
-      for (const auto& guard : variant.guards()) {
-        if (guard.parameter() != static_cast<uint32_t>(p) || !guard.has_tensor() ||
-            guard.tensor().is_none()) {
-          continue;
-        }
-        std::vector<int64_t> dims;
-        for (const auto& dim : guard.tensor().dims()) {
-          dims.push_back(dim.has_symbol() ? -1 : dim.static_size());
-        }
-        MergeShape(shape, dims);
-      }
-    }
-    meta.shape = shape.value_or(std::vector<int64_t>{-1});
-    inputs.push_back(std::move(meta));
-  }
-  return inputs;
-}
-
-// The tensor leaves of what the frame returns; the others are not sent.
-std::vector<TensorMeta> OutputsOf(const Frame& frame) {
-  std::vector<TensorMeta> outputs;
-  for (const auto& leaf : frame.outputs().leaves()) {
-    if (leaf.is_tensor()) outputs.push_back({leaf.name()});
-  }
-  std::vector<std::optional<std::vector<int64_t>>> shapes(outputs.size());
-  for (const auto& variant : frame.variants()) {
-    for (int i = 0; i < variant.outputs_size() && i < static_cast<int>(outputs.size());
-         ++i) {
-      const auto& spec = variant.outputs(i);
-      outputs[i].dtype = DTypeFromProto(spec.dtype()).value_or(DType::kFloat32);
-      MergeShape(shapes[i], std::vector<int64_t>(spec.shape().begin(), spec.shape().end()));
-    }
-  }
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    outputs[i].shape = shapes[i].value_or(std::vector<int64_t>{-1});
-  }
-  return outputs;
-}
-
-absl::StatusOr<Value> ParameterValue(const std::string& name,
-                                     const inference::InferParameter& p) {
-  switch (p.parameter_choice_case()) {
-    case inference::InferParameter::kBoolParam: return Value(p.bool_param());
-    case inference::InferParameter::kInt64Param: return Value(p.int64_param());
-    case inference::InferParameter::kDoubleParam: return Value(p.double_param());
-    case inference::InferParameter::kStringParam: return Value(p.string_param());
-    case inference::InferParameter::kUint64Param:
-      if (p.uint64_param() > static_cast<uint64_t>(INT64_MAX)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter '", name, "' is too large for an int"));
-      }
-      return Value(static_cast<int64_t>(p.uint64_param()));
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "' has no value"));
-  }
-}
-
-// A recorded default as Python would print it: 0, 2.5, True, 'mean', None.
-std::string ScalarText(const artifact::v1::Scalar& s) {
-  switch (s.value_case()) {
-    case artifact::v1::Scalar::kBoolValue: return s.bool_value() ? "True" : "False";
-    case artifact::v1::Scalar::kIntValue: return absl::StrCat(s.int_value());
-    case artifact::v1::Scalar::kFloatValue: return absl::StrCat(s.float_value());
-    case artifact::v1::Scalar::kStringValue: return absl::StrCat("'", s.string_value(), "'");
-    default: return "None";
-  }
-}
 
 // gRPC's completion queue orders what the thread that requests a call does
 // before it hands the call's tag to gRPC and what the thread that gets the
@@ -179,17 +37,6 @@ void HandToGrpc(void*) {}
 void TakeFromGrpc(void*) {}
 #endif
 
-RequestOutcome OutcomeOfStatus(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kFailedPrecondition: return RequestOutcome::kRefused;
-    case absl::StatusCode::kInvalidArgument: return RequestOutcome::kInvalid;
-    case absl::StatusCode::kResourceExhausted: return RequestOutcome::kOverloaded;
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kDeadlineExceeded: return RequestOutcome::kCancelled;
-    default: return RequestOutcome::kError;
-  }
-}
-
 }  // namespace
 
 // One ModelInfer call on gRPC's asynchronous API. Its events: `requested`
@@ -198,7 +45,8 @@ RequestOutcome OutcomeOfStatus(const absl::Status& status) {
 // makes IsCancelled() a cheap read), in either order, on any thread. Once a
 // call arrived, three parties hold it: the thread that answers it (until
 // Finish returns) and the two events; the last to let go deletes it.
-class InferenceService::InferCall final : public RequestScheduler::Job {
+class InferenceService::InferCall final : public RequestScheduler::Job,
+                                          public InferenceApi::Call {
  public:
   enum class Event { kRequested, kAnswered, kDone };
   struct Tag {
@@ -210,8 +58,25 @@ class InferenceService::InferCall final : public RequestScheduler::Job {
     context.AsyncNotifyWhenDone(&done_);
   }
 
-  void Run() override { status = service_->RunAdmitted(this, &response); }
+  void Run() override { status = ToGrpcStatus(service_->api_.Infer(*this, received)); }
   void Complete() override { service_->Answer(this); }
+
+  absl::Status Parse(inference::ModelInferRequest* request) override {
+    // The one copy of the input bytes: out of gRPC's buffer into the message.
+    grpc::ProtoBufferReader reader(&raw_request);
+    if (!request->ParseFromZeroCopyStream(&reader)) {
+      return absl::InvalidArgumentError(
+          "the request is not a ModelInferRequest (it does not parse)");
+    }
+    return absl::OkStatus();
+  }
+  // With AsyncNotifyWhenDone this reads a flag.
+  bool Cancelled() override { return context.IsCancelled(); }
+  absl::Status Encode(const inference::ModelInferResponse& message,
+                      std::vector<OutputTensor>& outputs) override {
+    response = SerializeInferResponse(message, outputs);
+    return absl::OkStatus();
+  }
 
   static std::pair<InferCall*, Event> Of(void* tag) {
     const Tag* t = static_cast<const Tag*>(tag);
@@ -241,15 +106,9 @@ class InferenceService::InferCall final : public RequestScheduler::Job {
   std::atomic<int> holders_{3};
 };
 
-InferenceService::InferenceService(ModelRepository& repository, ServerMetrics* metrics,
-                                   ServingState& state, RequestScheduler& scheduler,
+InferenceService::InferenceService(InferenceApi& api, RequestScheduler& scheduler,
                                    ControlAccess access, int pollers)
-    : repository_(repository),
-      metrics_(metrics),
-      state_(state),
-      scheduler_(scheduler),
-      access_(std::move(access)),
-      pollers_(pollers) {}
+    : api_(api), scheduler_(scheduler), access_(std::move(access)), pollers_(pollers) {}
 
 InferenceService::~InferenceService() { StopServing(); }
 
@@ -309,11 +168,7 @@ void InferenceService::ServeCalls() {
 void InferenceService::OnRequested(InferCall* call) {
   call->received = absl::Now();
   if (!scheduler_.Submit(call)) {
-    call->responder.FinishWithError(
-        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                     absl::StrCat("the server is at its limit of ", scheduler_.max_in_flight(),
-                                  " concurrent inference requests; retry later")),
-        call->answered_tag());
+    call->responder.FinishWithError(ToGrpcStatus(scheduler_.Refusal()), call->answered_tag());
     if (call->Unref()) Delete(call);
   }
 }
@@ -342,383 +197,46 @@ grpc::Status InferenceService::ServerLive(grpc::ServerContext*,
 grpc::Status InferenceService::ServerReady(grpc::ServerContext*,
                                            const inference::ServerReadyRequest*,
                                            inference::ServerReadyResponse* response) {
-  response->set_ready(state_.ready());
+  response->set_ready(api_.ServerReady());
   return grpc::Status::OK;
 }
 
 grpc::Status InferenceService::ModelReady(grpc::ServerContext*,
                                           const inference::ModelReadyRequest* request,
                                           inference::ModelReadyResponse* response) {
-  response->set_ready(!state_.draining() &&
-                      repository_.Get(request->name(), request->version()).ok());
+  response->set_ready(api_.ModelReady(request->name(), request->version()));
   return grpc::Status::OK;
 }
 
 grpc::Status InferenceService::ServerMetadata(grpc::ServerContext*,
                                               const inference::ServerMetadataRequest*,
                                               inference::ServerMetadataResponse* response) {
-  response->set_name(kServerName);
-  response->set_version(kServerVersion);
-  for (const char* e : {"model_repository", "model_configuration", "statistics",
-                        "parameters"}) {
-    response->add_extensions(e);
-  }
+  api_.ServerMetadata(response);
   return grpc::Status::OK;
 }
 
 grpc::Status InferenceService::ModelMetadata(grpc::ServerContext*,
                                              const inference::ModelMetadataRequest* request,
                                              inference::ModelMetadataResponse* response) {
-  auto handle = repository_.Get(request->name(), request->version());
-  if (!handle.ok()) return ToGrpcStatus(handle.status());
-  const Frame& entry = handle->model->entry_frame();
-  response->set_name(request->name());
-  // Every version served, as Triton lists them; the inputs and outputs are
-  // those of the version asked for (the newest when none is).
-  auto versions = repository_.GetVersions(request->name());
-  if (versions.ok()) {
-    for (const ModelRepository::Handle& v : *versions) response->add_versions(absl::StrCat(v.version));
-  } else {
-    response->add_versions(absl::StrCat(handle->version));
-  }
-  response->set_platform(kPlatform);
-  for (const TensorMeta& in : InputsOf(entry)) {
-    auto* t = response->add_inputs();
-    t->set_name(in.name);
-    t->set_datatype(DatatypeOf(in.dtype));
-    for (int64_t d : in.shape) t->add_shape(d);
-  }
-  for (const TensorMeta& out : OutputsOf(entry)) {
-    auto* t = response->add_outputs();
-    t->set_name(out.name);
-    t->set_datatype(DatatypeOf(out.dtype));
-    for (int64_t d : out.shape) t->add_shape(d);
-  }
-  return grpc::Status::OK;
+  return ToGrpcStatus(api_.ModelMetadata(*request, response));
 }
 
 grpc::Status InferenceService::ModelConfig(grpc::ServerContext*,
                                            const inference::ModelConfigRequest* request,
                                            inference::ModelConfigResponse* response) {
-  auto handle = repository_.Get(request->name(), request->version());
-  if (!handle.ok()) return ToGrpcStatus(handle.status());
-  const auto& manifest = handle->model->manifest();
-  const Frame& entry = handle->model->entry_frame();
-  inference::ModelConfig* config = response->mutable_config();
-  config->set_name(request->name());
-  config->set_platform(kPlatform);
-  config->set_backend("precompile");
-  // Requests carry whole tensors: the server does not batch them.
-  config->set_max_batch_size(0);
-  VersionPolicy policy;
-  for (const ModelState& state : repository_.List()) {
-    if (state.name == request->name()) policy = state.policy;
-  }
-  inference::ModelVersionPolicy* version_policy = config->mutable_version_policy();
-  switch (policy.kind) {
-    case VersionPolicy::Kind::kLatest:
-      version_policy->mutable_latest()->set_num_versions(static_cast<uint32_t>(policy.latest));
-      break;
-    case VersionPolicy::Kind::kAll:
-      version_policy->mutable_all();
-      break;
-    case VersionPolicy::Kind::kSpecific:
-      for (const int64_t v : policy.specific) version_policy->mutable_specific()->add_versions(v);
-      break;
-  }
-  for (const TensorMeta& in : InputsOf(entry)) {
-    auto* t = config->add_input();
-    t->set_name(in.name);
-    t->set_data_type(ConfigDataTypeOf(in.dtype));
-    for (int64_t d : in.shape) t->add_dims(d);
-    t->set_optional(in.optional);
-  }
-  for (const TensorMeta& out : OutputsOf(entry)) {
-    auto* t = config->add_output();
-    t->set_name(out.name);
-    t->set_data_type(ConfigDataTypeOf(out.dtype));
-    for (int64_t d : out.shape) t->add_dims(d);
-  }
-  auto* group = config->add_instance_group();
-  group->set_name(request->name());
-  group->set_count(1);
-  group->set_kind(manifest.device() == "cuda" ? inference::ModelInstanceGroup::KIND_GPU
-                                              : inference::ModelInstanceGroup::KIND_CPU);
-  auto& params = *config->mutable_parameters();
-  for (const Parameter& p : entry.parameters()) {
-    if (IsTensorKind(p.kind())) continue;
-    std::string kind = absl::AsciiStrToLower(Parameter::Kind_Name(p.kind()));
-    params[absl::StrCat("argument:", p.name())].set_string_value(
-        p.has_default_value() ? absl::StrCat(kind, ", default ", ScalarText(p.default_value()))
-                              : kind);
-  }
-  params["entry_frame"].set_string_value(entry.name());
-  params["complete"].set_string_value(manifest.summary().complete() ? "true" : "false");
-  params["eager_fallbacks"].set_string_value(
-      absl::StrJoin(manifest.summary().eager_fallbacks(), ","));
-  params["torch_version"].set_string_value(manifest.torch_version());
-  return grpc::Status::OK;
-}
-
-absl::Status InferenceService::Infer(grpc::ServerContext* context,
-                                     grpc::ByteBuffer* raw_request, absl::Time received,
-                                     inference::ModelInferRequest* parsed,
-                                     grpc::ByteBuffer* wire_response, RequestOutcome* outcome,
-                                     ModelRepository::Handle* handle, RequestTiming* timing) {
-  const absl::Time start = absl::Now();
-  timing->queue = start - received;
-  {
-    // The one copy of the input bytes: out of gRPC's buffer into the message.
-    grpc::ProtoBufferReader reader(raw_request);
-    if (!parsed->ParseFromZeroCopyStream(&reader)) {
-      return absl::InvalidArgumentError(
-          "the request is not a ModelInferRequest (it does not parse)");
-    }
-  }
-  const inference::ModelInferRequest& request = *parsed;
-  auto found = repository_.Get(request.model_name(), request.model_version());
-  if (!found.ok()) {
-    if (metrics_ && found.status().code() == absl::StatusCode::kNotFound) {
-      metrics_->RecordUnknownModelRequest();
-    }
-    return found.status();
-  }
-  *handle = *std::move(found);
-  if (context->IsCancelled()) {
-    return absl::CancelledError(
-        "the client cancelled the request or its deadline passed before it ran");
-  }
-  const Frame& entry = handle->model->entry_frame();
-  auto parameter_of = [&](const std::string& name) -> const Parameter* {
-    for (const Parameter& p : entry.parameters()) {
-      if (p.name() == name) return &p;
-    }
-    return nullptr;
-  };
-
-  // Inputs: the entry's tensor arguments, by name.
-  std::vector<NamedValue> args;
-  std::vector<std::string> storage(request.inputs_size());
-  // Names given so far, for duplicates: requests name a handful of arguments.
-  absl::InlinedVector<absl::string_view, 8> seen;
-  const auto first_time = [&seen](absl::string_view name) {
-    if (absl::c_linear_search(seen, name)) return false;
-    seen.push_back(name);
-    return true;
-  };
-  for (int i = 0; i < request.inputs_size(); ++i) {
-    const std::string& name = request.inputs(i).name();
-    const Parameter* p = parameter_of(name);
-    if (p == nullptr || !IsTensorKind(p->kind())) {
-      std::vector<std::string> tensors;
-      for (const TensorMeta& in : InputsOf(entry)) tensors.push_back(in.name);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model '", request.model_name(), "' has no input '", name, "' (its inputs: ",
-          absl::StrJoin(tensors, ", "), ")",
-          p ? "; non-tensor arguments travel as request parameters" : ""));
-    }
-    if (!first_time(name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input '", name, "' appears more than once"));
-    }
-    absl::StatusOr<TensorArg> tensor = DecodeInput(request, i, &storage[i]);
-    if (!tensor.ok()) return tensor.status();
-    args.push_back({name, *std::move(tensor)});
-  }
-  // Parameters: the entry's non-tensor arguments, by name.
-  for (const auto& [key, value] : request.parameters()) {
-    const Parameter* p = parameter_of(key);
-    if (p == nullptr) {
-      if (IgnoredParameters().contains(key)) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model '", request.model_name(), "' has no argument '", key, "'"));
-    }
-    if (IsTensorKind(p->kind())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "argument '", key, "' is a tensor: send it as an input, not a parameter"));
-    }
-    if (!first_time(key)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("argument '", key, "' is given more than once"));
-    }
-    absl::StatusOr<Value> v = ParameterValue(key, value);
-    if (!v.ok()) return v.status();
-    args.push_back({key, *std::move(v)});
-  }
-  // Requested outputs must be tensors the entry returns; `output_names`
-  // holds the names of its tensor leaves, in the order of the call's outputs.
-  absl::InlinedVector<const std::string*, 8> output_names;
-  for (const auto& leaf : entry.outputs().leaves()) {
-    if (leaf.is_tensor()) output_names.push_back(&leaf.name());
-  }
-  std::vector<bool> wanted(output_names.size(), request.outputs_size() == 0);
-  for (const auto& out : request.outputs()) {
-    int index = -1;
-    for (size_t i = 0; i < output_names.size(); ++i) {
-      if (out.name() == *output_names[i]) index = static_cast<int>(i);
-    }
-    if (index >= 0) {
-      wanted[index] = true;
-      continue;
-    }
-    for (const auto& leaf : entry.outputs().leaves()) {
-      if (leaf.name() == out.name()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "output '", out.name(), "' of model '", request.model_name(),
-            "' is not a tensor (", leaf.python_type(), "): only tensors are sent"));
-      }
-    }
-    std::vector<absl::string_view> names(output_names.size());
-    for (size_t i = 0; i < names.size(); ++i) names[i] = *output_names[i];
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model '", request.model_name(), "' has no output '", out.name(),
-        "' (its outputs: ", absl::StrJoin(names, ", "), ")"));
-  }
-
-  const absl::Time decoded = absl::Now();
-  timing->input = decoded - start;
-  // Polled before each frame runs: a request whose client has gone (or whose
-  // deadline passed) stops before the next frame instead of running on.
-  // With AsyncNotifyWhenDone a poll reads a flag.
-  const std::function<bool()> cancelled = [context] { return context->IsCancelled(); };
-  absl::StatusOr<CallResult> result = handle->model->Call(args, cancelled);
-  const absl::Time called = absl::Now();
-  timing->infer = called - decoded;
-  if (!result.ok()) return result.status();
-  if (context->IsCancelled()) {
-    return absl::CancelledError("the client cancelled the request or its deadline passed");
-  }
-
-  *outcome = result->outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
-                                                        : RequestOutcome::kVariant;
-  inference::ModelInferResponse response;
-  response.set_model_name(request.model_name());
-  response.set_model_version(absl::StrCat(handle->version));
-  response.set_id(request.id());
-  static const std::string* const kOutcomeKey = new std::string("precompile_outcome");
-  static const std::string* const kVariantKey = new std::string("precompile_variant");
-  auto& params = *response.mutable_parameters();
-  params[*kOutcomeKey].set_string_param(std::string(OutcomeName(result->outcome)));
-  params[*kVariantKey].set_string_param(result->variant_id);
-  std::vector<OutputTensor> outputs;
-  if (result->outputs.size() != output_names.size()) {
-    return absl::InternalError(absl::StrCat(
-        "model '", request.model_name(), "' returned ", result->outputs.size(),
-        " tensors for ", output_names.size(), " outputs"));
-  }
-  for (size_t i = 0; i < result->outputs.size(); ++i) {
-    if (!wanted[i]) continue;
-    DescribeOutput(result->outputs[i], *output_names[i], &response);
-    outputs.push_back(std::move(result->outputs[i]));
-  }
-  *wire_response = SerializeInferResponse(response, outputs);
-  timing->output = absl::Now() - called;
-  return absl::OkStatus();
-}
-
-grpc::Status InferenceService::RunAdmitted(InferCall* call, grpc::ByteBuffer* wire_response) {
-  RequestOutcome outcome = RequestOutcome::kError;
-  ModelRepository::Handle handle;
-  RequestTiming timing;
-  inference::ModelInferRequest request;
-  absl::Status status = Infer(&call->context, &call->raw_request, call->received, &request,
-                              wire_response, &outcome, &handle, &timing);
-  const absl::Time done = absl::Now();
-  if (!status.ok()) {
-    outcome = OutcomeOfStatus(status);
-    LogFailure(request.model_name(), status);
-  }
-  if (handle.metrics) {
-    timing.total = done - call->received;
-    handle.metrics->RecordRequest(outcome, timing);
-  }
-  return ToGrpcStatus(status);
-}
-
-void InferenceService::LogFailure(const std::string& model, const absl::Status& status) {
-  const std::string code = absl::StatusCodeToString(status.code());
-  {
-    std::lock_guard<std::mutex> lock(log_mu_);
-    // Bounded: only models the server knows get their own key.
-    const std::string key =
-        absl::StrCat(status.code() == absl::StatusCode::kNotFound ? "" : model, "/", code);
-    absl::Time& last = last_logged_[key];
-    const absl::Time now = absl::Now();
-    if (now - last < absl::Minutes(1)) return;
-    last = now;
-  }
-  spdlog::warn(
-      "event=request_failed model={} code={} message=\"{}\" note=\"logged once a minute per "
-      "model and code; precompile_requests_total counts every one\"",
-      absl::CHexEscape(model), code, absl::CHexEscape(status.message()));
+  return ToGrpcStatus(api_.ModelConfig(*request, response));
 }
 
 grpc::Status InferenceService::ModelStatistics(
     grpc::ServerContext*, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
-  // Every served version of every model, or of the model asked for, or the
-  // one version asked for: as Triton answers.
-  std::vector<std::pair<ModelState, ModelRepository::Handle>> models;
-  if (request->name().empty()) {
-    models = repository_.Served();
-    std::sort(models.begin(), models.end(), [](const auto& a, const auto& b) {
-      return std::make_pair(a.first.name, -a.second.version) <
-             std::make_pair(b.first.name, -b.second.version);
-    });
-  } else {
-    ModelState state;
-    state.name = request->name();
-    if (request->version().empty()) {
-      auto handles = repository_.GetVersions(request->name());
-      if (!handles.ok()) return ToGrpcStatus(handles.status());
-      for (ModelRepository::Handle& handle : *handles) models.emplace_back(state, std::move(handle));
-    } else {
-      auto handle = repository_.Get(request->name(), request->version());
-      if (!handle.ok()) return ToGrpcStatus(handle.status());
-      models.emplace_back(state, *std::move(handle));
-    }
-  }
-  for (const auto& [state, handle] : models) {
-    auto* stats = response->add_model_stats();
-    stats->set_name(state.name);
-    stats->set_version(absl::StrCat(handle.version));
-    if (!handle.metrics) continue;
-    const InferStatistics s = handle.metrics->Statistics();
-    stats->set_last_inference(s.last_inference_ms);
-    stats->set_inference_count(s.success_count);
-    stats->set_execution_count(s.success_count);
-    auto set = [](inference::StatisticDuration* d, uint64_t count, uint64_t ns) {
-      d->set_count(count);
-      d->set_ns(ns);
-    };
-    auto* infer = stats->mutable_inference_stats();
-    set(infer->mutable_success(), s.success_count, s.success_ns);
-    set(infer->mutable_fail(), s.fail_count, s.fail_ns);
-    set(infer->mutable_queue(), s.queue_count, s.queue_ns);
-    set(infer->mutable_compute_input(), s.input_count, s.input_ns);
-    set(infer->mutable_compute_infer(), s.infer_count, s.infer_ns);
-    set(infer->mutable_compute_output(), s.output_count, s.output_ns);
-  }
-  return grpc::Status::OK;
+  return ToGrpcStatus(api_.ModelStatistics(*request, response));
 }
 
 grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext*,
                                                const inference::RepositoryIndexRequest* request,
                                                inference::RepositoryIndexResponse* response) {
-  // One entry per served version, as Triton lists them; one for a model
-  // with none served.
-  for (const ModelState& state : repository_.List()) {
-    if (request->ready() && state.phase != ModelState::Phase::kReady) continue;
-    auto add = [&](int64_t version) {
-      auto* m = response->add_models();
-      m->set_name(state.name);
-      if (version > 0) m->set_version(absl::StrCat(version));
-      m->set_state(PhaseName(state.phase));
-      m->set_reason(state.reason);
-    };
-    if (state.versions.empty()) add(0);
-    for (const int64_t version : state.versions) add(version);
-  }
+  api_.RepositoryIndex(*request, response);
   return grpc::Status::OK;
 }
 
@@ -726,14 +244,14 @@ grpc::Status InferenceService::RepositoryModelLoad(
     grpc::ServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
   if (grpc::Status s = access_.CheckControl(*context); !s.ok()) return s;
-  return ToGrpcStatus(repository_.Load(request->model_name()).status());
+  return ToGrpcStatus(api_.LoadModel(request->model_name()));
 }
 
 grpc::Status InferenceService::RepositoryModelUnload(
     grpc::ServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
   if (grpc::Status s = access_.CheckControl(*context); !s.ok()) return s;
-  return ToGrpcStatus(repository_.Unload(request->model_name()).status());
+  return ToGrpcStatus(api_.UnloadModel(request->model_name()));
 }
 
 }  // namespace precompile::server

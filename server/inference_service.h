@@ -1,14 +1,5 @@
-// The KServe v2 / Open Inference Protocol gRPC service, with the Triton
-// extensions that standard clients and load testers rely on (ModelConfig,
-// ModelStatistics, RepositoryIndex, RepositoryModelLoad/Unload).
-//
-// A model's inputs are its entry frame's tensor arguments, by name; its
-// non-tensor arguments travel as request parameters. Outputs are the tensor
-// leaves of what the entry returns, named by their path (last_hidden_state,
-// pooled.0; output0, output1, ... for a tensor or a flat tuple). Each
-// response carries two parameters saying how the entry frame was served:
-// "precompile_outcome" ("variant" or "eager_fallback") and
-// "precompile_variant" (the variant's id, or "").
+// The KServe v2 / Open Inference Protocol over gRPC: the transport for
+// server/inference_api.h, which says what each method means.
 //
 // ModelInfer runs on gRPC's asynchronous API with the service's own threads,
 // `pollers` of them taking calls from one completion queue; each call is
@@ -19,8 +10,7 @@
 // methods are synchronous (gRPC's threads): a long model call never holds up
 // health checks or metadata.
 //
-// Thread safety: gRPC calls the methods concurrently; the service's own
-// state is the serving state it shares with the server.
+// Thread safety: gRPC calls the methods concurrently.
 #ifndef PRECOMPILE_SERVER_INFERENCE_SERVICE_H_
 #define PRECOMPILE_SERVER_INFERENCE_SERVICE_H_
 
@@ -33,14 +23,10 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/time/time.h"
 #include "proto/inference.grpc.pb.h"
-#include "server/metrics.h"
 #include "server/control_access.h"
-#include "server/model_repository.h"
+#include "server/inference_api.h"
 #include "server/request_scheduler.h"
-#include "server/serving_state.h"
 
 namespace precompile::server {
 
@@ -48,11 +34,10 @@ class InferenceService final
     : public inference::GRPCInferenceService::WithRawMethod_ModelInfer<
           inference::GRPCInferenceService::Service> {
  public:
-  // All references must outlive the service. `metrics` may be null.
-  // `access` guards RepositoryModelLoad/Unload (ControlAccess::CheckControl).
+  // The references must outlive the service. `access` guards
+  // RepositoryModelLoad/Unload (ControlAccess::CheckControl).
   // REQUIRES: scheduler.run_slots() < pollers.
-  InferenceService(ModelRepository& repository, ServerMetrics* metrics,
-                   ServingState& state, RequestScheduler& scheduler, ControlAccess access,
+  InferenceService(InferenceApi& api, RequestScheduler& scheduler, ControlAccess access,
                    int pollers);
   // Stops serving (see StopServing): the gRPC server must be shut down first.
   ~InferenceService() override;
@@ -98,31 +83,13 @@ class InferenceService final
   void ServeCalls();
   void OnRequested(InferCall* call);
   void RequestCall();
-  // Sends what RunAdmitted decided for `call`.
+  // Sends what the call's run decided.
   void Answer(InferCall* call);
   void Delete(InferCall* call);
-  // Runs an admitted call's request and records it; on success, `*response`
-  // is what to send.
-  grpc::Status RunAdmitted(InferCall* call, grpc::ByteBuffer* response);
-  // Parses `raw_request` into `request` and runs it: on success,
-  // `*response` is what to send. Fills `timing` from `received` on.
-  absl::Status Infer(grpc::ServerContext* context, grpc::ByteBuffer* raw_request,
-                     absl::Time received, inference::ModelInferRequest* request,
-                     grpc::ByteBuffer* response, RequestOutcome* outcome,
-                     ModelRepository::Handle* handle, RequestTiming* timing);
 
-  // Logs a failed request, at most once a minute per model and status code:
-  // one line per class of failure, the rest are counted in the metrics.
-  void LogFailure(const std::string& model, const absl::Status& status)
-      ABSL_LOCKS_EXCLUDED(log_mu_);
-
-  ModelRepository& repository_;
-  ServerMetrics* const metrics_;
-  ServingState& state_;
+  InferenceApi& api_;
   RequestScheduler& scheduler_;
   const ControlAccess access_;
-  std::mutex log_mu_;
-  absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 
   const int pollers_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;

@@ -24,15 +24,24 @@
 
 ABSL_FLAG(std::string, model_repository, "",
           "Directory of models: <repository>/<model>/<version>/ (required)");
-ABSL_FLAG(std::string, listen_address, "0.0.0.0", "Address gRPC and metrics listen on");
+ABSL_FLAG(std::string, listen_address, "0.0.0.0", "Address gRPC, HTTP and metrics listen on");
 ABSL_FLAG(int, grpc_port, 8001, "gRPC port (KServe v2, admin, health, reflection)");
 ABSL_FLAG(int, metrics_port, 8002, "Prometheus /metrics port; -1 disables it");
+ABSL_FLAG(int, http_port, 8000,
+          "KServe v2 HTTP/REST port (HTTPS with --tls_cert); 0 picks a free port, -1 "
+          "disables it");
+ABSL_FLAG(int, http_threads, 64,
+          "Threads answering HTTP; each holds one kept-alive connection, more wait");
+ABSL_FLAG(int, http_request_timeout_seconds, 30,
+          "An HTTP client silent this long while sending a request, or idle this long "
+          "between requests, is disconnected");
 ABSL_FLAG(std::string, device, "cpu",
           "Device models run on: cpu, cuda or cuda:N; artifacts for another "
           "device type are refused");
 ABSL_FLAG(bool, require_complete, false,
           "Refuse artifacts whose capture is incomplete (uncovered frames or truncated)");
-ABSL_FLAG(int, max_message_bytes, 256 << 20, "Largest gRPC request or response");
+ABSL_FLAG(int, max_message_bytes, 256 << 20,
+          "Largest gRPC request or response, and largest HTTP request body");
 ABSL_FLAG(int, max_concurrent_requests, 128,
           "Inference requests admitted at once, running or queued; more get "
           "RESOURCE_EXHAUSTED (0: no limit)");
@@ -89,8 +98,9 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Serves precompile artifacts over gRPC.\n"
-      "  precompile_server --model_repository=DIR [--grpc_port=8001] [--metrics_port=8002]");
+      "Serves precompile artifacts over gRPC and HTTP/REST (KServe v2).\n"
+      "  precompile_server --model_repository=DIR [--grpc_port=8001] [--http_port=8000] "
+      "[--metrics_port=8002]");
   // --help lists the flags of this file (absl's default looks for a file
   // named after the binary).
   absl::FlagsUsageConfig usage;
@@ -121,6 +131,11 @@ int main(int argc, char** argv) {
   options.grpc_address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_grpc_port));
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_address = metrics_port < 0 ? "" : absl::StrCat(host, ":", metrics_port);
+  const int http_port = absl::GetFlag(FLAGS_http_port);
+  options.http_address = http_port < 0 ? "" : absl::StrCat(host, ":", http_port);
+  options.http_threads = absl::GetFlag(FLAGS_http_threads);
+  options.http_request_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_http_request_timeout_seconds));
   std::string device = absl::GetFlag(FLAGS_device);
   if (device.rfind("cuda:", 0) == 0) {
     int index = 0;

@@ -1,9 +1,17 @@
 #include "server/request_scheduler.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace precompile::server {
 
 RequestScheduler::RequestScheduler(int run_slots, int max_in_flight)
     : run_slots_(run_slots), max_in_flight_(max_in_flight) {}
+
+absl::Status RequestScheduler::Refusal() const {
+  return absl::ResourceExhaustedError(absl::StrCat("the server is at its limit of ",
+                                                   max_in_flight_,
+                                                   " concurrent inference requests; retry later"));
+}
 
 bool RequestScheduler::Submit(Job* job) {
   const int now = in_flight_.fetch_add(1) + 1;

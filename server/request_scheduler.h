@@ -24,6 +24,7 @@
 #include <mutex>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 
 namespace precompile::server {
@@ -53,6 +54,10 @@ class RequestScheduler {
   // jobs too) or queues it; false, running nothing, when max_in_flight jobs
   // are in flight.
   bool Submit(Job* job);
+
+  // What a request that Submit refused is answered: RESOURCE_EXHAUSTED,
+  // naming the limit.
+  absl::Status Refusal() const;
 
   // Waits until no job is in flight, or until `deadline`: true if none is.
   bool AwaitIdle(absl::Time deadline);

@@ -76,6 +76,7 @@ Server::Server(ServerOptions options)
 Server::~Server() {
   if (!stop_polling_.HasBeenNotified()) stop_polling_.Notify();
   if (poller_.joinable()) poller_.join();
+  if (http_) http_->Stop();
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now());
   // After gRPC's shutdown, so that no call arrives any more.
   if (inference_) inference_->StopServing();
@@ -124,14 +125,28 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->repository_ =
       std::make_unique<ModelRepository>(std::move(repository_options), server.get());
   const ControlAccess access(o.admin_token, o.allow_unauthenticated_control);
-  server->inference_ = std::make_unique<InferenceService>(
-      *server->repository_, metrics, server->state_, *server->scheduler_, access,
-      o.inference_pollers);
+  server->api_ = std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_);
+  server->inference_ = std::make_unique<InferenceService>(*server->api_, *server->scheduler_,
+                                                          access, o.inference_pollers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);
 
   if (absl::Status s = server->Listen(); !s.ok()) return s;
-  spdlog::info("event=listening grpc_port={} metrics_port={} repository={}",
-               server->grpc_port_, server->metrics_port(), o.model_repository);
+  if (!o.http_address.empty()) {
+    HttpOptions http;
+    http.address = o.http_address;
+    http.threads = o.http_threads;
+    http.max_body_bytes = static_cast<size_t>(o.max_message_bytes);
+    http.request_timeout = o.http_request_timeout;
+    http.tls_cert_file = o.tls_cert_file;
+    http.tls_key_file = o.tls_key_file;
+    http.tls_client_ca_file = o.tls_client_ca_file;
+    auto started = HttpService::Start(http, *server->api_, *server->scheduler_, access);
+    if (!started.ok()) return started.status();
+    server->http_ = *std::move(started);
+  }
+  spdlog::info("event=listening grpc_port={} metrics_port={} http_port={} repository={}",
+               server->grpc_port_, server->metrics_port(), server->http_port(),
+               o.model_repository);
 
   const std::vector<ModelState> states = server->repository_->Rescan();
   int ready = 0;
@@ -244,6 +259,11 @@ absl::Status Server::Stop() {
   std::thread shutdown([this, deadline] {
     grpc_server_->Shutdown(absl::ToChronoTime(deadline));
   });
+  // Waits for the HTTP requests being answered, which finish with the
+  // scheduler's jobs.
+  std::thread http_shutdown([this] {
+    if (http_) http_->Stop();
+  });
   if (!scheduler_->AwaitIdle(deadline)) {
     const int left = scheduler_->in_flight();
     std::vector<std::string> running;
@@ -253,12 +273,14 @@ absl::Status Server::Stop() {
       }
     }
     shutdown.detach();
+    http_shutdown.detach();
     return absl::DeadlineExceededError(absl::StrCat(
         left, " inference requests were still running after the drain timeout of ",
         absl::FormatDuration(options_.drain_timeout), " (",
         absl::StrJoin(running, ", "), ")"));
   }
   shutdown.join();
+  http_shutdown.join();
   inference_->StopServing();
   spdlog::info("event=stopped");
   return absl::OkStatus();

@@ -1,6 +1,6 @@
 // The precompile-serve server: gRPC services (KServe v2 inference, the
-// precompile admin API, grpc.health.v1 and reflection) over a model
-// repository, and Prometheus metrics over HTTP.
+// precompile admin API, grpc.health.v1 and reflection) and KServe v2 over
+// HTTP/REST, over a model repository, and Prometheus metrics over HTTP.
 //
 // Lifecycle: Start() listens first (live, not ready: health NOT_SERVING),
 // loads the repository, then turns ready. BeginDrain() turns health and
@@ -23,6 +23,8 @@
 #include "absl/time/time.h"
 #include "base/notification.h"
 #include "server/admin_service.h"
+#include "server/http_service.h"
+#include "server/inference_api.h"
 #include "server/inference_service.h"
 #include "server/request_scheduler.h"
 #include "server/metrics.h"
@@ -38,6 +40,16 @@ struct ServerOptions {
   std::string grpc_address = "0.0.0.0:8001";
   // Where /metrics listens; empty disables it.
   std::string metrics_address = "0.0.0.0:8002";
+  // Where KServe v2 HTTP/REST listens (server/http_service.h): host:port or
+  // [host]:port; port 0 picks a free port (see http_port()). Empty (the
+  // default here; the server binary's is port 8000) disables it.
+  std::string http_address;
+  // Threads answering HTTP; each holds one connection while it is kept
+  // alive. Default: 64.
+  int http_threads = 64;
+  // An HTTP client silent this long while it sends a request, or idle this
+  // long between requests, loses its connection.
+  absl::Duration http_request_timeout = absl::Seconds(30);
   // Largest request or response message. Default: 256 MiB.
   int max_message_bytes = 256 << 20;
   // Inference requests admitted at once, running or queued; more get
@@ -82,8 +94,9 @@ struct ServerOptions {
   // (PERMISSION_DENIED) unless this is set. For local development only.
   // Default: false.
   bool allow_unauthenticated_control = false;
-  // TLS: PEM files. With a certificate and key the server speaks TLS only;
-  // with a client CA too, clients must present a certificate it signed.
+  // TLS: PEM files. With a certificate and key the server speaks TLS only,
+  // on gRPC and HTTP; with a client CA too, clients must present a
+  // certificate it signed (over HTTP, on every path but /v2/health/*).
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
@@ -102,6 +115,7 @@ class Server final : public RepositoryListener {
 
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_ ? metrics_->http_port() : 0; }
+  int http_port() const { return http_ ? http_->port() : 0; }
   ModelRepository& repository() { return *repository_; }
 
   void OnModelState(const ModelState& state) override;
@@ -119,8 +133,10 @@ class Server final : public RepositoryListener {
   std::unique_ptr<RequestScheduler> scheduler_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRepository> repository_;
+  std::unique_ptr<InferenceApi> api_;
   std::unique_ptr<InferenceService> inference_;
   std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<HttpService> http_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int grpc_port_ = 0;
   Notification stop_polling_;

@@ -6,6 +6,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <atomic>
 #include <cmath>
@@ -87,6 +88,7 @@ class ServerTest : public ::testing::Test {
     options.model_repository = *repository_;
     options.grpc_address = "127.0.0.1:0";
     options.metrics_address = "127.0.0.1:0";
+    options.http_address = "127.0.0.1:0";
     auto server = server::Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = server->release();
@@ -216,6 +218,57 @@ TEST_F(ServerTest, ServesVariantsAndSaysWhichOne) {
   EXPECT_EQ(r8.id(), "test");
   EXPECT_EQ(Variant(InferAndCompare("mlp", "batch16")), "forward#1");
   EXPECT_EQ(Variant(InferAndCompare("mlp", "batch5")), "forward#1");
+}
+
+// Both transports at once, on one scheduler: every call answered, and the
+// same input gets the same output bytes over HTTP (binary data) as over gRPC.
+TEST_F(ServerTest, ServesHttpAndGrpcConcurrentlyWithTheSameBytes) {
+  constexpr int kClients = 3;
+  constexpr int kCalls = 10;
+  std::atomic<int> failures{0};
+  auto input = [](int client, int call) {
+    std::vector<float> x(8 * 4);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * static_cast<float>(i + client + 7 * call);
+    return x;
+  };
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      httplib::Client http("127.0.0.1", server_->http_port());
+      for (int k = 0; k < kCalls; ++k) {
+        const std::vector<float> x = input(c, k);
+        const std::string raw(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
+        inference::ModelInferRequest request;
+        request.set_model_name("mlp");
+        auto* in = request.add_inputs();
+        in->set_name("x");
+        in->set_datatype("FP32");
+        in->add_shape(8);
+        in->add_shape(4);
+        request.add_raw_input_contents(raw);
+        inference::ModelInferResponse by_grpc;
+        if (!Infer(request, &by_grpc).ok()) {
+          ++failures;
+          continue;
+        }
+        const std::string header =
+            R"({"inputs":[{"name":"x","shape":[8,4],"datatype":"FP32",)"
+            R"("parameters":{"binary_data_size":128}}],"parameters":{"binary_data_output":true}})";
+        httplib::Headers headers = {{"Inference-Header-Content-Length", std::to_string(header.size())}};
+        httplib::Result by_http =
+            http.Post("/v2/models/mlp/infer", headers, header + raw, "application/octet-stream");
+        if (!by_http || by_http->status != 200) {
+          ++failures;
+          continue;
+        }
+        const size_t json_length =
+            std::stoul(by_http->get_header_value("Inference-Header-Content-Length"));
+        if (by_http->body.substr(json_length) != by_grpc.raw_output_contents(0)) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 TEST_F(ServerTest, AcceptsTypedContents) {

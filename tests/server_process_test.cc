@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -153,6 +154,7 @@ std::vector<std::string> Flags(const std::string& repository, int drain_timeout_
           "--listen_address=127.0.0.1",
           "--grpc_port=0",
           "--metrics_port=-1",
+          "--http_port=-1",
           "--drain_timeout_seconds=" + std::to_string(drain_timeout_seconds),
           "--shutdown_delay_seconds=" + std::to_string(shutdown_delay_seconds)};
 }
@@ -214,7 +216,8 @@ TEST(ServerProcess, ExitsNonZeroNamingWhatRanPastTheDrainDeadline) {
 }
 
 TEST(ServerProcess, RefusesToStartWithoutARepository) {
-  ServerProcess server({"--model_repository=/nonexistent", "--grpc_port=0", "--metrics_port=-1"});
+  ServerProcess server(
+      {"--model_repository=/nonexistent", "--grpc_port=0", "--metrics_port=-1", "--http_port=-1"});
   EXPECT_EQ(server.Wait(), 2);
   EXPECT_THAT(server.output(), HasSubstr("'/nonexistent' is not a directory"));
 }
@@ -349,6 +352,65 @@ TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
     server.Signal(SIGTERM);
     EXPECT_EQ(server.Wait(), 0);
   }
+}
+
+// HTTP and gRPC requests are admitted by one scheduler: with the limit
+// taken by gRPC calls held at the gate, an HTTP request is refused (429),
+// and answered once they are through.
+TEST(ServerProcess, HttpAndGrpcRequestsShareOneLimitOfConcurrentRequests) {
+  const std::string repository = GatedRepository();
+  const std::string gate = testing::NewTempDirectory("gate");
+  setenv("PRECOMPILE_TEST_GATE_DIR", gate.c_str(), 1);
+  std::vector<std::string> flags = Flags(repository, 30, 0);
+  for (const char* flag : {"--http_port=0", "--max_concurrent_requests=2",
+                           "--inference_threads=2", "--runners_per_variant=2"}) {
+    flags.push_back(flag);
+  }
+  flags.push_back("--op_library=" + Runfile("tests/gate/libgate_op.so"));
+  ServerProcess server(flags);
+  unsetenv("PRECOMPILE_TEST_GATE_DIR");
+  Clients clients(server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60)));
+  const int http_port =
+      std::stoi(server.AwaitOutput("event=listening .*http_port=(\\d+)", absl::Seconds(5)));
+  server.AwaitOutput("event=ready", absl::Seconds(60));
+  httplib::Client http("127.0.0.1", http_port);
+  http.set_read_timeout(90, 0);
+  const std::string body =
+      R"({"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "data": [0, 0, 0, 0]}]})";
+  auto call_grpc = [&clients] {
+    const inference::ModelInferRequest request = testing::ZerosRequest("gated", {4});
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(90));
+    inference::ModelInferResponse response;
+    return clients.inference->ModelInfer(&context, request, &response);
+  };
+  std::ofstream(gate + "/open");  // The first call sets up constants; see above.
+  ASSERT_TRUE(call_grpc().ok());
+  std::filesystem::remove_all(gate);
+  std::filesystem::create_directories(gate);
+
+  std::vector<grpc::Status> statuses(2);
+  std::vector<std::thread> calls;
+  for (int i = 0; i < 2; ++i) calls.emplace_back([&, i] { statuses[i] = call_grpc(); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (CallsAtTheGate(gate) < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(CallsAtTheGate(gate), 2);
+  httplib::Result refused = http.Post("/v2/models/gated/infer", body, "application/json");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 429);
+  EXPECT_THAT(refused->body, HasSubstr("at its limit of 2 concurrent inference requests"));
+
+  std::ofstream(gate + "/open");
+  for (auto& call : calls) call.join();
+  for (const grpc::Status& status : statuses) EXPECT_TRUE(status.ok()) << status.error_message();
+  httplib::Result served = http.Post("/v2/models/gated/infer", body, "application/json");
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 200) << served->body;
+  EXPECT_THAT(served->body, HasSubstr(R"("precompile_outcome":"variant")"));
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0);
 }
 
 TEST(ServerProcess, AModelCallingAnOperatorNoLibraryRegisteredFailsToLoadNamingIt) {

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything precompile-serve needs on a fresh Debian 12 machine and
 # is safe to run again: Debian's packages (Bazel, gRPC, protobuf, abseil,
-# spdlog, GoogleTest, Google Benchmark, prometheus-cpp, nlohmann-json, CLI11),
-# the project's Python virtual environment (.venv, exact versions from
-# requirements.lock) and the generated Python protos the capture tool imports.
+# spdlog, GoogleTest, Google Benchmark, prometheus-cpp, nlohmann-json, CLI11,
+# cpp-httplib), the project's Python virtual environment (.venv, exact
+# versions from requirements.lock) and the generated Python protos the
+# capture tool imports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -15,7 +16,7 @@ debian_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libspdlog-dev libfmt-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
-  nlohmann-json3-dev libcli11-dev
+  nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   python3-venv curl patchelf openssl clang libclang-rt-14-dev llvm-14
   libtcmalloc-minimal4
 )

@@ -4,9 +4,10 @@
 #                            tests, deploy tests, fuzz regressions
 #   2. the runtime, server and end-to-end tests again under AddressSanitizer
 #      (with leak checking) and ThreadSanitizer
-#   3. the libFuzzer fuzzers (request decoding, guards, manifests), each for a
-#      bounded time
-#   4. pytest: the capture tool and the Python client example
+#   3. the libFuzzer fuzzers (request decoding, guards, manifests, HTTP
+#      requests), each for a bounded time
+#   4. pytest: the capture tool, the Python client example and the HTTP/REST
+#      endpoint with Triton's client and curl
 # Each stage ends with its own summary line ("bazel: N passed, N failed, ..."),
 # pytest's last.
 set -uo pipefail
@@ -50,7 +51,7 @@ bazel test --config=tsan "${tsan[@]}" --keep_going --build_event_json_file="$eve
   failed=1
 summarize tsan --config=tsan $(bazel query "tests(set(${tsan[*]}))" 2>/dev/null)
 
-echo "[test] fuzzing: 3 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
+echo "[test] fuzzing: 4 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
 tests/fuzz/run_fuzzers.sh 20 || failed=1
 
 # The Python tests run the binaries under bazel-bin, which the sanitizer runs
@@ -58,7 +59,8 @@ tests/fuzz/run_fuzzers.sh 20 || failed=1
 bazel build --noshow_progress //server:precompile_server //client:precompile_client \
   //examples:artifacts //proto:python || failed=1
 
-echo "[test] pytest capture/tests client/python tools/tests"
-.venv/bin/python3 -m pytest capture/tests client/python tools/tests -q -p no:cacheprovider || failed=1
+echo "[test] pytest capture/tests client/python tests/http tools/tests"
+.venv/bin/python3 -m pytest capture/tests client/python tests/http tools/tests -q \
+  -p no:cacheprovider || failed=1
 
 exit $failed

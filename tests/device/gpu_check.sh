@@ -162,7 +162,7 @@ done
 # 3. Serve them.
 PORT=${PORT:-28501}
 "$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" \
-  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) \
+  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) --http_port=$((PORT + 2)) \
   > "$OUT/server.log" 2>&1 &
 SERVER=$!
 CLIENT=("$BUNDLE/bin/precompile_client" --address="127.0.0.1:$PORT")

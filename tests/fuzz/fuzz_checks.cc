@@ -28,6 +28,8 @@
 #include "proto/inference.pb.h"
 #include "runtime/frame_dispatcher.h"
 #include "runtime/guard_program.h"
+#include "base/json_text.h"
+#include "server/http_codec.h"
 #include "server/infer_response.h"
 #include "server/tensor_codec.h"
 
@@ -436,6 +438,134 @@ absl::Status CheckRequestDecoding(const uint8_t* data, size_t size) {
       continue;
     }
     RETURN_IF_ERROR(CheckDecoded(request, i, storage, *decoded));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// True when `t` holds a float NaN, which JSON carries as the string "NaN":
+// its payload and sign do not come back.
+bool HasNaN(const TensorArg& t) {
+  const char* p = static_cast<const char*>(t.data);
+  const size_t n = t.nbytes / std::max<size_t>(1, DTypeSize(t.dtype));
+  for (size_t i = 0; i < n; ++i) {
+    float f = 0;
+    double d = 0;
+    uint16_t h = 0;
+    switch (t.dtype) {
+      case DType::kFloat32:
+        std::memcpy(&f, p + 4 * i, 4);
+        if (std::isnan(f)) return true;
+        break;
+      case DType::kFloat64:
+        std::memcpy(&d, p + 8 * i, 8);
+        if (std::isnan(d)) return true;
+        break;
+      case DType::kFloat16:
+        std::memcpy(&h, p + 2 * i, 2);
+        if (std::isnan(server::HalfToFloat(h))) return true;
+        break;
+      case DType::kBFloat16:
+        std::memcpy(&h, p + 2 * i, 2);
+        if (std::isnan(server::BFloat16ToFloat(h))) return true;
+        break;
+      default: break;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::Status CheckHttpRequest(const uint8_t* data, size_t size) {
+  if (size == 0) return absl::OkStatus();
+  ByteReader in(data + 1, size - 1);
+  std::optional<size_t> header_length;
+  if (data[0] & 1) header_length = static_cast<size_t>(in.U64(2));
+  const absl::string_view body = in.Bytes(size);
+  if (header_length) *header_length %= body.size() + 1;
+
+  for (const char* method : {"GET", "POST"}) {
+    const server::HttpRoute route = server::RouteOf(method, body);
+    if (!route.model.empty() && route.model.find('/') != std::string::npos) {
+      return Violation(absl::StrCat("RouteOf named the model '", route.model, "'"));
+    }
+  }
+
+  inference::ModelInferRequest request;
+  const absl::Status decoded = server::DecodeInferRequest(body, header_length, "m", "", &request);
+  if (!decoded.ok()) {
+    if (decoded.code() != absl::StatusCode::kInvalidArgument || decoded.message().empty()) {
+      return Violation(absl::StrCat("DecodeInferRequest refused with ", decoded.ToString(),
+                                    ", not INVALID_ARGUMENT with a message"));
+    }
+    return absl::OkStatus();
+  }
+  if (request.raw_input_contents_size() != request.inputs_size()) {
+    return Violation(absl::StrCat(request.inputs_size(), " inputs but ",
+                                  request.raw_input_contents_size(), " raw_input_contents"));
+  }
+  // The decoded inputs, sent back as outputs of a response.
+  inference::ModelInferResponse response;
+  std::vector<OutputTensor> outputs;
+  std::vector<std::string> storage(request.inputs_size());
+  bool nan = false;
+  for (int i = 0; i < request.inputs_size(); ++i) {
+    absl::StatusOr<TensorArg> t = server::DecodeInput(request, i, &storage[i]);
+    if (!t.ok()) {
+      return Violation(absl::StrCat("input ", i, " was accepted but DecodeInput refuses it: ",
+                                    t.status().ToString()));
+    }
+    nan = nan || HasNaN(*t);
+    OutputTensor out;
+    out.dtype = t->dtype;
+    out.shape = t->shape;
+    out.data = t->data;
+    out.nbytes = t->nbytes;
+    server::DescribeOutput(out, request.inputs(i).name(), &response);
+    outputs.push_back(out);
+  }
+  for (bool binary : {false, true}) {
+    inference::ModelInferRequest asked;
+    (*asked.mutable_parameters())["binary_data_output"].set_bool_param(binary);
+    const server::HttpInferResponse encoded =
+        server::EncodeInferResponse(asked, response, outputs);
+    const absl::string_view json_text =
+        absl::string_view(encoded.body).substr(0, encoded.header_length.value_or(encoded.body.size()));
+    absl::StatusOr<Json> json = ParseJson(json_text);
+    if (!json.ok()) return Violation(absl::StrCat("the response is not JSON: ", json.status().ToString()));
+    if (binary) {
+      size_t total = 0;
+      for (const OutputTensor& o : outputs) total += o.nbytes;
+      if (!encoded.header_length || encoded.body.size() != *encoded.header_length + total) {
+        return Violation("the binary response does not carry every output's bytes after its JSON");
+      }
+      size_t offset = *encoded.header_length;
+      for (const OutputTensor& o : outputs) {
+        if (o.nbytes > 0 && std::memcmp(encoded.body.data() + offset, o.data, o.nbytes) != 0) {
+          return Violation("a binary output's bytes are not the tensor's");
+        }
+        offset += o.nbytes;
+      }
+      continue;
+    }
+    if (nan) continue;
+    // The JSON outputs, read back as the inputs of a request.
+    Json again = Json::object();
+    again["inputs"] = (*json)["outputs"];
+    inference::ModelInferRequest reread;
+    const absl::Status back =
+        server::DecodeInferRequest(DumpJson(again, false), std::nullopt, "m", "", &reread);
+    if (!back.ok()) {
+      return Violation(absl::StrCat("the JSON response does not decode back: ", back.ToString()));
+    }
+    for (int i = 0; i < request.inputs_size(); ++i) {
+      if (reread.raw_input_contents(i) != std::string_view(static_cast<const char*>(outputs[i].data),
+                                                           outputs[i].nbytes)) {
+        return Violation(absl::StrCat("input ", i, " did not survive a round trip through JSON"));
+      }
+    }
   }
   return absl::OkStatus();
 }

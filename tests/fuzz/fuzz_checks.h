@@ -1,5 +1,6 @@
 // The checks behind the fuzz targets, shared by the libFuzzer entry points
-// (request_decoding_fuzzer.cc, guard_fuzzer.cc, manifest_fuzzer.cc, built by
+// (request_decoding_fuzzer.cc, guard_fuzzer.cc, manifest_fuzzer.cc,
+// http_request_fuzzer.cc, built by
 // run_fuzzers.sh with clang) and by fuzz_regression_test.cc, which replays
 // the committed corpus and every saved crash with the ordinary Bazel build.
 //
@@ -8,7 +9,8 @@
 // malformed input that the component refuses with a status is fine. Memory
 // errors are left to the sanitizers (ASan, UBSan) the fuzzers are built with.
 //
-// Thread safety: CheckRequestDecoding and CheckGuards have no shared state.
+// Thread safety: CheckRequestDecoding, CheckGuards and CheckHttpRequest have
+// no shared state.
 // CheckManifest writes into one fixture directory per process (see below):
 // call it from one thread at a time.
 #ifndef PRECOMPILE_TESTS_FUZZ_FUZZ_CHECKS_H_
@@ -40,6 +42,19 @@ namespace precompile::fuzz {
 // Every refusal must be INVALID_ARGUMENT with a message. INTERNAL names the
 // violated invariant.
 absl::Status CheckRequestDecoding(const uint8_t* data, size_t size);
+
+// The HTTP endpoint's decoders (server/http_codec.h) on arbitrary bytes.
+// `data`'s first byte chooses: bit 0 set, the next two bytes (little-endian)
+// are an Inference-Header-Content-Length, taken modulo the body's size plus
+// one; the rest is an infer request body for DecodeInferRequest, and also a
+// path for RouteOf. Checks that a route naming a model has a non-empty name
+// without '/'; that a refusal is INVALID_ARGUMENT with a message; that a
+// request accepted has one raw_input_contents per input, each of which
+// server::DecodeInput takes with the bytes the shape and datatype need; and
+// that EncodeInferResponse of those tensors as outputs, as JSON, decodes back
+// (through DecodeInferRequest) to the same bytes, NaNs aside, and as binary
+// carries them after its JSON header.
+absl::Status CheckHttpRequest(const uint8_t* data, size_t size);
 
 // `data` is a little-endian uint16 length L, L bytes of a serialized
 // artifact::v1::Frame, then a call (encode_guard_call in make_seeds.py):

@@ -106,7 +106,8 @@ TEST(GuardRegressions, TheRuntimeAnswersWhatTheirNamesSay) {
 INSTANTIATE_TEST_SUITE_P(Fuzzers, FuzzRegressionTest,
                          ::testing::Values(Target{"request_decoding_fuzzer", CheckRequestDecoding},
                                            Target{"guard_fuzzer", CheckGuards},
-                                           Target{"manifest_fuzzer", CheckManifest}),
+                                           Target{"manifest_fuzzer", CheckManifest},
+                                           Target{"http_request_fuzzer", CheckHttpRequest}),
                          [](const ::testing::TestParamInfo<Target>& info) {
                            return std::string(info.param.fuzzer);
                          });

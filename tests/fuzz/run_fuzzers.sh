@@ -16,8 +16,8 @@
 #       -exact_artifact_path=tests/fuzz/regressions/<fuzzer>/<name> <crash file>
 # then fix the bug; //tests/fuzz:fuzz_regression_test replays that file.
 #
-# Environment: FUZZ_CXX (default clang++), FUZZ_JOBS (parallel compiles,
-# default nproc).
+# Environment: FUZZERS (the targets to run, default all), FUZZ_CXX (default
+# clang++), FUZZ_JOBS (parallel compiles, default nproc).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -26,7 +26,7 @@ if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: $0 [seconds_per_fuzzer]" >&2
   exit 2
 fi
-fuzzers=(request_decoding_fuzzer guard_fuzzer manifest_fuzzer)
+fuzzers=(${FUZZERS:-request_decoding_fuzzer guard_fuzzer manifest_fuzzer http_request_fuzzer})
 say() { echo "[fuzz] $*"; }
 give_up() {
   say "$*"
@@ -55,7 +55,8 @@ cxxflags=(-std=c++20 -g -O1 -fno-omit-frame-pointer
           -fsanitize=address,undefined -fno-sanitize-recover=all
           -I. -I"$gen" "${pkg_cflags[@]}")
 sources=(
-  server/tensor_codec.cc server/infer_response.cc runtime/guard_program.cc runtime/frame_dispatcher.cc
+  server/tensor_codec.cc server/infer_response.cc server/http_codec.cc base/json_text.cc
+  runtime/guard_program.cc runtime/frame_dispatcher.cc
   runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc
   tests/fuzz/fuzz_checks.cc
   "$gen/proto/artifact.pb.cc" "$gen/proto/inference.pb.cc" "$gen/proto/model_config.pb.cc"

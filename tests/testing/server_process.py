@@ -1,7 +1,8 @@
 """The real precompile_server binary as a child process, for Python tests.
 
-It listens on 127.0.0.1 with a port of its choice (--grpc_port=0); the tests
-read the port from its `event=listening` log line and wait for `event=ready`.
+It listens on 127.0.0.1 with ports of its choice (--grpc_port=0, --http_port=0);
+the tests read them from its `event=listening` log line and wait for
+`event=ready`.
 """
 
 import os
@@ -21,14 +22,17 @@ class ServerProcess:
                  ready_timeout: float = 120.0):
         self.process = subprocess.Popen(
             [str(binary), f"--model_repository={repository}", "--listen_address=127.0.0.1",
-             "--grpc_port=0", "--metrics_port=-1", *flags],
+             "--grpc_port=0", "--metrics_port=-1", "--http_port=0", *flags],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.output = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.port = int(self.await_output(r"event=listening grpc_port=(\d+)"))
+        # 0 when a flag turned HTTP off.
+        self.http_port = int(self.await_output(r"event=listening .*http_port=(\d+)"))
         self.await_output(r"event=ready", timeout=ready_timeout)
         self.address = f"127.0.0.1:{self.port}"
+        self.http_address = f"127.0.0.1:{self.http_port}"
 
     def _read(self):
         for line in self.process.stdout:

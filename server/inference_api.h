@@ -1,0 +1,98 @@
+// The KServe v2 / Open Inference Protocol, with the Triton extensions that
+// standard clients and load testers rely on (ModelConfig, ModelStatistics,
+// RepositoryIndex, RepositoryModelLoad/Unload), apart from the transports
+// that carry it. The gRPC service (server/inference_service.h) and the
+// HTTP/REST endpoint (server/http_service.h) turn what arrives into these
+// protos and send what comes back, so the two mean the same thing: the same
+// checks, the same messages, the same metrics.
+//
+// A model's inputs are its entry frame's tensor arguments, by name; its
+// non-tensor arguments travel as request parameters. Outputs are the tensor
+// leaves of what the entry returns, named by their path (last_hidden_state,
+// pooled.0; output0, output1, ... for a tensor or a flat tuple). Each
+// response carries two parameters saying how the entry frame was served:
+// "precompile_outcome" ("variant" or "eager_fallback") and
+// "precompile_variant" (the variant's id, or "").
+//
+// Thread safety: all methods may be called concurrently.
+#ifndef PRECOMPILE_SERVER_INFERENCE_API_H_
+#define PRECOMPILE_SERVER_INFERENCE_API_H_
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/inference.pb.h"
+#include "runtime/value.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+#include "server/serving_state.h"
+
+namespace precompile::server {
+
+class InferenceApi {
+ public:
+  // One inference request as its transport holds it.
+  class Call {
+   public:
+    // Fills `request` from what arrived; INVALID_ARGUMENT, naming the
+    // problem, when it does not decode.
+    virtual absl::Status Parse(inference::ModelInferRequest* request) = 0;
+    // Whether the client has gone or its deadline passed: polled before each
+    // frame runs, so a request nobody waits for stops early.
+    virtual bool Cancelled() = 0;
+    // Makes what the transport sends from `response` (its outputs described,
+    // their bytes not in it) and the output tensors, in the order of
+    // response.outputs().
+    virtual absl::Status Encode(const inference::ModelInferResponse& response,
+                                std::vector<OutputTensor>& outputs) = 0;
+
+   protected:
+    ~Call() = default;
+  };
+
+  // The references must outlive the API. `metrics` may be null.
+  InferenceApi(ModelRepository& repository, ServerMetrics* metrics, const ServingState& state)
+      : repository_(repository), metrics_(metrics), state_(state) {}
+
+  // Runs one admitted request: decodes it, runs the model, encodes the
+  // answer, and records the request in the model's metrics. A failure is
+  // logged at most once a minute per model and status code.
+  absl::Status Infer(Call& call, absl::Time received) ABSL_LOCKS_EXCLUDED(log_mu_);
+
+  bool ServerReady() const { return state_.ready(); }
+  bool ModelReady(const std::string& name, const std::string& version) const;
+  void ServerMetadata(inference::ServerMetadataResponse* response) const;
+  absl::Status ModelMetadata(const inference::ModelMetadataRequest& request,
+                             inference::ModelMetadataResponse* response) const;
+  absl::Status ModelConfig(const inference::ModelConfigRequest& request,
+                           inference::ModelConfigResponse* response) const;
+  absl::Status ModelStatistics(const inference::ModelStatisticsRequest& request,
+                               inference::ModelStatisticsResponse* response) const;
+  void RepositoryIndex(const inference::RepositoryIndexRequest& request,
+                       inference::RepositoryIndexResponse* response) const;
+  // Loading and unloading; the transport checks who may (server/control_access.h).
+  absl::Status LoadModel(const std::string& name);
+  absl::Status UnloadModel(const std::string& name);
+
+ private:
+  absl::Status Run(Call& call, absl::Time received, inference::ModelInferRequest* request,
+                   RequestOutcome* outcome, ModelRepository::Handle* handle,
+                   RequestTiming* timing);
+  void LogFailure(const std::string& model, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(log_mu_);
+
+  ModelRepository& repository_;
+  ServerMetrics* const metrics_;
+  const ServingState& state_;
+  std::mutex log_mu_;
+  absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
+};
+
+}  // namespace precompile::server
+
+#endif  // PRECOMPILE_SERVER_INFERENCE_API_H_
