@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/half_float.h"
 
 namespace precompile::client {
 namespace {

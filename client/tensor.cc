@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/half_float.h"
 
 namespace precompile::client {
 namespace {
@@ -127,64 +128,6 @@ std::string FormatElement(const Tensor& tensor, int64_t index, int float_digits)
 
 std::string FormatShape(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1f;
-  const uint32_t mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24, exact in float.
-    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -magnitude : magnitude;
-  } else if (exponent == 31) {
-    bits = sign | 0x7f800000 | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent - 15 + 127) << 23) | (mantissa << 13);
-  }
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-uint16_t FloatToHalf(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
-  const uint32_t magnitude = bits & 0x7fffffff;
-  if (magnitude >= 0x7f800000) {  // inf or nan (kept quiet)
-    return sign | 0x7c00 | (magnitude > 0x7f800000 ? 0x200 : 0);
-  }
-  if (magnitude >= 0x477ff000) return sign | 0x7c00;  // rounds past 65504
-  if (magnitude < 0x38800000) {
-    // Below half's smallest normal: scale to units of 2^-24 (exact) and round
-    // to nearest even; 0x400 is the smallest normal, which is right.
-    float m;
-    std::memcpy(&m, &magnitude, sizeof(m));
-    return sign | static_cast<uint16_t>(std::nearbyint(m * 16777216.0f));
-  }
-  const uint32_t exponent = (magnitude >> 23) - 127 + 15;
-  const uint32_t mantissa = magnitude & 0x7fffff;
-  uint32_t h = (exponent << 10) | (mantissa >> 13);
-  const uint32_t rest = mantissa & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;  // a carry moves the exponent up
-  return sign | static_cast<uint16_t>(h);
-}
-
-float BFloat16ToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
-
-uint16_t FloatToBFloat16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if ((bits & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
 }
 
 }  // namespace precompile::client

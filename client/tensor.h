@@ -55,12 +55,6 @@ std::string FormatElement(const Tensor& tensor, int64_t index, int float_digits 
 // "[8, 4]"
 std::string FormatShape(const std::vector<int64_t>& shape);
 
-// IEEE half and bfloat16 conversions; rounding to nearest even.
-float HalfToFloat(uint16_t bits);
-uint16_t FloatToHalf(float value);
-float BFloat16ToFloat(uint16_t bits);
-uint16_t FloatToBFloat16(float value);
-
 }  // namespace precompile::client
 
 #endif  // PRECOMPILE_CLIENT_TENSOR_H_

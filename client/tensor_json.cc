@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/half_float.h"
 #include "base/status_macros.h"
 #include "client/npy.h"
 

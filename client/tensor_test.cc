@@ -17,22 +17,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-TEST(TensorTest, ConvertsHalfAndBFloat16) {
-  for (float v : {0.0f, 1.0f, -2.0f, 0.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 3.140625f}) {
-    EXPECT_EQ(HalfToFloat(FloatToHalf(v)), v) << v;
-  }
-  EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
-  EXPECT_EQ(FloatToHalf(-2.0f), 0xc000);
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);            // rounds to infinity
-  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3c00);  // a tie rounds to even
-  EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3c02);
-  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(std::nanf("")))));
-  EXPECT_EQ(FloatToBFloat16(1.0f), 0x3f80);
-  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(3.140625f)), 3.140625f);
-  EXPECT_EQ(FloatToBFloat16(1.00390625f), 0x3f80);  // tie to even
-  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
-}
-
 TEST(TensorTest, ValidatesSizes) {
   EXPECT_EQ(*ElementSize("FP64"), 8);
   EXPECT_THAT(ElementSize("BYTES").status().message(), HasSubstr("not supported"));

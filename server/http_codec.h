@@ -98,12 +98,6 @@ HttpInferResponse EncodeInferResponse(const inference::ModelInferRequest& reques
                                       const inference::ModelInferResponse& response,
                                       const std::vector<OutputTensor>& outputs);
 
-// IEEE half and bfloat16 from float, rounding to nearest even, and back.
-uint16_t FloatToHalf(float value);
-uint16_t FloatToBFloat16(float value);
-float HalfToFloat(uint16_t bits);
-float BFloat16ToFloat(uint16_t bits);
-
 }  // namespace precompile::server
 
 #endif  // PRECOMPILE_SERVER_HTTP_CODEC_H_

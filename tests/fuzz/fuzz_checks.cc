@@ -28,6 +28,7 @@
 #include "proto/inference.pb.h"
 #include "runtime/frame_dispatcher.h"
 #include "runtime/guard_program.h"
+#include "base/half_float.h"
 #include "base/json_text.h"
 #include "server/http_codec.h"
 #include "server/infer_response.h"
@@ -464,11 +465,11 @@ bool HasNaN(const TensorArg& t) {
         break;
       case DType::kFloat16:
         std::memcpy(&h, p + 2 * i, 2);
-        if (std::isnan(server::HalfToFloat(h))) return true;
+        if (std::isnan(HalfToFloat(h))) return true;
         break;
       case DType::kBFloat16:
         std::memcpy(&h, p + 2 * i, 2);
-        if (std::isnan(server::BFloat16ToFloat(h))) return true;
+        if (std::isnan(BFloat16ToFloat(h))) return true;
         break;
       default: break;
     }
