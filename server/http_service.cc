@@ -22,11 +22,13 @@ constexpr char kJson[] = "application/json";
 constexpr char kBinary[] = "application/octet-stream";
 constexpr char kHeaderLength[] = "Inference-Header-Content-Length";
 
-// Sets a whole answer (cpp-httplib leaves the body out for HEAD).
-void Send(httplib::Response& response, int status, const char* content_type,
-          const std::string& body, std::optional<size_t> header_length = std::nullopt) {
+// Sets a whole answer (cpp-httplib leaves the body out for HEAD). The body
+// is moved, not copied: it may hold every output tensor.
+void Send(httplib::Response& response, int status, const char* content_type, std::string body,
+          std::optional<size_t> header_length = std::nullopt) {
   response.status = status;
-  response.set_content(body, content_type);
+  response.body = std::move(body);
+  response.set_header("Content-Type", content_type);
   if (header_length) response.set_header(kHeaderLength, absl::StrCat(*header_length));
 }
 
@@ -132,7 +134,7 @@ class HttpInferCall final : public RequestScheduler::Job, public InferenceApi::C
 
   void Wait() { done_.WaitForNotification(); }
   const absl::Status& status() const { return status_; }
-  const HttpInferResponse& answer() const { return answer_; }
+  HttpInferResponse& answer() { return answer_; }
 
  private:
   InferenceApi& api_;
@@ -365,8 +367,8 @@ void HttpService::Handle(const httplib::Request& request, httplib::Response& res
       if (!scheduler_.Submit(&call)) return SendError(response, scheduler_.Refusal());
       call.Wait();
       if (!call.status().ok()) return SendError(response, call.status());
-      const HttpInferResponse& answer = call.answer();
-      return Send(response, 200, answer.header_length ? kBinary : kJson, answer.body,
+      HttpInferResponse& answer = call.answer();
+      return Send(response, 200, answer.header_length ? kBinary : kJson, std::move(answer.body),
                   answer.header_length);
     }
     case K::kNotFound:
