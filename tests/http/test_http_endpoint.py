@@ -1,7 +1,8 @@
 """The KServe v2 HTTP/REST endpoint of the real server binary, with real
 clients: Triton's tritonclient.http, curl, and raw sockets for what a client
 library would never send. Answers are compared with the gRPC endpoint's for
-the same tensors (tritonclient.grpc).
+the same tensors, through the project's generated stubs (tritonclient.grpc
+registers the same proto names, so the two cannot share a process).
 
 Needs the Bazel build outputs: bazel build //server:precompile_server
 //examples:artifacts. Runs with the project's environment:
@@ -15,11 +16,13 @@ import subprocess
 import sys
 import time
 
+import grpc as grpclib
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from proto import inference_pb2, inference_pb2_grpc
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "testing"))
@@ -63,11 +66,30 @@ def http(server):
     client.close()
 
 
+class GrpcClient:
+    """The server's gRPC endpoint through the generated stubs."""
+
+    def __init__(self, address):
+        self.channel = grpclib.insecure_channel(address)
+        self.stub = inference_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+
+    def infer(self, model, tensors, parameters=None):
+        """Output bytes by name, for `tensors`: (name, datatype, shape, raw bytes)."""
+        request = inference_pb2.ModelInferRequest(model_name=model)
+        for name, datatype, shape, raw in tensors:
+            request.inputs.add(name=name, datatype=datatype, shape=list(shape))
+            request.raw_input_contents.append(raw)
+        for key, value in (parameters or {}).items():
+            request.parameters[key].int64_param = value
+        response = self.stub.ModelInfer(request, timeout=30)
+        return {o.name: raw for o, raw in zip(response.outputs, response.raw_output_contents)}
+
+
 @pytest.fixture
 def grpc(server):
-    client = grpcclient.InferenceServerClient(server.address)
+    client = GrpcClient(server.address)
     yield client
-    client.close()
+    client.channel.close()
 
 
 def curl(server, *args, path="/v2", data=None, headers=()):
@@ -118,13 +140,10 @@ def body_of(answer: bytes) -> dict:
     return json.loads(answer.partition(b"\r\n\r\n")[2])
 
 
-def mlp_request(batch=8, client=httpclient, binary=True):
+def mlp_request(batch=8, binary=True):
     x = np.random.default_rng(batch).standard_normal((batch, 4), dtype=np.float32)
-    tensor = client.InferInput("x", [batch, 4], "FP32")
-    if client is httpclient:
-        tensor.set_data_from_numpy(x, binary_data=binary)
-    else:
-        tensor.set_data_from_numpy(x)
+    tensor = httpclient.InferInput("x", [batch, 4], "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary)
     return x, [tensor]
 
 
@@ -145,13 +164,15 @@ def test_health_metadata_config_index_and_stats_answer_as_grpc_does(http, grpc):
     server = http.get_server_metadata()
     assert server["name"] == "precompile-serve"
     assert "binary_tensor_data" in server["extensions"]
-    assert server == grpc.get_server_metadata(as_json=True)
+    by_grpc = grpc.stub.ServerMetadata(inference_pb2.ServerMetadataRequest(), timeout=10)
+    assert server == {"name": by_grpc.name, "version": by_grpc.version,
+                      "extensions": list(by_grpc.extensions)}
 
     def tensors(metadata):
         return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in metadata]
 
     for name in ("mlp", "dtypes", "loop"):
-        by_grpc = grpc.get_model_metadata(name)
+        by_grpc = grpc.stub.ModelMetadata(inference_pb2.ModelMetadataRequest(name=name), timeout=10)
         assert http.get_model_metadata(name) == {
             "name": by_grpc.name, "versions": list(by_grpc.versions), "platform": by_grpc.platform,
             "inputs": tensors(by_grpc.inputs), "outputs": tensors(by_grpc.outputs)}
@@ -182,9 +203,8 @@ def test_infer_answers_the_same_tensors_as_grpc_in_json_and_binary(http, grpc):
     x, inputs = mlp_request(8, binary=True)
     by_http = http.infer("mlp", inputs, outputs=[httpclient.InferRequestedOutput("output0",
                                                                                   binary_data=True)])
-    _, grpc_inputs = mlp_request(8, client=grpcclient)
-    by_grpc = grpc.infer("mlp", grpc_inputs)
-    assert by_http.as_numpy("output0").tobytes() == by_grpc.as_numpy("output0").tobytes()
+    by_grpc = grpc.infer("mlp", [("x", "FP32", x.shape, x.tobytes())])["output0"]
+    assert by_http.as_numpy("output0").tobytes() == by_grpc
     assert by_http.get_response()["parameters"] == {"precompile_outcome": "variant",
                                                     "precompile_variant": "forward#0"}
 
@@ -192,7 +212,7 @@ def test_infer_answers_the_same_tensors_as_grpc_in_json_and_binary(http, grpc):
     _, json_inputs = mlp_request(8, binary=False)
     by_json = http.infer("mlp", json_inputs,
                          outputs=[httpclient.InferRequestedOutput("output0", binary_data=False)])
-    assert by_json.as_numpy("output0").tobytes() == by_grpc.as_numpy("output0").tobytes()
+    assert by_json.as_numpy("output0").tobytes() == by_grpc
 
 
 def test_every_datatype_round_trips_as_grpc_does(http, grpc):
@@ -212,28 +232,22 @@ def test_every_datatype_round_trips_as_grpc_does(http, grpc):
     datatypes = {"f16": "FP16", "f32": "FP32", "f64": "FP64", "u8": "UINT8", "i8": "INT8",
                  "i16": "INT16", "i32": "INT32", "i64": "INT64", "b": "BOOL"}
 
-    def inputs(client, binary):
+    def inputs(binary):
         tensors = []
         for name, array in arrays.items():
-            t = client.InferInput(name, [2, 3], datatypes[name])
-            if client is httpclient:
-                t.set_data_from_numpy(array, binary_data=binary)
-            else:
-                t.set_data_from_numpy(array)
+            t = httpclient.InferInput(name, [2, 3], datatypes[name])
+            t.set_data_from_numpy(array, binary_data=binary)
             tensors.append(t)
-        # numpy has no bfloat16: its bytes go as binary data over both.
-        t = client.InferInput("bf16", [2, 3], "BF16")
-        if client is httpclient:
-            t._parameters["binary_data_size"] = bf16_bits.nbytes
-            t._raw_data = bf16_bits.tobytes()
-        else:
-            t._raw_content = bf16_bits.tobytes()
+        # numpy has no bfloat16: its bytes go as binary data.
+        t = httpclient.InferInput("bf16", [2, 3], "BF16")
+        t._parameters["binary_data_size"] = bf16_bits.nbytes
+        t._raw_data = bf16_bits.tobytes()
         return tensors + [t]
 
     outputs = [f"output{i}" for i in range(10)]
-    grpc_result = grpc.infer("dtypes", inputs(grpcclient, True)).get_response()
-    expected = dict(zip(outputs, grpc_result.raw_output_contents))
-    binary = http.infer("dtypes", inputs(httpclient, True),
+    expected = grpc.infer("dtypes", [(n, datatypes[n], a.shape, a.tobytes()) for n, a in arrays.items()]
+                          + [("bf16", "BF16", (2, 3), bf16_bits.tobytes())])
+    binary = http.infer("dtypes", inputs(True),
                         outputs=[httpclient.InferRequestedOutput(o, binary_data=True) for o in outputs])
     for o in outputs:
         if o == "output1":
@@ -242,7 +256,7 @@ def test_every_datatype_round_trips_as_grpc_does(http, grpc):
 
     # JSON both ways (BF16's input still binary): the same values. FP16 and
     # BF16 print with the digits that read back the same 16-bit value.
-    as_json = http.infer("dtypes", inputs(httpclient, False),
+    as_json = http.infer("dtypes", inputs(False),
                          outputs=[httpclient.InferRequestedOutput(o, binary_data=False) for o in outputs])
     response = as_json.get_response()
     by_name = {o["name"]: o for o in response["outputs"]}
@@ -271,11 +285,11 @@ def test_errors_have_the_grpc_message_and_the_matching_http_status(http, grpc):
     _, inputs = mlp_request(1)
     with pytest.raises(InferenceServerException) as by_http:
         http.infer("mlp", inputs)
-    _, grpc_inputs = mlp_request(1, client=grpcclient)
-    with pytest.raises(InferenceServerException) as by_grpc:
-        grpc.infer("mlp", grpc_inputs)
+    with pytest.raises(grpclib.RpcError) as by_grpc:
+        grpc.infer("mlp", [("x", "FP32", (1, 4), np.zeros((1, 4), np.float32).tobytes())])
     assert by_http.value.status() == "400"
-    assert by_http.value.message() == by_grpc.value.message()
+    assert by_grpc.value.code() == grpclib.StatusCode.FAILED_PRECONDITION
+    assert by_http.value.message() == by_grpc.value.details()
     assert "no captured variant matches this call of frame 'forward'" in by_http.value.message()
 
     with pytest.raises(InferenceServerException) as unknown:
