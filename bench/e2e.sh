@@ -25,7 +25,9 @@
 #     the loop example's variant and eager fallback;
 #   - a soak: a mix of every outcome (variant, dynamic variant, eager,
 #     refused) at concurrency 8 for $SOAK seconds, VmRSS sampled each second;
-#   - bench/summarize.py: tables of ratios and the targets, met or not.
+#   - bench/summarize.py: tables of ratios and the targets, met or not;
+#   - HTTP/REST beside gRPC (bench/transport_ab.sh, perf_analyzer on both
+#     transports of one server), appended to the summary; TRANSPORT=0 skips it.
 #
 # Placement: every server (and aoti_direct_bench) runs on the cores in
 # $SERVER_CPUS with one torch thread; the load generator runs on $CLIENT_CPUS.
@@ -34,6 +36,7 @@
 # Environment: OUT (results directory), ROUNDS (3), DURATION (recorded seconds
 # per phase, 3), WARMUP (1), DIRECT_DURATION (2), SOAK (seconds, 90),
 # CONCURRENCY (1,8,64), SERVER_CPUS (1), CLIENT_CPUS (0), PORT_BASE (28000),
+# TRANSPORT (1),
 # BUILD (1), BAZEL (bazel; e.g. "bazel --output_base=DIR"), BIN (the opt
 # output directory, default bazel-out/k8-opt/bin).
 set -euo pipefail
@@ -165,7 +168,7 @@ log "starting precompile_server on :$OURS_PORT"
 # take calls with the default 2 * 2 + 2 = 6 pollers; the echo gets as many.
 taskset -c "$SERVER_CPUS" "$BIN/server/precompile_server" --model_repository="$REPO" \
   --listen_address=127.0.0.1 --grpc_port="$OURS_PORT" --metrics_port="$METRICS_PORT" \
-  --torch_threads=1 --inference_threads=2 --log_level=warn > "$OUT/server.log" 2>&1 &
+  --http_port=-1 --torch_threads=1 --inference_threads=2 --log_level=warn > "$OUT/server.log" 2>&1 &
 SERVER=$!; PIDS+=("$SERVER")
 log "starting echo_server on :$ECHO_PORT"
 taskset -c "$SERVER_CPUS" "$BIN/bench/echo_server" --port="$ECHO_PORT" --async_threads=6 \
@@ -241,4 +244,9 @@ stop "$SERVER"
 
 # 5. Summary.
 "$PY" bench/summarize.py "$OUT" | tee "$OUT/summary.md"
+if [[ ${TRANSPORT:-1} == 1 ]]; then
+  log "HTTP/REST beside gRPC (bench/transport_ab.sh)"
+  { echo; echo "## HTTP/REST beside gRPC (perf_analyzer)"; echo; } >> "$OUT/summary.md"
+  OUT="$OUT/transport" BUILD=0 BIN="$BIN" ROUNDS="$ROUNDS" SERVER_CPUS="$SERVER_CPUS"     CLIENT_CPUS="$CLIENT_CPUS" bench/transport_ab.sh | tee -a "$OUT/summary.md"
+fi
 log "done: $OUT"
