@@ -45,6 +45,20 @@ void SendHealth(httplib::Response& response, bool ok) {
   Send(response, ok ? 200 : 400, kJson, "");
 }
 
+// One of the API's calls about the model (and version) the path names:
+// metadata, config, statistics.
+template <typename Request, typename Reply>
+absl::StatusOr<Reply> AskAboutModel(const InferenceApi& api, const HttpRoute& route,
+                                    absl::Status (InferenceApi::*call)(const Request&, Reply*)
+                                        const) {
+  Request asked;
+  asked.set_name(route.model);
+  asked.set_version(route.version);
+  Reply reply;
+  if (absl::Status s = (api.*call)(asked, &reply); !s.ok()) return s;
+  return reply;
+}
+
 // What cpp-httplib's own refusals say, in a KServe error body.
 std::string ProtocolError(int status, size_t max_body_bytes) {
   switch (status) {
@@ -295,35 +309,20 @@ void HttpService::Handle(const httplib::Request& request, httplib::Response& res
       return SendJson(response, ProtoToJson(reply));
     }
     case K::kModelMetadata: {
-      inference::ModelMetadataRequest asked;
-      asked.set_name(route.model);
-      asked.set_version(route.version);
-      inference::ModelMetadataResponse reply;
-      if (absl::Status s = api_.ModelMetadata(asked, &reply); !s.ok()) {
-        return SendError(response, s);
-      }
-      return SendJson(response, ProtoToJson(reply));
+      auto reply = AskAboutModel(api_, route, &InferenceApi::ModelMetadata);
+      if (!reply.ok()) return SendError(response, reply.status());
+      return SendJson(response, ProtoToJson(*reply));
     }
     case K::kModelConfig: {
-      inference::ModelConfigRequest asked;
-      asked.set_name(route.model);
-      asked.set_version(route.version);
-      inference::ModelConfigResponse reply;
-      if (absl::Status s = api_.ModelConfig(asked, &reply); !s.ok()) {
-        return SendError(response, s);
-      }
+      auto reply = AskAboutModel(api_, route, &InferenceApi::ModelConfig);
+      if (!reply.ok()) return SendError(response, reply.status());
       // Triton answers the configuration itself, not wrapped.
-      return SendJson(response, ProtoToJson(reply.config()));
+      return SendJson(response, ProtoToJson(reply->config()));
     }
     case K::kModelStatistics: {
-      inference::ModelStatisticsRequest asked;
-      asked.set_name(route.model);
-      asked.set_version(route.version);
-      inference::ModelStatisticsResponse reply;
-      if (absl::Status s = api_.ModelStatistics(asked, &reply); !s.ok()) {
-        return SendError(response, s);
-      }
-      return SendJson(response, ProtoToJson(reply));
+      auto reply = AskAboutModel(api_, route, &InferenceApi::ModelStatistics);
+      if (!reply.ok()) return SendError(response, reply.status());
+      return SendJson(response, ProtoToJson(*reply));
     }
     case K::kRepositoryIndex: {
       inference::RepositoryIndexRequest asked;
