@@ -54,6 +54,22 @@ std::optional<DType> DTypeFromProto(artifact::v1::DType dtype) {
   }
 }
 
+artifact::v1::DType DTypeToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kBool: return artifact::v1::DTYPE_BOOL;
+    case DType::kUInt8: return artifact::v1::DTYPE_UINT8;
+    case DType::kInt8: return artifact::v1::DTYPE_INT8;
+    case DType::kInt16: return artifact::v1::DTYPE_INT16;
+    case DType::kInt32: return artifact::v1::DTYPE_INT32;
+    case DType::kInt64: return artifact::v1::DTYPE_INT64;
+    case DType::kFloat16: return artifact::v1::DTYPE_FLOAT16;
+    case DType::kBFloat16: return artifact::v1::DTYPE_BFLOAT16;
+    case DType::kFloat32: return artifact::v1::DTYPE_FLOAT32;
+    case DType::kFloat64: return artifact::v1::DTYPE_FLOAT64;
+  }
+  return artifact::v1::DTYPE_UNSPECIFIED;
+}
+
 std::optional<DeviceType> DeviceTypeFromName(absl::string_view name) {
   if (name == "cpu") return DeviceType::kCpu;
   if (name == "cuda") return DeviceType::kCuda;

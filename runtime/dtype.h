@@ -33,6 +33,7 @@ size_t DTypeSize(DType dtype);
 
 // nullopt for DTYPE_UNSPECIFIED or a value this build does not know.
 std::optional<DType> DTypeFromProto(artifact::v1::DType dtype);
+artifact::v1::DType DTypeToProto(DType dtype);
 // "cpu" or "cuda"; nullopt otherwise.
 std::optional<DeviceType> DeviceTypeFromName(absl::string_view name);
 

@@ -25,6 +25,7 @@
 #include "runtime/frame_caller.h"
 #include "runtime/frame_dispatcher.h"
 #include "runtime/guard_program.h"
+#include "runtime/miss_log.h"
 #include "runtime/torch_dtype.h"
 #include "runtime/torch_errors.h"
 #include "runtime/torchscript_program.h"
@@ -200,6 +201,7 @@ class LoadedVersion::Impl final : public FrameCaller {
   DeviceType device = DeviceType::kCpu;
   std::vector<std::unique_ptr<FrameState>> frames;
   absl::flat_hash_map<std::string, FrameState*> frames_by_name;
+  std::unique_ptr<MissLog> misses;
   FrameState* entry = nullptr;
 
   // Calls enter and leave with atomic operations only; `mu` and `idle` are
@@ -242,12 +244,14 @@ class LoadedVersion::Impl final : public FrameCaller {
   absl::Status Views(const FrameState& frame,
                      const std::vector<c10::IValue>& args,
                      absl::InlinedVector<ArgView, 8>& views) const;
-  std::string Refusal(const FrameState& frame, absl::Span<const ArgView> views,
-                      const GlobalState& state) const;
+  std::string Refusal(const FrameState& frame, const MissExplanation& why) const;
+  MissExplanation Explain(const FrameState& frame, absl::Span<const ArgView> views,
+                          const GlobalState& state) const;
   void WarnEagerMiss(FrameState& frame, absl::Span<const ArgView> views,
                      const GlobalState& state);
   void Report(FrameState& frame, bool is_entry, Outcome outcome,
-              int variant, absl::Duration dispatch, absl::Duration run);
+              int variant, absl::Duration dispatch, absl::Duration run,
+              size_t miss_signatures = 0);
 };
 
 thread_local const std::function<bool()>* LoadedVersion::Impl::cancelled = nullptr;
@@ -294,6 +298,9 @@ absl::Status LoadedVersion::Impl::LoadFrames() {
     if (proto.name() == m.entry_frame()) entry = state.get();
     frames.push_back(std::move(state));
   }
+  std::vector<std::vector<std::string>> names;
+  for (const auto& frame : frames) names.push_back(frame->parameter_names);
+  misses = std::make_unique<MissLog>(std::move(names), options.miss_signatures_per_frame);
   return absl::OkStatus();
 }
 
@@ -372,17 +379,23 @@ absl::Status LoadedVersion::Impl::Views(const FrameState& frame,
   return absl::OkStatus();
 }
 
+MissExplanation LoadedVersion::Impl::Explain(const FrameState& frame,
+                                             absl::Span<const ArgView> views,
+                                             const GlobalState& state) const {
+  std::optional<FrameDispatcher::Explanation> why =
+      frame.dispatcher->ExplainMiss(views, state);
+  if (!why) return {};
+  return {frame.proto->variants(why->variant).id(), std::move(why->reason)};
+}
+
 std::string LoadedVersion::Impl::Refusal(const FrameState& frame,
-                                 absl::Span<const ArgView> views,
-                                 const GlobalState& state) const {
+                                         const MissExplanation& why) const {
   std::string message = absl::StrCat(
       "no captured variant matches this call of frame '", frame.proto->name(),
       "' (model '", options.name, "')");
-  std::optional<FrameDispatcher::Explanation> why =
-      frame.dispatcher->ExplainMiss(views, state);
-  if (why) {
-    absl::StrAppend(&message, ": closest variant ",
-                    frame.proto->variants(why->variant).id(), ": ", why->reason);
+  if (!why.closest_variant.empty()) {
+    absl::StrAppend(&message, ": closest variant ", why.closest_variant, ": ",
+                    why.failing_guard);
   } else {
     absl::StrAppend(&message, ": the capture compiled no variant of this frame");
   }
@@ -395,10 +408,9 @@ void LoadedVersion::Impl::WarnEagerMiss(FrameState& frame,
   if (frame.warned.exchange(true, std::memory_order_relaxed)) return;
   const Frame& f = *frame.proto;
   std::string closest;
-  if (std::optional<FrameDispatcher::Explanation> why =
-          frame.dispatcher->ExplainMiss(views, state)) {
-    closest = absl::StrCat(" (closest variant ", f.variants(why->variant).id(),
-                           ": ", why->reason, ")");
+  if (MissExplanation why = Explain(frame, views, state); !why.closest_variant.empty()) {
+    closest = absl::StrCat(" (closest variant ", why.closest_variant, ": ",
+                           why.failing_guard, ")");
   }
   std::string message = absl::StrCat(
       "model '", options.name, "': frame '", f.name(),
@@ -424,7 +436,7 @@ void LoadedVersion::Impl::WarnEagerMiss(FrameState& frame,
 
 void LoadedVersion::Impl::Report(FrameState& frame, bool is_entry, Outcome outcome,
                          int variant, absl::Duration dispatch,
-                         absl::Duration run) {
+                         absl::Duration run, size_t miss_signatures) {
   frame.calls[static_cast<int>(outcome)].fetch_add(1, std::memory_order_relaxed);
   if (variant >= 0) frame.hits[variant].fetch_add(1, std::memory_order_relaxed);
   if (!observer) return;
@@ -438,6 +450,7 @@ void LoadedVersion::Impl::Report(FrameState& frame, bool is_entry, Outcome outco
   if (variant >= 0) event.variant_id = frame.proto->variants(variant).id();
   event.dispatch_time = dispatch;
   event.run_time = run;
+  event.miss_signatures = miss_signatures;
   observer->OnFrameCall(event);
 }
 
@@ -488,13 +501,20 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
   }
 
   if (!frame.proto->eager_fallback()) {
-    std::string message = Refusal(frame, views, state);
-    Report(frame, is_entry, Outcome::kRefused, -1, absl::Now() - start, {});
-    return absl::FailedPreconditionError(message);
+    const MissExplanation why = Explain(frame, views, state);
+    absl::Status refusal = absl::FailedPreconditionError(Refusal(frame, why));
+    const absl::Time refused = absl::Now();
+    const size_t signatures = misses->Record(
+        frame.index, views, Outcome::kRefused, [&] { return why; }, refused);
+    Report(frame, is_entry, Outcome::kRefused, -1, refused - start, {}, signatures);
+    return refusal;
   }
 
   if (!frame.variants.empty()) WarnEagerMiss(frame, views, state);
   const absl::Time matched = absl::Now();
+  const size_t signatures = misses->Record(
+      frame.index, views, Outcome::kEagerFallback,
+      [&] { return Explain(frame, views, state); }, matched);
   if (device == DeviceType::kCuda) {
     absl::Status moved = CallTorch("moving arguments to the GPU", [&] {
       for (c10::IValue& a : args) {
@@ -517,11 +537,11 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     Outcome outcome = out.status().code() == absl::StatusCode::kFailedPrecondition
                           ? Outcome::kRefused
                           : Outcome::kError;
-    Report(frame, is_entry, outcome, -1, matched - start, done - matched);
+    Report(frame, is_entry, outcome, -1, matched - start, done - matched, signatures);
     return out.status();
   }
   Report(frame, is_entry, Outcome::kEagerFallback, -1, matched - start,
-         done - matched);
+         done - matched, signatures);
   return FrameResult{*std::move(out), Outcome::kEagerFallback, nullptr};
 }
 
@@ -763,6 +783,12 @@ std::vector<FrameCoverage> LoadedVersion::Coverage() const {
     coverage.push_back(std::move(c));
   }
   return coverage;
+}
+
+std::vector<FrameMisses> LoadedVersion::Misses() const { return impl_->misses->Snapshot(); }
+
+int LoadedVersion::miss_signatures_per_frame() const {
+  return impl_->misses->signatures_per_frame();
 }
 
 std::vector<EagerFallbackWarning> LoadedVersion::Warnings() const {

@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/artifact.pb.h"
+#include "runtime/miss_log.h"
 #include "runtime/observer.h"
 #include "runtime/value.h"
 
@@ -58,6 +59,9 @@ struct LoadOptions {
   // truncated capture). Default: false (such artifacts load and refuse the
   // calls they do not cover).
   bool require_complete = false;
+  // Distinct signatures of missed calls kept per frame (see MissLog); 0
+  // records none.
+  int miss_signatures_per_frame = 64;
 };
 
 // Calls of one frame since the model was loaded.
@@ -132,6 +136,10 @@ class LoadedVersion {
   const std::string& frames_text() const;
   std::vector<FrameCoverage> Coverage() const;
   std::vector<EagerFallbackWarning> Warnings() const;
+  // The calls no variant matched, per frame (frame_index is the frame's
+  // position in manifest().frames()), since the load.
+  std::vector<FrameMisses> Misses() const;
+  int miss_signatures_per_frame() const;
 
   class Impl;
 

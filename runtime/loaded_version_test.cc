@@ -197,6 +197,78 @@ TEST(LoadedVersion, AnEagerFramesCalleesKeepTheirVariantsAndRefuseTheirOwnMisses
   EXPECT_EQ(Calls(*model, "forward", Outcome::kRefused), 1u);
 }
 
+const FrameMisses* MissesOf(const std::vector<FrameMisses>& misses, const LoadedVersion& model,
+                            const std::string& frame) {
+  for (const FrameMisses& m : misses) {
+    if (model.manifest().frames(m.frame_index).name() == frame) return &m;
+  }
+  return nullptr;
+}
+
+TEST(LoadedVersion, RecordsEachFramesMissedCallsByWhatItsGuardsRead) {
+  auto model = Load("nested");
+  ASSERT_NE(model, nullptr);
+  CallAndCompare(*model, "nested", "k0");
+  EXPECT_TRUE(model->Misses().empty()) << "a variant hit is no miss";
+
+  CallAndCompare(*model, "nested", "k1");
+  CallAndCompare(*model, "nested", "k1");
+  ReferenceCall wide = Reference("nested", "wide_k1");
+  ASSERT_EQ(model->Call(wide.args).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  std::vector<FrameMisses> misses = model->Misses();
+  const FrameMisses* forward = MissesOf(misses, *model, "forward");
+  ASSERT_NE(forward, nullptr);
+  ASSERT_EQ(forward->signatures.size(), 2u);
+  const MissRecord& k1 = forward->signatures[0];
+  EXPECT_EQ(k1.count, 2u);
+  EXPECT_EQ(k1.outcome, Outcome::kEagerFallback);
+  EXPECT_EQ(k1.explanation.closest_variant, "forward#0");
+  EXPECT_THAT(k1.explanation.failing_guard, HasSubstr("k: expected 0, got 1"));
+  ASSERT_EQ(k1.call.arguments_size(), 2);
+  EXPECT_EQ(k1.call.arguments(0).name(), "x");
+  EXPECT_THAT(k1.call.arguments(0).tensor().shape(), ::testing::ElementsAre(8, 4));
+  EXPECT_EQ(k1.call.arguments(1).scalar().int_value(), 1);
+  EXPECT_THAT(forward->signatures[1].call.arguments(0).tensor().shape(),
+              ::testing::ElementsAre(16, 4));
+
+  // The callee that refused the wide call records its own miss, refused.
+  const FrameMisses* encoder = MissesOf(misses, *model, "encoder");
+  ASSERT_NE(encoder, nullptr);
+  ASSERT_EQ(encoder->signatures.size(), 1u);
+  EXPECT_EQ(encoder->signatures[0].outcome, Outcome::kRefused);
+  EXPECT_THAT(encoder->signatures[0].explanation.failing_guard,
+              HasSubstr("x.size(0): expected 8, got 16"));
+  // wobble has no variant: every call is a miss, with nothing to be closest.
+  const FrameMisses* wobble = MissesOf(misses, *model, "wobble");
+  ASSERT_NE(wobble, nullptr);
+  EXPECT_EQ(wobble->signatures[0].explanation.closest_variant, "");
+}
+
+TEST(LoadedVersion, KeepsAtMostTheConfiguredSignaturesPerFrame) {
+  LoadOptions options;
+  options.miss_signatures_per_frame = 2;
+  auto model = LoadedVersion::Load(ExampleArtifact("mlp"), options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  for (int64_t batch : {1, 1, 1, 0, 0}) {
+    at::Tensor x = at::ones({batch, 4});
+    ASSERT_FALSE((*model)->Call({{"x", AsTensorArg(x)}}).ok());
+  }
+  at::Tensor doubles = at::ones({8, 4}, at::kDouble);
+  ASSERT_FALSE((*model)->Call({{"x", AsTensorArg(doubles)}}).ok());
+  std::vector<FrameMisses> misses = (*model)->Misses();
+  ASSERT_EQ(misses.size(), 1u);
+  ASSERT_EQ(misses[0].signatures.size(), 2u);
+  EXPECT_EQ(misses[0].signatures[0].count, 3u) << "the most frequent stays";
+  EXPECT_EQ(misses[0].other_calls, 2u) << "the least frequent was evicted: batch 0, twice";
+
+  options.miss_signatures_per_frame = 0;
+  model = LoadedVersion::Load(ExampleArtifact("mlp"), options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_FALSE((*model)->Call({{"x", AsTensorArg(doubles)}}).ok());
+  EXPECT_TRUE((*model)->Misses().empty());
+}
+
 TEST(LoadedVersion, LeavesArgumentsToTheirRecordedDefaults) {
   auto loop = Load("loop");
   ASSERT_NE(loop, nullptr);

@@ -2,6 +2,8 @@
 #ifndef PRECOMPILE_RUNTIME_OBSERVER_H_
 #define PRECOMPILE_RUNTIME_OBSERVER_H_
 
+#include <cstddef>
+
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "runtime/value.h"
@@ -25,6 +27,9 @@ struct FrameCallEvent {
   absl::Duration dispatch_time;
   // The variant's or the eager program's run; zero for a refusal.
   absl::Duration run_time;
+  // For a miss (an eager fallback or a refusal): the distinct signatures of
+  // missed calls the frame keeps, this one included; 0 otherwise.
+  size_t miss_signatures = 0;
 };
 
 // Receives every frame call of the models it is registered with.
