@@ -1,5 +1,6 @@
 #include "server/admin_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/grpc_status.h"
 
@@ -19,6 +20,8 @@ void ToProto(const ModelState& state, v1::ModelStatus* out) {
     case ModelState::Phase::kUnavailable: out->set_state(v1::ModelStatus::UNAVAILABLE); break;
   }
 }
+
+double UnixSeconds(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); }
 
 }  // namespace
 
@@ -90,7 +93,47 @@ grpc::Status AdminService::ListWarnings(grpc::ServerContext* context, const v1::
     auto* out = response->add_warnings();
     out->set_frame(w.frame);
     out->set_message(w.message);
-    out->set_time(absl::ToDoubleSeconds(w.time - absl::UnixEpoch()));
+    out->set_time(UnixSeconds(w.time));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Misses(grpc::ServerContext* context, const v1::MissesRequest* request,
+                                  v1::MissesResponse* response) {
+  if (grpc::Status s = access_.CheckRead(*context); !s.ok()) return s;
+  if (request->version() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("version ", request->version(),
+                                     " is not a version: give one >= 1, or 0 for the newest"));
+  }
+  auto handle = repository_.Get(
+      request->name(), request->version() == 0 ? "" : absl::StrCat(request->version()));
+  if (!handle.ok()) return ToGrpcStatus(handle.status());
+  const LoadedVersion& model = *handle->model;
+  const auto& m = model.manifest();
+  response->set_name(request->name());
+  response->set_version(handle->version);
+  response->set_model_name(m.model_name());
+  response->set_torch_version(m.torch_version());
+  response->set_device(m.device());
+  response->set_signatures_per_frame(static_cast<uint32_t>(model.miss_signatures_per_frame()));
+  for (FrameMisses& misses : model.Misses()) {
+    const auto& frame = m.frames(misses.frame_index);
+    auto* f = response->add_frames();
+    f->set_frame(frame.name());
+    f->set_eager_fallback(frame.eager_fallback());
+    f->set_is_entry(frame.name() == m.entry_frame());
+    f->set_other_calls(misses.other_calls);
+    for (MissRecord& r : misses.signatures) {
+      auto* out = f->add_signatures();
+      *out->mutable_call() = std::move(r.call);
+      out->set_count(r.count);
+      out->set_first_seen(UnixSeconds(r.first_seen));
+      out->set_last_seen(UnixSeconds(r.last_seen));
+      out->set_outcome(r.outcome == Outcome::kEagerFallback ? v1::EAGER_FALLBACK : v1::REFUSED);
+      out->set_closest_variant(std::move(r.explanation.closest_variant));
+      out->set_failing_guard(std::move(r.explanation.failing_guard));
+    }
   }
   return grpc::Status::OK;
 }

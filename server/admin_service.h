@@ -33,6 +33,8 @@ class AdminService final : public precompile::v1::PrecompileAdmin::Service {
                            v1::CoverageResponse*) override;
   grpc::Status ListWarnings(grpc::ServerContext*, const v1::ModelRequest*,
                             v1::WarningsResponse*) override;
+  grpc::Status Misses(grpc::ServerContext*, const v1::MissesRequest*,
+                      v1::MissesResponse*) override;
   grpc::Status LoadModel(grpc::ServerContext*, const v1::ModelRequest*,
                          v1::LoadModelResponse*) override;
   grpc::Status UnloadModel(grpc::ServerContext*, const v1::ModelRequest*,

@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, device, "cpu",
           "device type are refused");
 ABSL_FLAG(bool, require_complete, false,
           "Refuse artifacts whose capture is incomplete (uncovered frames or truncated)");
+ABSL_FLAG(int, miss_signatures_per_frame, 64,
+          "Distinct signatures of calls no variant matched kept per frame and model "
+          "version, the most frequent (see the admin RPC Misses); 0 records none");
 ABSL_FLAG(int, max_message_bytes, 256 << 20,
           "Largest gRPC request or response, and largest HTTP request body");
 ABSL_FLAG(int, max_concurrent_requests, 128,
@@ -148,6 +151,12 @@ int main(int argc, char** argv) {
   options.device = device;
   options.load_options.require_complete = absl::GetFlag(FLAGS_require_complete);
   options.load_options.runners_per_variant = absl::GetFlag(FLAGS_runners_per_variant);
+  const int miss_signatures = absl::GetFlag(FLAGS_miss_signatures_per_frame);
+  if (miss_signatures < 0) {
+    return Fail(absl::StrCat("--miss_signatures_per_frame=", miss_signatures,
+                             " is negative; 0 records no misses"));
+  }
+  options.load_options.miss_signatures_per_frame = miss_signatures;
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);

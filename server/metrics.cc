@@ -67,6 +67,12 @@ ServerMetrics::ServerMetrics()
               .Help("Eager-fallback warnings issued (one per flagged frame that "
                     "missed its variants)")
               .Register(*registry_)),
+      miss_signatures_(prometheus::BuildGauge()
+                           .Name("precompile_miss_signatures")
+                           .Help("Distinct signatures of calls no variant matched, kept per "
+                                 "frame (bounded by --miss_signatures_per_frame; the admin "
+                                 "RPC Misses lists them)")
+                           .Register(*registry_)),
       summary_complete_(prometheus::BuildGauge()
                             .Name("precompile_model_complete")
                             .Help("1 if the artifact's capture is complete")
@@ -184,6 +190,8 @@ ModelMetrics::ModelMetrics(ServerMetrics& server, const std::string& model,
         {{"model", model}, {"version", v}, {"frame", frame.name()}});
     series.execution = &server.execution_duration_->Add(
         {{"model", model}, {"version", v}, {"frame", frame.name()}});
+    series.miss_signatures =
+        &server.miss_signatures_.Add({{"model", model}, {"version", v}, {"frame", frame.name()}});
     for (const auto& variant : frame.variants()) {
       series.variant_hits.push_back(&server.variant_hits_.Add({{"model", model},
                                                                {"version", v},
@@ -216,6 +224,7 @@ ModelMetrics::~ModelMetrics() {
     server_.eager_fallback_warnings_.Remove(f.warnings);
     server_.dispatch_duration_->Remove(f.dispatch);
     server_.execution_duration_->Remove(f.execution);
+    server_.miss_signatures_.Remove(f.miss_signatures);
     for (prometheus::Counter* c : f.variant_hits) server_.variant_hits_.Remove(c);
   }
   for (auto [family, gauge] : gauges_) family->Remove(gauge);
@@ -232,6 +241,9 @@ void ModelMetrics::OnFrameCall(const FrameCallEvent& event) {
     f.variant_hits[event.variant_index]->Increment();
   }
   f.dispatch->Observe(event.dispatch_time);
+  if (event.miss_signatures > 0) {
+    f.miss_signatures->Set(static_cast<double>(event.miss_signatures));
+  }
   if (event.outcome == Outcome::kVariant || event.outcome == Outcome::kEagerFallback) {
     f.execution->Observe(event.run_time);
   }

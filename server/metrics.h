@@ -2,7 +2,7 @@
 //
 // Per model version: requests and frame calls by outcome (variant,
 // eager_fallback, refused, error), variant hits, eager-fallback warnings by
-// frame, the capture's summary as gauges (complete, uncovered and flagged
+// frame, distinct miss signatures by frame, the capture's summary as gauges (complete, uncovered and flagged
 // frames, variants), and latency histograms for the whole request, guard
 // dispatch and execution. Server-wide: loaded models and load failures.
 //
@@ -100,6 +100,7 @@ class ModelMetrics final : public CallObserver {
     prometheus::Counter* warnings = nullptr;
     DurationHistogram* dispatch = nullptr;
     DurationHistogram* execution = nullptr;
+    prometheus::Gauge* miss_signatures = nullptr;
     std::vector<prometheus::Counter*> variant_hits;
   };
 
@@ -157,6 +158,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& frame_calls_;
   prometheus::Family<prometheus::Counter>& variant_hits_;
   prometheus::Family<prometheus::Counter>& eager_fallback_warnings_;
+  prometheus::Family<prometheus::Gauge>& miss_signatures_;
   prometheus::Family<prometheus::Gauge>& summary_complete_;
   prometheus::Family<prometheus::Gauge>& summary_uncovered_;
   prometheus::Family<prometheus::Gauge>& summary_flagged_;
