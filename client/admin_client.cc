@@ -93,6 +93,15 @@ absl::StatusOr<precompile::v1::WarningsResponse> AdminClient::ListWarnings(
   return Call(&Stub::ListWarnings, Named(model), true, call);
 }
 
+absl::StatusOr<precompile::v1::MissesResponse> AdminClient::Misses(const std::string& model,
+                                                                  int64_t version,
+                                                                  const CallOptions& call) {
+  precompile::v1::MissesRequest request;
+  request.set_name(model);
+  request.set_version(version);
+  return Call(&Stub::Misses, request, true, call);
+}
+
 absl::StatusOr<precompile::v1::LoadModelResponse> AdminClient::LoadModel(const std::string& model,
                                                                          const CallOptions& call) {
   return Call(&Stub::LoadModel, Named(model), false, call);

@@ -40,6 +40,10 @@ class AdminClient {
                                                                const CallOptions& call = {});
   absl::StatusOr<precompile::v1::WarningsResponse> ListWarnings(const std::string& model,
                                                                 const CallOptions& call = {});
+  // `version` 0: the newest version served.
+  absl::StatusOr<precompile::v1::MissesResponse> Misses(const std::string& model,
+                                                        int64_t version = 0,
+                                                        const CallOptions& call = {});
   absl::StatusOr<precompile::v1::LoadModelResponse> LoadModel(const std::string& model,
                                                               const CallOptions& call = {});
   absl::StatusOr<precompile::v1::UnloadModelResponse> UnloadModel(const std::string& model,

@@ -7,12 +7,14 @@
 #include <random>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/admin_client.h"
 #include "client/infer_request.h"
 #include "client/inference_client.h"
+#include "client/misses.h"
 #include "base/json_text.h"
 #include "client/npy.h"
 #include "base/proto_json.h"
@@ -52,6 +54,9 @@ constexpr Command kCommands[] = {
     {"frames", "MODEL", "the artifact's FRAMES list [admin]"},
     {"coverage", "MODEL", "calls per frame and outcome since the model loaded [admin]"},
     {"warnings", "MODEL", "eager-fallback warnings since the model loaded [admin]"},
+    {"misses", "MODEL",
+     "distinct calls per frame that no variant matched (--json: the file "
+     "'precompile_capture --recapture' reads) [admin]"},
     {"models", "", "the repository's models and their state [admin]"},
     {"load", "MODEL", "load (or reload) a model from the repository [admin]"},
     {"unload", "MODEL", "unload a model [admin]"},
@@ -93,7 +98,7 @@ void AddFlags(CLI::App& app, Options* o) {
       command->add_option("MODEL", o->model, "the model (default: the server)");
     }
   }
-  for (const char* name : {"infer", "metadata", "config"}) {
+  for (const char* name : {"infer", "metadata", "config", "misses"}) {
     app.get_subcommand(name)->add_option("--model_version", o->model_version,
                                          "the version to call (default: the served one)");
   }
@@ -156,6 +161,7 @@ class Cli {
     if (command == "frames") return Frames(model);
     if (command == "coverage") return Coverage(model);
     if (command == "warnings") return Warnings(model);
+    if (command == "misses") return Misses(model);
     if (command == "models") return Models();
     if (command == "load") return Load(model);
     if (command == "unload") return Unload(model);
@@ -410,6 +416,40 @@ class Cli {
       out_ << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", time, absl::UTCTimeZone()) << "  " << w.frame()
            << "\n  " << w.message() << "\n";
     }
+    return kExitOk;
+  }
+
+  int Misses(const std::string& model) {
+    int64_t version = 0;
+    if (!options_.model_version.empty() &&
+        (!absl::SimpleAtoi(options_.model_version, &version) || version < 1)) {
+      return Usage(absl::StrCat("--model_version ", options_.model_version,
+                                " is not a version number"));
+    }
+    auto misses = admin_->Misses(model, version);
+    if (!misses.ok()) return Failed(misses.status());
+    if (options_.json) return PrintJson(ProtoToJson(*misses));
+    out_ << misses->name() << " (version " << misses->version() << ")\n";
+    if (misses->frames().empty()) {
+      out_ << "no misses: every call matched a variant\n";
+      return kExitOk;
+    }
+    std::vector<std::vector<std::string>> rows = {
+        {"FRAME", "SIGNATURE", "COUNT", "OUTCOME", "FAILING GUARD"}};
+    for (const auto& f : misses->frames()) {
+      for (const auto& m : f.signatures()) {
+        rows.push_back({f.frame(), SignatureText(m.call()), absl::StrCat(m.count()),
+                        m.outcome() == precompile::v1::EAGER_FALLBACK ? "eager_fallback" : "refused",
+                        m.closest_variant().empty()
+                            ? "(no variant)"
+                            : absl::StrCat(m.closest_variant(), ": ", m.failing_guard())});
+      }
+      if (f.other_calls() > 0) {
+        rows.push_back({f.frame(), "(other signatures, over the bound)",
+                        absl::StrCat(f.other_calls()), "", ""});
+      }
+    }
+    PrintTable(out_, rows);
     return kExitOk;
   }
 

@@ -1,11 +1,13 @@
 #include "client/load_tool.h"
 
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "client/inference_client.h"
 #include "base/json_text.h"
 #include "client/load_generator.h"
+#include "client/misses.h"
 #include "client/request_mix.h"
 #include "client/tool_flags.h"
 
@@ -17,6 +19,7 @@ struct Options {
   std::string mix;
   std::vector<int> concurrency;
   double rate = 0;
+  std::string misses;
   std::string arrivals = "poisson";
   int max_outstanding = 256;
   double warmup = 0;
@@ -31,7 +34,8 @@ struct Options {
 
 void AddFlags(CLI::App& app, Options* o) {
   app.description(
-      "usage: precompile_load --mix=FILE [--concurrency=1,8,64 | --rate=500] [FLAGS]\n"
+      "usage: precompile_load (--mix=FILE | --misses=FILE) [--concurrency=1,8,64 | --rate=500]\n"
+      "       [FLAGS]\n"
       "\n"
       "Sends KServe v2 ModelInfer requests drawn from a weighted mix to one precompile-serve\n"
       "server and reports throughput, latency percentiles and counts by status code and\n"
@@ -52,9 +56,17 @@ void AddFlags(CLI::App& app, Options* o) {
       "   {\"name\": \"refused\", \"weight\": 1, \"model\": \"mlp\",\n"
       "    \"inputs\": {\"x\": {\"shape\": [1, 4], \"fill\": \"random\"}}}]\n"
       "\n"
+      "misses file: the JSON of 'precompile_client --json misses MODEL'. Each call of the\n"
+      "entry frame that no variant matched becomes a template weighted by its count:\n"
+      "floating-point tensors random, integer and bool tensors zeros, scalars as recorded.\n"
+      "\n"
       "exit status: 0 the run completed (whatever the server answered); 1 the report could\n"
       "not be written; 2 usage error or a non-loopback address without --allow_remote.");
-  app.add_option("--mix", o->mix, "JSON file of weighted request templates")->required();
+  CLI::Option* mix = app.add_option("--mix", o->mix, "JSON file of weighted request templates");
+  CLI::Option* misses = app.add_option(
+      "--misses", o->misses, "replay a misses file (precompile_client --json misses) as traffic");
+  mix->excludes(misses);
+  misses->excludes(mix);
   CLI::Option* concurrency =
       app.add_option("--concurrency", o->concurrency,
                      "closed loop: comma-separated concurrency levels, one phase each "
@@ -100,6 +112,22 @@ absl::Status Parse(CLI::App& app, Options* options, const std::vector<std::strin
                    bool* help) {
   return ParseCommandLine(
       app, [options](CLI::App& built) { AddFlags(built, options); }, args, help);
+}
+
+absl::StatusOr<std::vector<RequestTemplate>> ReadMissesMix(const std::string& path,
+                                                           uint64_t seed) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the misses file ", path));
+  std::stringstream contents;
+  contents << in.rdbuf();
+  absl::StatusOr<precompile::v1::MissesResponse> misses = ParseMisses(contents.str());
+  absl::StatusOr<std::vector<RequestTemplate>> mix =
+      misses.ok() ? MissesRequestMix(*misses, seed)
+                  : absl::StatusOr<std::vector<RequestTemplate>>(misses.status());
+  if (!mix.ok()) {
+    return absl::Status(mix.status().code(), absl::StrCat(path, ": ", mix.status().message()));
+  }
+  return mix;
 }
 
 int Usage(std::ostream& err, absl::string_view message) {
@@ -154,7 +182,9 @@ int RunLoadTool(const std::vector<std::string>& args, std::ostream& out, std::os
   load.max_attempts = client_options->retry.max_attempts;
   client_options->async_threads = o.async_threads;
 
-  absl::StatusOr<std::vector<RequestTemplate>> mix = ReadRequestMix(o.mix, load.seed);
+  if (o.mix.empty() == o.misses.empty()) return Usage(err, "give --mix or --misses");
+  absl::StatusOr<std::vector<RequestTemplate>> mix =
+      o.mix.empty() ? ReadMissesMix(o.misses, load.seed) : ReadRequestMix(o.mix, load.seed);
   if (!mix.ok()) return Usage(err, mix.status().message());
   absl::StatusOr<std::unique_ptr<InferenceClient>> client =
       InferenceClient::Create(*client_options);
