@@ -5,6 +5,9 @@
     cap.summary()     # PrecompileSummary
     cap.save("out/")  # the artifact directory, or PrecompileError
 
+    # The next version of a served model, covering the calls its server missed:
+    precompile_capture.recapture(model, "repo/mlp", "misses.json")
+
 See capture.capture() for the arguments and DESIGN.md section 1 for the
 semantics of eager fallbacks, coverage and the summary.
 """
@@ -28,7 +31,20 @@ __all__ = [
     "FrameInfo",
     "Kind",
     "PrecompileError",
+    "MissResult",
     "PrecompileSummary",
+    "RecaptureReport",
     "capture",
+    "recapture",
     "register_frame",
 ]
+
+
+def __getattr__(name: str):
+    # recapture reads protos (artifact and admin); like save(), it loads them
+    # only when used, so importing the package for capture() does not.
+    if name in ("MissResult", "RecaptureReport", "recapture"):
+        from . import recapturing  # noqa: PLC0415
+
+        return getattr(recapturing, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,7 @@ from proto import artifact_pb2 as pb
 from . import __version__
 from .errors import PrecompileError
 from .frames import Binding, Frame, Kind
-from .guards import GuardSet
+from .guards import ArgGuard, Dim, GuardSet, SymbolRange, TensorSpec
 from .summary import PrecompileSummary
 
 MANIFEST = "MANIFEST.pb"
@@ -50,6 +50,7 @@ _DTYPES = {
     torch.float32: pb.DTYPE_FLOAT32,
     torch.float64: pb.DTYPE_FLOAT64,
 }
+_DTYPES_FROM_PROTO = {v: k for k, v in _DTYPES.items()}
 _BINDINGS = {b: pb.Parameter.Binding.Value(b.value) for b in Binding}
 _KINDS = {
     Kind.TENSOR: pb.Parameter.TENSOR,
@@ -72,6 +73,9 @@ class ArtifactContents:
     summary: PrecompileSummary
     # The eager program files of the flagged frames, by frame name.
     eager_programs: Dict[str, str]
+    # The entry calls that ran, in order, as capture.call_record() describes
+    # them (repeats included; the manifest keeps each signature once).
+    captured_calls: Sequence[Tuple[Any, ...]] = ()
 
 
 def dtype_to_proto(dtype: torch.dtype) -> int:
@@ -79,6 +83,25 @@ def dtype_to_proto(dtype: torch.dtype) -> int:
         return _DTYPES[dtype]
     except KeyError:
         raise PrecompileError(f"dtype {dtype} has no name in the artifact format") from None
+
+
+def dtype_from_proto(value: int, where: str) -> torch.dtype:
+    """The torch dtype a DType names; `where` says what named it, for the error."""
+    try:
+        return _DTYPES_FROM_PROTO[value]
+    except KeyError:
+        name = pb.DType.Name(value) if value in pb.DType.values() else str(value)
+        raise PrecompileError(f"{where}: dtype {name} is not one the artifact format names") from None
+
+
+def scalar_value(s: pb.Scalar, where: str) -> Any:
+    """The Python value of a Scalar (the inverse of scalar())."""
+    which = s.WhichOneof("value")
+    if which is None:
+        raise PrecompileError(f"{where}: a scalar with no value (none, bool, int, float or string)")
+    if which == "none":
+        return None
+    return getattr(s, which)
 
 
 def scalar(value: Any, kind: Kind) -> pb.Scalar:
@@ -145,6 +168,81 @@ def guards_proto(variant_proto: pb.Variant, guards: GuardSet, kinds: Sequence[Ki
         r.name = s.name
     variant_proto.global_state.grad_enabled = guards.grad_enabled
     variant_proto.global_state.default_dtype = dtype_to_proto(guards.default_dtype)
+
+
+def guards_from_proto(variant_proto: pb.Variant) -> GuardSet:
+    """The GuardSet a manifest's variant records: the inverse of guards_proto,
+    so that GuardSet.holds (the capture's dispatch, which the differential
+    tests compare with the runtime's guards) judges a signature against a
+    saved artifact exactly as it judged calls during the capture."""
+    where = f"variant {variant_proto.id}"
+    args: List[ArgGuard] = []
+    for g in variant_proto.guards:
+        which = g.WhichOneof("check")
+        if which == "tensor" and g.tensor.is_none:
+            args.append(ArgGuard(parameter=g.parameter, is_none=True))
+        elif which == "tensor":
+            dims = tuple(
+                Dim(static=d.static_size) if d.WhichOneof("size") == "static_size" else Dim(symbol=d.symbol)
+                for d in g.tensor.dims
+            )
+            spec = TensorSpec(
+                dtype=dtype_from_proto(g.tensor.dtype, f"{where}, parameter {g.parameter}"),
+                device=g.tensor.device,
+                dims=dims,
+            )
+            args.append(ArgGuard(parameter=g.parameter, tensor=spec))
+        elif which == "equals":
+            value = scalar_value(g.equals, f"{where}, parameter {g.parameter}")
+            if value is None:
+                args.append(ArgGuard(parameter=g.parameter, is_none=True))
+            else:
+                args.append(ArgGuard(parameter=g.parameter, has_value=True, value=value))
+        else:
+            raise PrecompileError(f"{where}: the guard on parameter {g.parameter} checks nothing")
+    symbols = tuple(
+        SymbolRange(symbol=r.symbol, min=r.min, max=r.max if r.HasField("max") else None, name=r.name)
+        for r in variant_proto.symbols
+    )
+    return GuardSet(
+        args=tuple(args),
+        symbols=symbols,
+        grad_enabled=variant_proto.global_state.grad_enabled,
+        default_dtype=dtype_from_proto(variant_proto.global_state.default_dtype, f"{where}, global state"),
+    )
+
+
+def call_signature(frame: Frame, record: Sequence[Any]) -> pb.CallSignature:
+    """A captured entry call (capture.call_record()) as a CallSignature of the
+    frame's final parameters: an entry of **kwargs first seen after the call
+    was absent from it (None), and a FLOAT parameter's int is a float, as the
+    runtime's guards (and so the server's misses) see them."""
+    sig = pb.CallSignature()
+    for i, p in enumerate(frame.params):
+        arg = sig.arguments.add()
+        arg.name = p.name
+        item = record[i] if i < len(record) else ("value", None)
+        if item[0] == "tensor":
+            _, dtype, device, shape = item
+            arg.tensor.dtype = dtype_to_proto(dtype)
+            arg.tensor.device = device
+            arg.tensor.shape.extend(shape)
+        else:
+            arg.scalar.CopyFrom(scalar(item[1], p.final_kind()))
+    return sig
+
+
+def captured_calls_proto(frame: Frame, records: Sequence[Sequence[Any]]) -> List[pb.CallSignature]:
+    """The distinct signatures of `records`, in the order first seen."""
+    out: List[pb.CallSignature] = []
+    seen = set()
+    for record in records:
+        sig = call_signature(frame, record)
+        key = sig.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(sig)
+    return out
 
 
 def index_ranges(frame: Frame) -> Dict[int, Tuple[int, int]]:
@@ -280,6 +378,7 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
     m.summary.uncovered_frames.extend(s.uncovered_frames)
     m.summary.truncated = s.truncated
     m.summary.complete = s.complete
+    m.captured_calls.extend(captured_calls_proto(contents.frames[0], contents.captured_calls))
     for rel in sorted(_files(root)):
         if rel == MANIFEST:
             continue

@@ -115,6 +115,17 @@ class _ExportWrapper(torch.nn.Module):
         return self._function(*args, **kwargs)
 
 
+def call_record(values: Sequence[Any]) -> Tuple[Any, ...]:
+    """What a call's signature needs of its inputs, never their data: per
+    input ("tensor", dtype, device type, shape) or ("value", the value)."""
+    return tuple(
+        ("tensor", v.dtype, v.device.type, tuple(int(s) for s in v.shape))
+        if isinstance(v, torch.Tensor)
+        else ("value", v)
+        for v in values
+    )
+
+
 def _is_skip_frame_call(error: BaseException) -> bool:
     gb_type = getattr(error, "gb_type", "") or ""
     return "skip_frame()" in gb_type
@@ -254,6 +265,9 @@ class Capture:
         self._call_counter = itertools.count(1)
         # Compile statistics: (frame, variant id, seconds).
         self.compile_log: List[Tuple[str, str, float]] = []
+        # The entry calls that ran, in order (call_record()); the manifest's
+        # captured_calls, each signature once.
+        self._entry_calls: List[Tuple[Any, ...]] = []
         self.export_count = 0
         for frame in self._frames.values():
             ops.register_frame(frame.name, frame.call_original)
@@ -338,9 +352,16 @@ class Capture:
     # -- calls ---------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Runs the program as the user would (under no_grad), capturing it."""
+        """Runs the program as the user would (under no_grad), capturing it.
+
+        The call's signature is recorded for the manifest's captured_calls once
+        the call has run: a recapture replays those calls, so one that raised
+        is left out (replaying it would raise again)."""
         with torch.no_grad():
-            return self._dispatch(self.entry, args, kwargs)
+            values = self._bind(self.entry, args, kwargs)
+            result = self._dispatch_bound(self.entry, args, kwargs, values)
+        self._entry_calls.append(call_record(values))
+        return result
 
     def _run_eager(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any], intercept: bool) -> Any:
         with self._interceptor.state(intercept):
@@ -348,10 +369,18 @@ class Capture:
         frame.observe_result(result)
         return result
 
-    def _dispatch(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    def _bind(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
+        """The call's inputs in the frame's order, as the guards see them."""
         values = frame.bind(args, kwargs)
         frame.observe(values)
-        values = frame.normalize(values)
+        return frame.normalize(values)
+
+    def _dispatch(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        return self._dispatch_bound(frame, args, kwargs, self._bind(frame, args, kwargs))
+
+    def _dispatch_bound(
+        self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any], values: List[Any]
+    ) -> Any:
         frame.calls += 1
         call_number = next(self._call_counter)
         if frame.skipped:
@@ -657,6 +686,7 @@ class Capture:
             frames=list(self._frames.values()),
             summary=self.summary(),
             eager_programs=eager_programs,
+            captured_calls=list(self._entry_calls),
         )
 
     def frames_text(self) -> str:

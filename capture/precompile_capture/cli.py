@@ -1,7 +1,12 @@
-"""Command line: capture a model on example calls and write its artifact.
+"""Command line: capture a model on example calls and write its artifact, or
+recapture a served model from the calls its server missed.
 
     python -m precompile_capture --model pkg.module:factory --calls calls.json \\
         --name NAME --out DIR [--device cpu] [--frames a,b] [--allow-incomplete]
+
+    python -m precompile_capture --model pkg.module:factory \\
+        --recapture REPOSITORY/MODEL --misses misses.json [--int-range NAME=LO:HI ...] \\
+        [--calls extra.json] [--frames a,b] [--recompile-limit N] [--allow-incomplete]
 
 `factory` is called with no arguments and returns the model (an nn.Module or a
 function); an nn.Module instance named directly is used as is. calls.json is a
@@ -13,6 +18,30 @@ random values: normal for floating dtypes, integers in [low, high) -- default
 value is passed as the Python value (numbers, strings, booleans, null).
 A frame in --frames is a sub-module path, a function of the model's module
 named by its name, or "pkg.module:function".
+
+Recapture (precompile_capture.recapture) writes the next version of a model
+in the server's repository. It reads the newest numeric version N of
+REPOSITORY/MODEL and the misses file: the JSON of the server's
+precompile.v1.MissesResponse (proto/admin.proto, what the admin Misses call
+returns; field names snake_case or camelCase, int64 as strings): per frame,
+the distinct signatures of the calls no variant matched (per parameter, a
+tensor's dtype, device and shape or a non-tensor's value), each with its count
+and outcome. The misses must come from the same model_name, torch version and
+device as version N. The model is captured again replaying, in order, the
+entry calls version N was captured from (its manifest's captured_calls; an
+artifact captured before they were recorded needs --calls), the calls of
+--calls, and every distinct missed signature of the entry frame, each call
+made up from its signature: floating tensors random normal (a fixed seed),
+integer tensors uniform in [LO, HI) of --int-range NAME=LO:HI for the
+parameter NAME (default [0, 2)), bool tensors False, scalars their value.
+Misses of sub-frames are not replayed (their calls come from eager runs of
+their caller). --name defaults to version N's model_name, the device to its
+device and --frames to its sub-frames. Version N+1 is written under a name the
+server's scan ignores and renamed to REPOSITORY/MODEL/<N+1> in one step; a
+recapture that would not cover a captured call version N covered is refused.
+Then each recorded miss is listed with whether version N+1 covers it (by its
+guards), stays eager (its frame is an eager fallback), or is not covered, and
+why. Any error leaves the repository as it was.
 """
 
 from __future__ import annotations
@@ -20,6 +49,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -132,28 +162,19 @@ def _resolve_frames(specs: Sequence[str], model: Any, model_module: Any) -> List
     return frames
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m precompile_capture", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="pkg.module:factory")
-    parser.add_argument("--calls", required=True, help="JSON list of example calls")
-    parser.add_argument("--name", required=True, help="the model's name in the artifact")
-    parser.add_argument("--out", required=True, help="the artifact directory to write")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--frames", default="", help="comma-separated sub-frames")
-    parser.add_argument("--recompile-limit", type=int, default=8)
-    parser.add_argument("--allow-incomplete", action="store_true", help="save even if not complete")
-    args = parser.parse_args(argv)
+def _capture(args: argparse.Namespace) -> int:
     try:
         module, factory = _import(args.model)
         model = factory if isinstance(factory, torch.nn.Module) else factory()
+        device = args.device or "cpu"
         if isinstance(model, torch.nn.Module):
-            model = model.to(args.device)
-        frames = _resolve_frames([f for f in args.frames.split(",") if f], model, module)
-        calls = load_calls(args.calls, args.device)
+            model = model.to(device)
+        frames = _resolve_frames([f for f in (args.frames or "").split(",") if f], model, module)
+        calls = load_calls(args.calls, device)
         cap = capture(
             model,
             name=args.name,
-            device=args.device,
+            device=device,
             frames=frames,
             recompile_limit=args.recompile_limit,
         )
@@ -173,3 +194,75 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"  {len(cap.compile_log)} AOTInductor compiles, {total:.1f} s")
     cap.close()
     return 0
+
+
+def _recapture(args: argparse.Namespace) -> int:
+    from .recapturing import newest_version, parse_int_range, read_manifest, recapture  # noqa: PLC0415
+
+    try:
+        int_ranges: Dict[str, Tuple[int, int]] = {}
+        for text in args.int_range:
+            param, bounds = parse_int_range(text)
+            if param in int_ranges:
+                raise PrecompileError(f"--int-range gives '{param}' twice")
+            int_ranges[param] = bounds
+        module, factory = _import(args.model)
+        model = factory if isinstance(factory, torch.nn.Module) else factory()
+        frames = None
+        if args.frames is not None:
+            frames = _resolve_frames([f for f in args.frames.split(",") if f], model, module)
+        calls: List[Tuple[List[Any], Dict[str, Any]]] = []
+        if args.calls:
+            # Made on the previous version's device, which the recapture keeps.
+            device = args.device or read_manifest(newest_version(os.path.abspath(args.recapture))[1]).device
+            calls = load_calls(args.calls, device)
+        report = recapture(
+            model,
+            args.recapture,
+            args.misses,
+            name=args.name,
+            device=args.device,
+            frames=frames,
+            model_module=module,
+            calls=calls,
+            int_ranges=int_ranges,
+            recompile_limit=args.recompile_limit,
+            allow_incomplete=args.allow_incomplete,
+        )
+    except PrecompileError as e:
+        print(f"precompile_capture: error: {e}", file=sys.stderr)
+        return 2
+    print(report.format())
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m precompile_capture", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="pkg.module:factory")
+    parser.add_argument("--calls", help="JSON list of example calls (with --recapture: extra calls)")
+    parser.add_argument("--name", help="the model's name in the artifact")
+    parser.add_argument("--out", help="the artifact directory to write")
+    parser.add_argument("--device", choices=["cpu", "cuda"], help="default cpu; with --recapture, the previous version's")
+    parser.add_argument("--frames", help="comma-separated sub-frames")
+    parser.add_argument("--recompile-limit", type=int, default=8)
+    parser.add_argument("--allow-incomplete", action="store_true", help="save even if not complete")
+    parser.add_argument("--recapture", metavar="REPOSITORY/MODEL",
+                        help="write the next version of this served model from --misses")
+    parser.add_argument("--misses", metavar="MISSES.json", help="the server's MissesResponse JSON")
+    parser.add_argument("--int-range", action="append", default=[], metavar="NAME=LO:HI",
+                        help="values [LO, HI) of integer tensors made up for entry parameter NAME")
+    args = parser.parse_args(argv)
+    if args.recapture is None:
+        missing = [flag for flag, value in (("--calls", args.calls), ("--name", args.name), ("--out", args.out))
+                   if not value]
+        if missing:
+            parser.error(f"the following arguments are required: {', '.join(missing)} "
+                         "(or --recapture REPOSITORY/MODEL --misses FILE)")
+        if args.misses or args.int_range:
+            parser.error("--misses and --int-range go with --recapture")
+        return _capture(args)
+    if not args.misses:
+        parser.error("--recapture needs --misses (the server's MissesResponse JSON)")
+    if args.out:
+        parser.error("--recapture writes REPOSITORY/MODEL/<N+1>; --out does not apply")
+    return _recapture(args)
