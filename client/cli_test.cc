@@ -207,7 +207,7 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
       {{"infer", "mlp", "--param", "n"}, "expected NAME=VALUE"},
       {{"summary", "mlp", "--input", "x=" + npy}, "--input applies to infer only"},
       {{"summary", "mlp", "--model_version=1"},
-       "--model_version applies to infer, metadata and config only"},
+       "--model_version applies to infer, metadata, config and misses only"},
       {{"--input", "x=" + npy, "infer", "mlp"}, "--input goes after the command infer"},
       {{"health", "--timeout=-1"}, "--timeout: expected a number > 0, got '-1'"},
       {{"health", "--timeout=soon"}, "--timeout: expected a number > 0, got 'soon'"},

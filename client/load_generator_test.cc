@@ -197,7 +197,14 @@ TEST_F(LoadGeneratorTest, RefusesRemoteTargetsAndBadArguments) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--address=192.0.2.1:8001", "--mix=" + mix_path_}, "pass --allow_remote"},
       {{"--address=dns:///example.com:8001", "--mix=" + mix_path_}, "not a loopback address"},
-      {{"--address=" + testing::AddressOf(*server_)}, "--mix is required"},
+      {{"--address=" + testing::AddressOf(*server_)}, "give --mix or --misses"},
+      {{"--address=" + testing::AddressOf(*server_), "--mix=a.json", "--misses=b.json"},
+       "excludes"},
+      {{"--address=" + testing::AddressOf(*server_), "--misses=/nonexistent/misses.json"},
+       "cannot read the misses file /nonexistent/misses.json"},
+      {{"--address=" + testing::AddressOf(*server_),
+        "--misses=" + testing::WriteTempFile("notmisses.json", R"([{"name": "a"}])")},
+       "notmisses.json: not a misses file"},
       {{"--address=" + testing::AddressOf(*server_), "--mix=" + mix_path_, "--rate=10",
         "--concurrency=2"},
        "--concurrency excludes --rate"},
@@ -229,7 +236,7 @@ TEST_F(LoadGeneratorTest, RefusesRemoteTargetsAndBadArguments) {
 TEST(LoadToolTest, PrintsHelp) {
   std::ostringstream out, err;
   EXPECT_EQ(RunLoadTool({"--help"}, out, err), 0);
-  EXPECT_THAT(out.str(), HasSubstr("usage: precompile_load --mix=FILE"));
+  EXPECT_THAT(out.str(), HasSubstr("usage: precompile_load (--mix=FILE | --misses=FILE)"));
   EXPECT_THAT(out.str(), HasSubstr("--concurrency INT"));
   EXPECT_THAT(out.str(), HasSubstr("closed loop: comma-separated concurrency levels"));
   // The load tool's own defaults: one attempt, 10 s.

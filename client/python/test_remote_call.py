@@ -18,26 +18,19 @@ import remote_call
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "testing"))
-from server_process import ServerProcess, copy_tree  # noqa: E402
+from server_process import ServerProcess, built, copy_tree  # noqa: E402
 BIN = ROOT / "bazel-bin"
 TOKEN = "python-test-token"
-
-
-def _built(path: pathlib.Path) -> pathlib.Path:
-    if not path.exists():
-        pytest.fail(f"{path} is missing: run bazel build //server:precompile_server "
-                    "//examples:artifacts //client:precompile_client first")
-    return path
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    copy_tree(_built(BIN / "examples" / "mlp"), root / "repository" / "mlp" / "1")
+    copy_tree(built(BIN / "examples" / "mlp"), root / "repository" / "mlp" / "1")
     token_file = root / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)  # The server refuses a token file every user can read.
-    process = ServerProcess(_built(BIN / "server" / "precompile_server"), root / "repository",
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), root / "repository",
                             [f"--admin_token_file={token_file}"])
     yield process
     assert process.stop() == 0, process.log()
@@ -97,7 +90,7 @@ def test_the_cli_reads_and_writes_numpy_files(server, tmp_path):
     x = np.random.default_rng(3).standard_normal((5, 4), dtype=np.float32)
     np.save(tmp_path / "x.npy", x)
     completed = subprocess.run(
-        [str(_built(BIN / "client" / "precompile_client")), "infer", "mlp",
+        [str(built(BIN / "client" / "precompile_client")), "infer", "mlp",
          f"--address={server.address}", f"--input=x={tmp_path / 'x.npy'}",
          f"--output_dir={tmp_path / 'out'}"],
         capture_output=True, text=True, timeout=60)

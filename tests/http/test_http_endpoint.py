@@ -26,22 +26,15 @@ from proto import inference_pb2, inference_pb2_grpc
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "testing"))
-from server_process import ServerProcess, copy_tree  # noqa: E402
+from server_process import ServerProcess, built, copy_tree  # noqa: E402
 BIN = ROOT / "bazel-bin"
 MAX_BODY = 1 << 20  # --max_message_bytes of the test server.
 TOKEN = "http-test-token"
 
 
-def _built(path: pathlib.Path) -> pathlib.Path:
-    if not path.exists():
-        pytest.fail(f"{path} is missing: run bazel build //server:precompile_server "
-                    "//examples:artifacts first")
-    return path
-
-
 def _repository(root: pathlib.Path, models=("mlp", "loop", "dtypes", "passthrough")):
     for name in models:
-        copy_tree(_built(BIN / "examples" / name), root / name / "1")
+        copy_tree(built(BIN / "examples" / name), root / name / "1")
     return root
 
 
@@ -52,7 +45,7 @@ def server(tmp_path_factory):
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
     process = ServerProcess(
-        _built(BIN / "server" / "precompile_server"), _repository(root / "repository"),
+        built(BIN / "server" / "precompile_server"), _repository(root / "repository"),
         [f"--max_message_bytes={MAX_BODY}", "--http_request_timeout_seconds=2",
          f"--admin_token_file={token}"])
     yield process
@@ -423,7 +416,7 @@ def test_loading_and_unloading_need_the_admin_token(server, http):
 
 
 def test_draining_turns_http_readiness_off_while_requests_are_served(tmp_path):
-    process = ServerProcess(_built(BIN / "server" / "precompile_server"),
+    process = ServerProcess(built(BIN / "server" / "precompile_server"),
                             _repository(tmp_path / "repository", ("mlp",)),
                             ["--shutdown_delay_seconds=3"])
     client = httpclient.InferenceServerClient(process.http_address)
@@ -457,7 +450,7 @@ def tls_server(tmp_path_factory):
         _openssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
                  "-CAcreateserial", "-days", "2", "-copy_extensions", "copy", "-out", f"{who}.pem",
                  cwd=root)
-    process = ServerProcess(_built(BIN / "server" / "precompile_server"),
+    process = ServerProcess(built(BIN / "server" / "precompile_server"),
                             _repository(root / "repository", ("mlp",)),
                             [f"--tls_cert={root}/server.pem", f"--tls_key={root}/server.key",
                              f"--tls_client_ca={root}/ca.pem"])

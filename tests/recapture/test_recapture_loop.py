@@ -27,19 +27,12 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "testing"))
-from server_process import ServerProcess, copy_tree  # noqa: E402
+from server_process import ServerProcess, built, copy_tree  # noqa: E402
 
 BIN = ROOT / "bazel-bin"
 
 REFUSED_BATCH = '{"shape": [3, 4], "fill": "random"}'
 BATCH8 = '{"shape": [8, 4], "fill": "random"}'
-
-
-def _built(path: pathlib.Path) -> pathlib.Path:
-    if not path.exists():
-        pytest.fail(f"{path} is missing: run bazel build //server:precompile_server "
-                    "//client:precompile_client //client:precompile_load //examples:artifacts")
-    return path
 
 
 class Loop:
@@ -48,17 +41,17 @@ class Loop:
     def __init__(self, root: pathlib.Path):
         self.root = root
         self.repository = root / "repository"
-        copy_tree(_built(BIN / "examples" / "nested"), self.repository / "nested" / "1")
+        copy_tree(built(BIN / "examples" / "nested"), self.repository / "nested" / "1")
         self.token = root / "admin-token"
         self.token.write_text("recapture-test-token\n")
         self.token.chmod(0o600)
-        self.server = ServerProcess(_built(BIN / "server" / "precompile_server"), self.repository,
+        self.server = ServerProcess(built(BIN / "server" / "precompile_server"), self.repository,
                                     ["--metrics_port=0", f"--admin_token_file={self.token}"])
         self.metrics_port = int(self.server.await_output(r"event=listening .*metrics_port=(\d+)"))
 
     def client(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(
-            [str(_built(BIN / "client" / "precompile_client")), f"--address={self.server.address}",
+            [str(built(BIN / "client" / "precompile_client")), f"--address={self.server.address}",
              f"--admin_token_file={self.token}", *args], capture_output=True, text=True, timeout=120)
         if check:
             assert result.returncode == 0, result.stdout + result.stderr
@@ -70,7 +63,7 @@ class Loop:
 
     def load(self, *args: str, timeout: float = 180) -> subprocess.Popen:
         return subprocess.Popen(
-            [str(_built(BIN / "client" / "precompile_load")), f"--address={self.server.address}",
+            [str(built(BIN / "client" / "precompile_load")), f"--address={self.server.address}",
              "--quiet", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def metric(self, name: str, **labels: str) -> float:

@@ -14,6 +14,18 @@ import threading
 import time
 from typing import Sequence
 
+import pytest
+
+BUILD_COMMAND = ("bazel build //server:precompile_server //client:precompile_client "
+                 "//client:precompile_load //examples:artifacts")
+
+
+def built(path: pathlib.Path) -> pathlib.Path:
+    """`path` under bazel-bin, or the test fails saying what to build."""
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run {BUILD_COMMAND} first")
+    return path
+
 
 class ServerProcess:
     """precompile_server serving `repository` on 127.0.0.1."""
