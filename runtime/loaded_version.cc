@@ -16,6 +16,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -247,8 +248,9 @@ class LoadedVersion::Impl final : public FrameCaller {
   std::string Refusal(const FrameState& frame, const MissExplanation& why) const;
   MissExplanation Explain(const FrameState& frame, absl::Span<const ArgView> views,
                           const GlobalState& state) const;
-  void WarnEagerMiss(FrameState& frame, absl::Span<const ArgView> views,
-                     const GlobalState& state);
+  // `explain` gives the miss's explanation, computed at most once per miss.
+  void WarnEagerMiss(FrameState& frame,
+                     absl::FunctionRef<const MissExplanation&()> explain);
   void Report(FrameState& frame, bool is_entry, Outcome outcome,
               int variant, absl::Duration dispatch, absl::Duration run,
               size_t miss_signatures = 0);
@@ -402,13 +404,12 @@ std::string LoadedVersion::Impl::Refusal(const FrameState& frame,
   return message;
 }
 
-void LoadedVersion::Impl::WarnEagerMiss(FrameState& frame,
-                                absl::Span<const ArgView> views,
-                                const GlobalState& state) {
+void LoadedVersion::Impl::WarnEagerMiss(
+    FrameState& frame, absl::FunctionRef<const MissExplanation&()> explain) {
   if (frame.warned.exchange(true, std::memory_order_relaxed)) return;
   const Frame& f = *frame.proto;
   std::string closest;
-  if (MissExplanation why = Explain(frame, views, state); !why.closest_variant.empty()) {
+  if (const MissExplanation& why = explain(); !why.closest_variant.empty()) {
     closest = absl::StrCat(" (closest variant ", why.closest_variant, ": ",
                            why.failing_guard, ")");
   }
@@ -510,11 +511,17 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     return refusal;
   }
 
-  if (!frame.variants.empty()) WarnEagerMiss(frame, views, state);
+  // The frame's first warning and a new miss signature both want the
+  // closest variant; the first miss of a frame is usually both.
+  std::optional<MissExplanation> why;
+  auto explain = [&]() -> const MissExplanation& {
+    if (!why) why = Explain(frame, views, state);
+    return *why;
+  };
+  if (!frame.variants.empty()) WarnEagerMiss(frame, explain);
   const absl::Time matched = absl::Now();
   const size_t signatures = misses->Record(
-      frame.index, views, Outcome::kEagerFallback,
-      [&] { return Explain(frame, views, state); }, matched);
+      frame.index, views, Outcome::kEagerFallback, [&] { return explain(); }, matched);
   if (device == DeviceType::kCuda) {
     absl::Status moved = CallTorch("moving arguments to the GPU", [&] {
       for (c10::IValue& a : args) {
