@@ -536,7 +536,12 @@ absl::Status CheckHttpRequest(const uint8_t* data, size_t size) {
         absl::string_view(encoded.body).substr(0, encoded.header_length.value_or(encoded.body.size()));
     absl::StatusOr<Json> json = ParseJson(json_text);
     if (!json.ok()) return Violation(absl::StrCat("the response is not JSON: ", json.status().ToString()));
-    if (binary) {
+    // A response with no outputs has no binary part, so nothing to announce
+    // with a header length: it is plain JSON.
+    if (binary && outputs.empty() && encoded.header_length) {
+      return Violation("a response without outputs announces a binary part");
+    }
+    if (binary && !outputs.empty()) {
       size_t total = 0;
       for (const OutputTensor& o : outputs) total += o.nbytes;
       if (!encoded.header_length || encoded.body.size() != *encoded.header_length + total) {
