@@ -23,9 +23,18 @@ precompile workflow (docs/architecture.md, "Concepts"):
 - passthrough: returns its input, a view of it and a new tensor: outputs
           that share the request's memory, large enough (16 KiB) for the
           server to send them by reference, so it must copy them first.
+- blocks: a stack of captured blocks whose entry takes **kwargs and logs
+          (Python TorchScript cannot script): steps=0 compiles, steps=1 is a
+          graph break in the loop, so `forward` is flagged and its eager
+          program is Python; the blocks are frames with their own variants.
+          Negative steps raise, and steps beyond the blocks return a pair.
 """
 
+import logging
+
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 @torch._dynamo.disable
@@ -130,3 +139,38 @@ class Passthrough(torch.nn.Module):
 
 def make_passthrough() -> Passthrough:
     return Passthrough().eval()
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x))
+
+
+class Blocks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor, steps: int = 0, **kwargs) -> torch.Tensor:
+        # Two ways for the eager program to fail at serve time, for the tests:
+        # an exception, and a result of another structure than the captured.
+        if steps < 0:
+            raise ValueError(f"steps must be at least 0, not {steps}")
+        if steps > len(self.blocks):
+            return x, x
+        h = x
+        for i, block in enumerate(self.blocks):
+            h = block(h)
+            if i < steps:
+                h = opaque(h)
+        logger.debug(f"ran {len(self.blocks)} blocks with {steps} opaque steps ({sorted(kwargs)})")
+        return h
+
+
+def make_blocks() -> Blocks:
+    torch.manual_seed(0)
+    return Blocks().eval()

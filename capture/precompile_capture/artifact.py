@@ -5,6 +5,7 @@ Layout (every path relative and '/'-separated):
     MANIFEST.pb                  binary precompile.artifact.v1.Manifest
     FRAMES                       the readable list of frames and variants
     frames/<frame>/eager.pt      a flagged frame's eager program (TorchScript)
+    frames/<frame>/python.pt     or its Python eager program (python_program.py)
     frames/<frame>/<n>.pt2       the AOTInductor package of variant n
 
 `<frame>` is the frame name with every character outside [A-Za-z0-9_-]
@@ -23,7 +24,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -76,6 +77,10 @@ class ArtifactContents:
     # The entry calls that ran, in order, as capture.call_record() describes
     # them (repeats included; the manifest keeps each signature once).
     captured_calls: Sequence[Tuple[Any, ...]] = ()
+    # The Python eager program files of the flagged frames, by frame name, and
+    # what they need of the server's Python: (version, [(module, version)]).
+    python_programs: Dict[str, str] = dataclasses.field(default_factory=dict)
+    python_environment: Optional[Tuple[str, List[Tuple[str, str]]]] = None
 
 
 def dtype_to_proto(dtype: torch.dtype) -> int:
@@ -274,7 +279,7 @@ def frames_text(contents: ArtifactContents) -> str:
             if frame.variantless_entry_fallback:
                 row += " # variantless entry: nothing to dispatch to"
             else:
-                row += " # eager program: TorchScript"
+                row += f" # eager program: {'Python' if frame.name in contents.python_programs else 'TorchScript'}"
         elif not frame.variants:
             if frame.compile_error:
                 row += " # uncovered (compile error suppressed)"
@@ -368,6 +373,8 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
         f.fallback_detail = frame.fallback_detail
         if frame.name in contents.eager_programs:
             f.eager_program_path = f"frames/{dirs[frame.name]}/eager.pt"
+        if frame.name in contents.python_programs:
+            f.python_program.path = f"frames/{dirs[frame.name]}/python.pt"
         f.truncated = frame.truncated
         f.variantless_entry_fallback = frame.variantless_entry_fallback
     s = contents.summary
@@ -379,6 +386,10 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
     m.summary.truncated = s.truncated
     m.summary.complete = s.complete
     m.captured_calls.extend(captured_calls_proto(contents.frames[0], contents.captured_calls))
+    if contents.python_environment is not None:
+        m.python.python_version, modules = contents.python_environment
+        for name, version in modules:
+            m.python.modules.add(name=name, version=version)
     for rel in sorted(_files(root)):
         if rel == MANIFEST:
             continue
@@ -422,10 +433,12 @@ def write_artifact(contents: ArtifactContents, directory: str) -> str:
         dirs = frame_dir_names(list(contents.frames))
         for frame in contents.frames:
             frame_dir = os.path.join(tmp, "frames", dirs[frame.name])
-            if frame.variants or frame.name in contents.eager_programs:
+            if frame.variants or frame.name in contents.eager_programs or frame.name in contents.python_programs:
                 os.makedirs(frame_dir)
             if frame.name in contents.eager_programs:
                 shutil.copyfile(contents.eager_programs[frame.name], os.path.join(frame_dir, "eager.pt"))
+            if frame.name in contents.python_programs:
+                shutil.copyfile(contents.python_programs[frame.name], os.path.join(frame_dir, "python.pt"))
             for v in frame.variants:
                 shutil.copyfile(v.package, os.path.join(frame_dir, f"{v.index}.pt2"))
         with open(os.path.join(tmp, FRAMES), "w") as f:

@@ -36,7 +36,7 @@ import torch
 import torch._dynamo.exc as dynamo_exc
 from torch.export import Dim as ExportDim
 
-from . import ops, outputs
+from . import ops, outputs, python_program
 from .eager import ScriptContext, build_eager_programs, check_scriptable
 from .errors import PrecompileError
 from .frames import Binding, Frame, FrameInfo, Variant
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from .artifact import ArtifactContents
 
 DEVICES = ("cpu", "cuda")
+EAGER_PROGRAMS = ("auto", "torchscript", "python")
 _DETAIL_LINES = 6
 _DETAIL_CHARS = 1500
 
@@ -221,6 +222,7 @@ class Capture:
         recompile_limit: int = 8,
         suppress_errors: bool = False,
         decline: Optional[Callable[[torch.export.ExportedProgram], Any]] = None,
+        eager: str = "auto",
     ) -> None:
         if not name or not isinstance(name, str):
             raise PrecompileError("a capture needs a model name")
@@ -228,7 +230,10 @@ class Capture:
             raise PrecompileError(f"device must be one of {DEVICES}, not {device!r}")
         if recompile_limit < 1:
             raise PrecompileError(f"recompile_limit must be at least 1, not {recompile_limit}")
+        if eager not in EAGER_PROGRAMS:
+            raise PrecompileError(f"eager must be one of {EAGER_PROGRAMS}, not {eager!r}")
         ops.ensure_registered()
+        self.eager = eager
         self.name = name
         self.device = device
         self.recompile_limit = recompile_limit
@@ -411,7 +416,7 @@ class Capture:
             frame.flag(fb.cause, fb.detail, fb.error_type)
             if not frame.variantless_entry_fallback:
                 with self._interceptor.state(False):
-                    check_scriptable(self._script_context(), frame)
+                    frame.eager_program = self._choose_eager_program(frame)
         except _CompileError as e:
             if not self.suppress_errors:
                 raise PrecompileError(
@@ -430,6 +435,32 @@ class Capture:
             self._check_variant_outputs(frame, frame.variants[-1])
             return result
         return self._run_eager(frame, args, kwargs, intercept=True)
+
+    def _choose_eager_program(self, frame: Frame) -> str:
+        """The kind of eager program `frame` (just flagged) gets, or
+        PrecompileError, with the ways out, when it can get none."""
+        context = self._script_context()
+        if self.eager != "python":
+            try:
+                check_scriptable(context, frame)
+                return "torchscript"
+            except PrecompileError as scripting:
+                if self.eager == "torchscript":
+                    raise
+                failure: Optional[PrecompileError] = scripting
+        else:
+            failure = None
+        reason = python_program.blocker(context, frame)
+        if reason is None:
+            return "python"
+        message = (
+            f"frame '{frame.name}' is flagged eager_fallback ({frame.fallback_cause.value}), so the "
+            f"server must run the calls its variants miss, but it cannot get a Python eager program: "
+            f"{reason}"
+        )
+        if failure is not None:
+            raise PrecompileError(f"{failure}\nNor {message[0].lower()}{message[1:]}") from failure
+        raise PrecompileError(message)
 
     def _check_variant_outputs(self, frame: Frame, variant: Variant) -> None:
         assert frame.outputs is not None
@@ -676,7 +707,12 @@ class Capture:
             },
         )
 
-    def _contents(self, eager_programs: Dict[str, str]) -> "ArtifactContents":
+    def _contents(
+        self,
+        eager_programs: Dict[str, str],
+        python_programs: Optional[Dict[str, str]] = None,
+        python_environment: Optional[Tuple[str, List[Tuple[str, str]]]] = None,
+    ) -> "ArtifactContents":
         from .artifact import ArtifactContents  # noqa: PLC0415 - the protos load only when needed
 
         return ArtifactContents(
@@ -687,6 +723,8 @@ class Capture:
             summary=self.summary(),
             eager_programs=eager_programs,
             captured_calls=list(self._entry_calls),
+            python_programs=python_programs or {},
+            python_environment=python_environment,
         )
 
     def frames_text(self) -> str:
@@ -706,11 +744,20 @@ class Capture:
             if message is not None:
                 raise PrecompileError(message)
         flagged = [f for f in self._frames.values() if f.eager_fallback]
+        scripted = [f for f in flagged if f.eager_program != "python"]
+        in_python = [f for f in flagged if f.eager_program == "python"]
         eager_dir = tempfile.mkdtemp(prefix="eager-", dir=self._workdir)
         try:
             paths = {f.name: os.path.join(eager_dir, f"{i}.pt") for i, f in enumerate(flagged)}
-            build_eager_programs(self._script_context(), flagged, paths)
-            return write_artifact(self._contents(paths), os.fspath(directory))
+            context = self._script_context()
+            build_eager_programs(context, scripted, paths)
+            environment = python_program.build_all(context, in_python, paths) if in_python else None
+            contents = self._contents(
+                {f.name: paths[f.name] for f in scripted},
+                {f.name: paths[f.name] for f in in_python},
+                environment,
+            )
+            return write_artifact(contents, os.fspath(directory))
         finally:
             shutil.rmtree(eager_dir, ignore_errors=True)
 
@@ -738,6 +785,7 @@ def capture(
     recompile_limit: int = 8,
     suppress_errors: bool = False,
     decline: Optional[Callable[[torch.export.ExportedProgram], Any]] = None,
+    eager: str = "auto",
 ) -> Capture:
     """Starts capturing `model_or_fn`.
 
@@ -761,6 +809,10 @@ def capture(
       decline: called with each exported program before it is compiled; raising
         torch._dynamo.exc.SkipFrame declines it (the frame falls back to eager,
         cause BACKEND_SKIP); any other exception is a compile error.
+      eager: the eager programs of flagged frames: "torchscript" (nothing but
+        libtorch at serve time), "python" (the frame's own Python, run by the
+        server's embedded interpreter: see python_program.py), or "auto"
+        (default): TorchScript when the frame scripts, else Python.
     """
     return Capture(
         model_or_fn,
@@ -770,4 +822,5 @@ def capture(
         recompile_limit=recompile_limit,
         suppress_errors=suppress_errors,
         decline=decline,
+        eager=eager,
     )

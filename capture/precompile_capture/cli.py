@@ -2,11 +2,12 @@
 recapture a served model from the calls its server missed.
 
     python -m precompile_capture --model pkg.module:factory --calls calls.json \\
-        --name NAME --out DIR [--device cpu] [--frames a,b] [--allow-incomplete]
+        --name NAME --out DIR [--device cpu] [--frames a,b] [--eager auto|torchscript|python]
+        [--allow-incomplete]
 
     python -m precompile_capture --model pkg.module:factory \\
         --recapture REPOSITORY/MODEL --misses misses.json [--int-range NAME=LO:HI ...] \\
-        [--calls extra.json] [--frames a,b] [--recompile-limit N] [--allow-incomplete]
+        [--calls extra.json] [--frames a,b] [--recompile-limit N] [--eager ...] [--allow-incomplete]
 
 `factory` is called with no arguments and returns the model (an nn.Module or a
 function); an nn.Module instance named directly is used as is. calls.json is a
@@ -177,6 +178,7 @@ def _capture(args: argparse.Namespace) -> int:
             device=device,
             frames=frames,
             recompile_limit=args.recompile_limit,
+            eager=args.eager,
         )
         for i, (call_args, call_kwargs) in enumerate(calls):
             cap(*call_args, **call_kwargs)
@@ -228,6 +230,7 @@ def _recapture(args: argparse.Namespace) -> int:
             int_ranges=int_ranges,
             recompile_limit=args.recompile_limit,
             allow_incomplete=args.allow_incomplete,
+            eager=args.eager,
         )
     except PrecompileError as e:
         print(f"precompile_capture: error: {e}", file=sys.stderr)
@@ -245,6 +248,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default cpu; with --recapture, the previous version's")
     parser.add_argument("--frames", help="comma-separated sub-frames")
     parser.add_argument("--recompile-limit", type=int, default=8)
+    parser.add_argument(
+        "--eager",
+        choices=("auto", "torchscript", "python"),
+        default="auto",
+        help="eager programs of flagged frames: TorchScript, the frame's own Python, or TorchScript "
+        "when the frame scripts, else Python (default)",
+    )
     parser.add_argument("--allow-incomplete", action="store_true", help="save even if not complete")
     parser.add_argument("--recapture", metavar="REPOSITORY/MODEL",
                         help="write the next version of this served model from --misses")

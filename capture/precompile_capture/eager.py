@@ -58,7 +58,7 @@ _SCHEMA_TYPES = {
     Kind.STRING: ("str",),
 }
 _WAYS_OUT = (
-    "Ways out: capture the parts Dynamo compiles as frames of their own (frames=[...]) and "
+    "Ways out: capture with eager=\"python\" (or \"auto\") to run the frame's own Python; capture the parts Dynamo compiles as frames of their own (frames=[...]) and "
     "a wrapper entry whose eager code TorchScript can script; move what makes Dynamo give up "
     "out of the frame; or capture calls that Dynamo compiles, so that the frame is not flagged"
 )
@@ -397,8 +397,8 @@ def check_scriptable(context: ScriptContext, frame: Frame) -> None:
         raise PrecompileError(
             f"{e}\nFrame '{frame.name}' is flagged eager_fallback ({frame.fallback_cause.value}: "
             f"{frame.fallback_detail.splitlines()[0] if frame.fallback_detail else ''}), so the "
-            "server must run the calls its variants miss as its eager program, and this version "
-            f"builds eager programs with TorchScript only. {_WAYS_OUT}."
+            "server must run the calls its variants miss as its eager program, here "
+            f"TorchScript. {_WAYS_OUT}."
         ) from e
     finally:
         stubs.close()

@@ -264,6 +264,8 @@ class Frame:
         self.fallback_cause: Optional[FallbackCause] = None
         self.fallback_detail = ""
         self.fallback_exception = ""
+        # The kind of eager program a flagged frame gets: "torchscript" or "python".
+        self.eager_program = ""
         self.truncated = False
         self.compile_error = ""  # A compile error suppress_errors swallowed.
         self.calls = 0

@@ -20,6 +20,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export.graph_signature import TensorArgument
 
+import precompile_eager
+
 from .errors import PrecompileError
 
 # The dataclasses output_schema made pytree nodes, in order.
@@ -42,6 +44,9 @@ class OutputSchema:
 
     leaves: Tuple[Leaf, ...]
     tree_spec: str
+    # The pytree spec itself, to rebuild the result from its leaves (a Python
+    # eager program's callers of the frame do).
+    spec: Optional[pytree.TreeSpec] = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def tensor_names(self) -> Tuple[str, ...]:
@@ -69,30 +74,8 @@ class OutputSchema:
         return "[" + ", ".join(parts) + "]"
 
 
-def _register_dataclasses(value: Any, seen: set) -> None:
-    """Makes the dataclasses in `value` pytree nodes, as torch.export needs them.
-
-    `transformers.ModelOutput` registers itself; a model's own dataclass would
-    otherwise be one opaque leaf.
-    """
-    if id(value) in seen:
-        return
-    seen.add(id(value))
-    cls = type(value)
-    if isinstance(value, torch.Tensor):
-        return
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if cls not in pytree.SUPPORTED_NODES:
-            torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
-            registered_dataclasses.append(cls)
-        for f in dataclasses.fields(value):
-            _register_dataclasses(getattr(value, f.name, None), seen)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _register_dataclasses(v, seen)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _register_dataclasses(v, seen)
+def _register_dataclasses(value: Any) -> None:
+    registered_dataclasses.extend(precompile_eager.register_dataclasses(value))
 
 
 def _key_words(key: Any) -> str:
@@ -123,7 +106,7 @@ def _spec_words(spec: pytree.TreeSpec) -> str:
 
 def output_schema(frame: str, result: Any) -> OutputSchema:
     """The schema of `result`, or PrecompileError naming what cannot be served."""
-    _register_dataclasses(result, set())
+    _register_dataclasses(result)
     try:
         with_paths, spec = pytree.tree_flatten_with_path(result)
     except ValueError:
@@ -160,7 +143,7 @@ def output_schema(frame: str, result: Any) -> OutputSchema:
             f"frame '{frame}' returns no tensor ({_spec_words(spec)}); a frame must return "
             "at least one tensor"
         )
-    return OutputSchema(tuple(out), _spec_words(spec))
+    return OutputSchema(tuple(out), _spec_words(spec), spec)
 
 
 def exported_leaf_kinds(ep: torch.export.ExportedProgram) -> Tuple[bool, ...]:

@@ -544,6 +544,7 @@ def recapture(
     calls: Sequence[Tuple[Sequence[Any], Mapping[str, Any]]] = (),
     int_ranges: Optional[Mapping[str, Tuple[int, int]]] = None,
     recompile_limit: int = 8,
+    eager: str = "auto",
     allow_incomplete: bool = False,
 ) -> RecaptureReport:
     """Captures `model` again into the next version of `repository`
@@ -566,7 +567,7 @@ def recapture(
         version's captured calls (required when it recorded none).
       int_ranges: per entry parameter name, the [low, high) of the values of
         an integer tensor made up for it; [0, 2) otherwise.
-      recompile_limit, allow_incomplete: as for capture() and save().
+      recompile_limit, eager, allow_incomplete: as for capture() and save().
 
     Returns a RecaptureReport. Raises PrecompileError, leaving the repository
     as it was, for misses of another model, torch or device, signatures that
@@ -637,10 +638,10 @@ def recapture(
     replay: List[Tuple[str, Callable[[], Tuple[Sequence[Any], Mapping[str, Any]]]]] = []
     covered_before = _Judge()
     compiled: List[Tuple[int, pb.CallSignature]] = []
-    eager: List[Tuple[int, pb.CallSignature]] = []
+    served_eagerly: List[Tuple[int, pb.CallSignature]] = []
     for i, sig in enumerate(old.captured_calls):
         covered = covered_before.covering_variant(entry, sig) is not None
-        (compiled if covered else eager).append((i, sig))
+        (compiled if covered else served_eagerly).append((i, sig))
 
     def add_captured(i: int, sig: pb.CallSignature) -> None:
         words = signature_words(old.entry_frame, sig, old.device)
@@ -655,7 +656,7 @@ def recapture(
         words = signature_words(old.entry_frame, sig, old.device)
         replay.append((f"the missed signature {words} ({where})",
                        _maker(sig, entry, len(old.captured_calls) + j, ranges)))
-    for i, sig in eager:
+    for i, sig in served_eagerly:
         add_captured(i, sig)
 
     if frames is None:
@@ -663,7 +664,8 @@ def recapture(
     if isinstance(model, torch.nn.Module):
         model = model.to(old.device)
     name = name or old.model_name
-    cap = capture(model, name=name, device=old.device, frames=frames, recompile_limit=recompile_limit)
+    cap = capture(model, name=name, device=old.device, frames=frames, recompile_limit=recompile_limit,
+                  eager=eager)
     new_version = old_version + 1
     target = os.path.join(model_dir, str(new_version))
     try:

@@ -207,7 +207,7 @@ def test_a_flagged_frame_torchscript_cannot_compile_is_an_error_at_its_call(tmp_
     from models_for_tests import Calls, UsesLambda
 
     # The entry breaks inside inner's loop too: both are flagged on their first call.
-    cap = precompile_capture.capture(Calls(UsesLambda(), 2), name="m", frames=["inner"])
+    cap = precompile_capture.capture(Calls(UsesLambda(), 2), name="m", frames=["inner"], eager="torchscript")
     with pytest.raises(PrecompileError) as e:
         cap(torch.zeros(2))
     msg = str(e.value)
@@ -220,7 +220,7 @@ def test_a_flagged_frame_torchscript_cannot_compile_is_an_error_at_its_call(tmp_
 def test_a_parameter_torchscript_types_differently_is_an_error_at_its_call(tmp_path):
     from models_for_tests import Calls, UnannotatedInt
 
-    cap = precompile_capture.capture(Calls(UnannotatedInt(), 3), name="m", frames=["inner"])
+    cap = precompile_capture.capture(Calls(UnannotatedInt(), 3), name="m", frames=["inner"], eager="torchscript")
     with pytest.raises(PrecompileError) as e:
         cap(torch.ones(2))
     assert cap.frame("inner").parameters == (("x", "TENSOR"), ("n", "INT"))

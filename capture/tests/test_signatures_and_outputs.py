@@ -232,7 +232,7 @@ def test_a_frame_torchscript_cannot_express_does_not_stop_another_from_being_scr
 
 
 def test_a_flagged_frame_torchscript_cannot_express_is_refused_at_the_call():
-    cap = precompile_capture.capture(Calls(KwargsLoop(), 2), name="outer", frames=["inner"])
+    cap = precompile_capture.capture(Calls(KwargsLoop(), 2), name="outer", frames=["inner"], eager="torchscript")
     with pytest.raises(PrecompileError) as e:
         # The entry breaks inside inner's loop and runs eagerly; inner breaks
         # too and is flagged, and it takes **kwargs.
@@ -241,7 +241,8 @@ def test_a_flagged_frame_torchscript_cannot_express_is_refused_at_the_call():
     assert "frame 'inner' cannot be scripted for its eager program" in message
     assert "**kwargs, which TorchScript cannot express" in message
     assert "Frame 'inner' is flagged eager_fallback (GRAPH_BREAK" in message
-    assert "Ways out: capture the parts Dynamo compiles as frames of their own" in message
+    assert 'Ways out: capture with eager="python"' in message
+    assert "capture the parts Dynamo compiles as frames of their own" in message
     assert cap.export_count == 2  # Nothing was compiled.
 
 

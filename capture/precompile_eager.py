@@ -1,0 +1,212 @@
+"""The Python side of Python eager programs, shared by the capture and the server.
+
+A flagged frame that TorchScript cannot express gets a Python eager program:
+the capture saves (torch.save) a `Program` holding the frame's own module or
+function, by reference, with its weights. Inside it, each captured frame the
+frame calls is replaced by a `FrameCall`, whose calls go through the operator
+`precompile::call_frame`, so that the runtime serves the callee with its own
+variants (and refuses its own misses) as it does for TorchScript programs.
+
+Pickle names these classes by module and name, so the server must know this
+module by the same name: its embedded interpreter has this very file built in
+(runtime/BUILD.bazel) and installs it as `precompile_eager` before it loads a
+program. Everything else a program refers to is imported from the server's
+Python environment; `check_environment` says what is missing there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import sys
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.utils._pytree as pytree
+import torch.utils.dlpack
+
+# How a parameter takes its argument, as the manifest's Parameter.Binding.
+POSITIONAL_ONLY = "positional_only"
+POSITIONAL_OR_KEYWORD = "positional_or_keyword"
+KEYWORD_ONLY = "keyword_only"
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    name: str
+    binding: str
+    has_default: bool = False
+    default: Any = None
+
+
+def bind(frame: str, params: Sequence[Param], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
+    """The arguments of a call of `frame`, one per parameter in order, bound
+    as Python binds them (defaults filled in)."""
+    values: List[Any] = []
+    positional = iter(args)
+    used = 0
+    for p in params:
+        if p.binding != KEYWORD_ONLY and used < len(args):
+            if p.name in kwargs and p.binding != POSITIONAL_ONLY:
+                raise TypeError(f"frame '{frame}' got multiple values for argument '{p.name}'")
+            values.append(next(positional))
+            used += 1
+        elif p.binding != POSITIONAL_ONLY and p.name in kwargs:
+            values.append(kwargs[p.name])
+        elif p.has_default:
+            values.append(p.default)
+        else:
+            raise TypeError(f"frame '{frame}' is missing argument '{p.name}'")
+    if used < len(args):
+        raise TypeError(f"frame '{frame}' takes {used} positional arguments but {len(args)} were given")
+    unknown = set(kwargs) - {p.name for p in params if p.binding != POSITIONAL_ONLY}
+    if unknown:
+        raise TypeError(f"frame '{frame}' got unexpected keyword arguments {sorted(unknown)}")
+    return values
+
+
+def register_dataclasses(value: Any) -> List[type]:
+    """Makes the dataclasses in `value` pytree nodes, as torch.export needs
+    them (transformers' ModelOutput registers itself; a model's own dataclass
+    would otherwise be one opaque leaf). Returns the classes it registered."""
+    registered: List[type] = []
+    seen: set = set()
+
+    def visit(v: Any) -> None:
+        if id(v) in seen or isinstance(v, torch.Tensor):
+            return
+        seen.add(id(v))
+        cls = type(v)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            if cls not in pytree.SUPPORTED_NODES:
+                torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+                registered.append(cls)
+            for f in dataclasses.fields(v):
+                visit(getattr(v, f.name, None))
+        elif isinstance(v, dict):
+            for e in v.values():
+                visit(e)
+        elif isinstance(v, (list, tuple)):
+            for e in v:
+                visit(e)
+
+    visit(value)
+    return registered
+
+
+class FrameCall(torch.nn.Module):
+    """Stands in for a captured sub-module inside a Python eager program.
+
+    It binds a call as the sub-module's forward would, calls the frame through
+    the runtime's dispatcher, which returns the frame's tensor leaves, and
+    rebuilds the structure the frame returned when captured (its non-tensor
+    leaves are all None: the capture refuses any other).
+    """
+
+    def __init__(self, frame: str, params: Sequence[Param], spec: pytree.TreeSpec, leaf_is_tensor: Sequence[bool]) -> None:
+        super().__init__()
+        self.frame = frame
+        self.params = tuple(params)
+        self.spec = spec
+        self.leaf_is_tensor = tuple(leaf_is_tensor)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        values = bind(self.frame, self.params, args, kwargs)
+        tensors = torch.ops.precompile.call_frame(self.frame, values)
+        if len(tensors) != sum(self.leaf_is_tensor):
+            raise RuntimeError(
+                f"frame '{self.frame}' returned {len(tensors)} tensors, but it returned "
+                f"{sum(self.leaf_is_tensor)} when captured"
+            )
+        it = iter(tensors)
+        leaves = [next(it) if is_tensor else None for is_tensor in self.leaf_is_tensor]
+        return pytree.tree_unflatten(leaves, self.spec)
+
+    def extra_repr(self) -> str:
+        return f"frame={self.frame!r}"
+
+
+class Program:
+    """A frame's Python eager program: its module (called like the module, so
+    its hooks run) or function, and how its parameters take their values."""
+
+    def __init__(self, frame: str, target: Any, params: Sequence[Param]) -> None:
+        self.frame = frame
+        self.target = target
+        self.params = tuple(params)
+
+    def __call__(self, values: Sequence[Any]) -> List[Any]:
+        """Runs the frame on one value per parameter, in order; returns the
+        leaves of its result in torch.utils._pytree's order."""
+        if len(values) != len(self.params):
+            raise TypeError(f"frame '{self.frame}' takes {len(self.params)} arguments, not {len(values)}")
+        positional: List[Any] = []
+        keywords: Dict[str, Any] = {}
+        for p, v in zip(self.params, values):
+            if p.binding == KEYWORD_ONLY:
+                keywords[p.name] = v
+            else:
+                positional.append(v)
+        result = self.target(*positional, **keywords)
+        register_dataclasses(result)
+        return pytree.tree_leaves(result)
+
+
+def load(path: str, device: str) -> Program:
+    """Loads a saved program with its weights on `device`, ready to run."""
+    with warnings.catch_warnings():
+        # torch's pickled pytree specs warn of their own deprecations.
+        warnings.simplefilter("ignore", FutureWarning)
+        program = torch.load(path, map_location=device, weights_only=False)
+    if not isinstance(program, Program):
+        raise TypeError(f"{path} holds a {type(program).__qualname__}, not a precompile_eager.Program")
+    if isinstance(program.target, torch.nn.Module):
+        program.target.eval()
+    return program
+
+
+def distribution_version(module: str) -> str:
+    """The version of the installed distribution providing top-level
+    `module`, or "" when none does (code on sys.path only)."""
+    for dist in importlib.metadata.packages_distributions().get(module, []):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def check_environment(python_version: str, modules: Sequence[Tuple[str, str]]) -> Optional[str]:
+    """Why this interpreter cannot run programs captured under
+    `python_version` that need `modules` ((name, version) pairs; an empty
+    version asks only that the module be importable), or None."""
+    wanted = tuple(int(x) for x in python_version.split(".")[:2])
+    if wanted != sys.version_info[:2]:
+        return (
+            f"the artifact's Python eager programs were captured with Python {python_version}; "
+            f"the server's Python is {sys.version.split()[0]}"
+        )
+    for name, version in modules:
+        if importlib.util.find_spec(name) is None:
+            needed = f"{name} {version}" if version else name
+            return f"the artifact's Python eager programs need module {needed}, which the server's Python environment ({sys.prefix}) lacks"
+        if version:
+            have = distribution_version(name)
+            if have != version:
+                return (
+                    f"the artifact's Python eager programs need module {name} {version}; the "
+                    f"server's Python environment ({sys.prefix}) has {name} {have or '(no version)'}"
+                )
+    return None
+
+
+def run(program: Program, values: List[Any], tensor_indices: Sequence[int]) -> List[Any]:
+    """The server's way into a program: the values at `tensor_indices` come
+    as DLPack capsules and become tensors (sharing memory); the tensors among
+    the result's leaves go back as capsules."""
+    for i in tensor_indices:
+        values[i] = torch.from_dlpack(values[i])
+    leaves = program(values)
+    return [torch.utils.dlpack.to_dlpack(x.detach()) if isinstance(x, torch.Tensor) else x for x in leaves]
