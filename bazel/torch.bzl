@@ -1,5 +1,12 @@
 """libtorch and the Python interpreter from the project's virtual environment.
 
+Besides libtorch, the repository exposes the environment's Python for
+embedding (`:python_embed`, the headers and shared libpython of the
+interpreter the environment was made from: its `pyvenv.cfg` base, so that the
+embedded interpreter, its standard library and the torch wheel agree) and the
+environment's path (`PYTHON_ENVIRONMENT` in version.bzl), the default
+environment of the server's Python plugin.
+
 The `torch` wheel installed by tools/setup.sh carries libtorch (headers and
 shared libraries); this rule exposes it as a local repository. Its include tree
 also ships protobuf 3.13 (`google/`) and fmt headers that would shadow Debian's
@@ -13,9 +20,13 @@ in the workspace.
 _SHADOWING_INCLUDE_DIRS = ["google", "fmt"]
 
 _QUERY = """
-import json, os, sys
+import json, os, sys, sysconfig
 import torch
 print(json.dumps({
+    "python_include": sysconfig.get_paths()["include"],
+    "python_libdir": sysconfig.get_config_var("LIBDIR") or "",
+    "python_library": sysconfig.get_config_var("LDLIBRARY") or "",
+    "python_shared": bool(sysconfig.get_config_var("Py_ENABLE_SHARED")),
     "torch_dir": os.path.dirname(torch.__file__),
     "version": torch.__version__,
     "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
@@ -47,6 +58,14 @@ def _torch_repository_impl(rctx):
 
     abi = "1" if info["cxx11_abi"] else "0"
 
+    # libpython for the Python plugin. A static-only build (no shared
+    # library) cannot be embedded in a plugin: the plugin is then left out.
+    python_library = info["python_library"]
+    embeddable = info["python_shared"] and python_library.startswith("lib") and python_library.endswith(".so")
+    if embeddable:
+        rctx.symlink(info["python_include"], "python_include")
+        python_link = python_library[len("lib"):-len(".so")]
+
     # Compiled variants (AOTInductor's model .so) need "libtorch.so". The
     # wheel's libtorch.so only wraps libtorch_cpu and libtorch_cuda, so a
     # process that loaded it would carry CUDA's libraries (and their static
@@ -73,10 +92,27 @@ def _torch_repository_impl(rctx):
 
     rctx.file("WORKSPACE", 'workspace(name = "{}")\n'.format(rctx.name))
     rctx.file("python.sh", "#!/bin/sh\nexec {} \"$@\"\n".format(python), executable = True)
-    rctx.file("version.bzl", 'TORCH_VERSION = "{}"\nTORCH_CUDA_VERSION = "{}"\n'.format(
+    rctx.file("version.bzl", 'TORCH_VERSION = "{}"\nTORCH_CUDA_VERSION = "{}"\nPYTHON_ENVIRONMENT = "{}"\nPYTHON_EMBEDDABLE = {}\n'.format(
         info["version"],
         info["cuda"],
+        info["prefix"],
+        "True" if embeddable else "False",
     ))
+    python_embed = ""
+    if embeddable:
+        python_embed = """
+# The environment's base interpreter, to embed (runtime's Python plugin).
+cc_library(
+    name = "python_embed",
+    hdrs = glob(["python_include/**/*.h"], allow_empty = False),
+    includes = ["python_include"],
+    linkopts = [
+        "-L{libdir}",
+        "-Wl,-rpath,{libdir}",
+        "-l{link}",
+    ],
+)
+""".format(libdir = info["python_libdir"], link = python_link)
     rctx.file("BUILD.bazel", """\
 package(default_visibility = ["//visibility:public"])
 
@@ -117,7 +153,7 @@ sh_binary(
     name = "python",
     srcs = ["python.sh"],
 )
-""".format(abi = abi, lib = lib_dir, cpu_only = cpu_only_dir))
+""".format(abi = abi, lib = lib_dir, cpu_only = cpu_only_dir) + python_embed)
 
 torch_repository = repository_rule(
     implementation = _torch_repository_impl,

@@ -104,15 +104,30 @@ absl::Status ValidateFrames(const Manifest& m,
             "' has an empty index range"));
       }
     }
-    if (frame.eager_fallback() && frame.eager_program_path().empty()) {
+    const bool in_python = frame.has_python_program();
+    if (frame.eager_fallback() && frame.eager_program_path().empty() && !in_python) {
       return absl::InvalidArgumentError(absl::StrCat(
           "frame '", frame.name(),
           "' is flagged eager_fallback but has no eager program"));
+    }
+    if (!frame.eager_program_path().empty() && in_python) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frame '", frame.name(), "' has both a TorchScript and a Python eager program"));
     }
     if (!frame.eager_program_path().empty()) {
       RETURN_IF_ERROR(require_listed(
           frame.eager_program_path(),
           absl::StrCat("the eager program of frame '", frame.name(), "'")));
+    }
+    if (in_python) {
+      RETURN_IF_ERROR(require_listed(
+          frame.python_program().path(),
+          absl::StrCat("the Python eager program of frame '", frame.name(), "'")));
+      if (!m.has_python() || m.python().python_version().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "frame '", frame.name(),
+            "' has a Python eager program but the manifest names no Python version"));
+      }
     }
     absl::flat_hash_set<std::string> outputs;
     int tensor_leaves = 0;

@@ -29,6 +29,7 @@
 #include "runtime/miss_log.h"
 #include "runtime/torch_dtype.h"
 #include "runtime/torch_errors.h"
+#include "runtime/python_program.h"
 #include "runtime/torchscript_program.h"
 #include "runtime/variant.h"
 
@@ -295,6 +296,12 @@ absl::Status LoadedVersion::Impl::LoadFrames() {
                        LoadTorchScriptProgram(
                            proto.name(), artifact.PathOf(proto.eager_program_path()),
                            device));
+    } else if (proto.has_python_program()) {
+      ASSIGN_OR_RETURN(state->eager,
+                       LoadPythonProgram(proto.name(),
+                                         artifact.PathOf(proto.python_program().path()), device,
+                                         m.python(),
+                                         {options.python_environment, options.python_plugin}));
     }
     frames_by_name[proto.name()] = state.get();
     if (proto.name() == m.entry_frame()) entry = state.get();

@@ -62,6 +62,12 @@ struct LoadOptions {
   // Distinct signatures of missed calls kept per frame (see MissLog); 0
   // records none.
   int miss_signatures_per_frame = 64;
+  // For artifacts with Python eager programs (runtime/python_program.h): the
+  // Python environment and the plugin to run them with; empty for the
+  // defaults. The first artifact that starts Python fixes the environment
+  // for the process.
+  std::string python_environment;
+  std::string python_plugin;
 };
 
 // Calls of one frame since the model was loaded.

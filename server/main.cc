@@ -43,6 +43,13 @@ ABSL_FLAG(bool, require_complete, false,
 ABSL_FLAG(int, miss_signatures_per_frame, 64,
           "Distinct signatures of calls no variant matched kept per frame and model "
           "version, the most frequent (see the admin RPC Misses); 0 records none");
+ABSL_FLAG(std::string, python_env, "",
+          "The Python environment (a directory holding bin/python3) that runs the Python "
+          "eager programs of artifacts that have them; started at the first such artifact. "
+          "Default: the environment the server was built with");
+ABSL_FLAG(std::string, python_plugin, "",
+          "The Python plugin library (libprecompile_python.so). Default: "
+          "../runtime/libprecompile_python.so relative to this binary's directory");
 ABSL_FLAG(int, max_message_bytes, 256 << 20,
           "Largest gRPC request or response, and largest HTTP request body");
 ABSL_FLAG(int, max_concurrent_requests, 128,
@@ -157,6 +164,8 @@ int main(int argc, char** argv) {
                              " is negative; 0 records no misses"));
   }
   options.load_options.miss_signatures_per_frame = miss_signatures;
+  options.load_options.python_environment = absl::GetFlag(FLAGS_python_env);
+  options.load_options.python_plugin = absl::GetFlag(FLAGS_python_plugin);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);

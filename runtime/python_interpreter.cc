@@ -1,0 +1,361 @@
+// The Python plugin (runtime/python_plugin.h): an embedded CPython that runs
+// Python eager programs.
+//
+// The interpreter starts once per process from the Python environment the
+// server names, the one the programs were captured in, so that the
+// interpreter, its standard library and torch's Python half agree. Its module
+// precompile_eager is built in (capture/precompile_eager.py, the classes the
+// saved programs are made of), installed before any program loads.
+//
+// Tensors cross as DLPack capsules: they share memory with the caller's, and
+// this file needs neither libtorch_python nor its headers.
+//
+// The GIL: taken for the Python parts of a call only. torch's operators
+// release it while they compute, and so does precompile::call_frame, so
+// variants of the frames a program calls run beside other programs.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+// Python.h first, as it asks.
+
+#include <ATen/DLConvertor.h>
+#include <ATen/core/ivalue.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/python_plugin.h"
+
+extern const char kPrecompileEagerSource[];
+
+namespace precompile {
+namespace {
+
+// A strong reference, released on scope exit (with the GIL held).
+class Ref {
+ public:
+  explicit Ref(PyObject* object = nullptr) : object_(object) {}
+  ~Ref() { Py_XDECREF(object_); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  PyObject* get() const { return object_; }
+  PyObject* release() {
+    PyObject* o = object_;
+    object_ = nullptr;
+    return o;
+  }
+  explicit operator bool() const { return object_ != nullptr; }
+
+ private:
+  PyObject* object_;
+};
+
+// The pending Python exception as "Type: message" and its traceback; clears it.
+void TakeException(PythonError* error) {
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  Ref type_ref(type), value_ref(value), traceback_ref(traceback);
+  if (type == nullptr) {
+    error->message = "the Python call failed without an exception";
+    return;
+  }
+  std::string name = reinterpret_cast<PyTypeObject*>(type)->tp_name;
+  std::string text;
+  if (value != nullptr) {
+    Ref str(PyObject_Str(value));
+    const char* utf8 = str ? PyUnicode_AsUTF8(str.get()) : nullptr;
+    if (utf8 != nullptr) text = utf8;
+  }
+  error->message = text.empty() ? name : name + ": " + text;
+  Ref module(PyImport_ImportModule("traceback"));
+  Ref format(module ? PyObject_GetAttrString(module.get(), "format_exception") : nullptr);
+  Ref lines(format && value != nullptr
+                ? PyObject_CallFunctionObjArgs(format.get(), type, value,
+                                               traceback != nullptr ? traceback : Py_None, nullptr)
+                : nullptr);
+  if (lines && PyList_Check(lines.get())) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lines.get()); ++i) {
+      const char* line = PyUnicode_AsUTF8(PyList_GET_ITEM(lines.get(), i));
+      if (line != nullptr) error->traceback += line;
+    }
+  }
+  PyErr_Clear();  // Whatever formatting the traceback raised.
+}
+
+// What the plugin keeps of precompile_eager once started.
+struct Interpreter {
+  std::string environment;
+  PyObject* load = nullptr;
+  PyObject* run = nullptr;
+  PyObject* check_environment = nullptr;
+};
+
+std::mutex start_mutex;
+Interpreter* interpreter = nullptr;  // Set once, never freed: Python is never finalized.
+std::string start_failure;           // Why the one start failed.
+
+// Installs precompile_eager and keeps its entry points. The GIL is held.
+bool SetUp(const std::string& environment, PythonError* error) {
+  auto fail = [&]() {
+    TakeException(error);
+    error->message = "cannot set up the Python interpreter of " + environment + ": " + error->message;
+    return false;
+  };
+  Ref code(Py_CompileString(kPrecompileEagerSource, "precompile_eager.py", Py_file_input));
+  if (!code) return fail();
+  Ref module(PyImport_ExecCodeModule("precompile_eager", code.get()));
+  if (!module) return fail();
+  auto* started = new Interpreter;
+  started->environment = environment;
+  started->load = PyObject_GetAttrString(module.get(), "load");
+  started->run = PyObject_GetAttrString(module.get(), "run");
+  started->check_environment = PyObject_GetAttrString(module.get(), "check_environment");
+  if (started->load == nullptr || started->run == nullptr ||
+      started->check_environment == nullptr) {
+    delete started;
+    return fail();
+  }
+  interpreter = started;
+  return true;
+}
+
+bool StartLocked(const std::string& environment, PythonError* error) {
+  const std::string executable = environment + "/bin/python3";
+  if (access(executable.c_str(), X_OK) != 0) {
+    error->message = "no Python interpreter at " + executable +
+                     " (the Python environment is named by --python_env)";
+    return false;
+  }
+  // The plugin is loaded with RTLD_LOCAL, and so is libpython with it; the
+  // interpreter's extension modules resolve its symbols globally.
+  Dl_info python{};
+  if (dladdr(reinterpret_cast<void*>(&Py_InitializeFromConfig), &python) == 0 ||
+      dlopen(python.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) == nullptr) {
+    error->message = "cannot make libpython's symbols global for Python's extension modules";
+    return false;
+  }
+  PyConfig config;
+  PyConfig_InitPythonConfig(&config);
+  // The server owns its signals (SIGTERM drains it) and its command line.
+  config.install_signal_handlers = 0;
+  config.parse_argv = 0;
+  PyStatus status = PyConfig_SetBytesString(&config, &config.executable, executable.c_str());
+  if (!PyStatus_Exception(status)) status = Py_InitializeFromConfig(&config);
+  PyConfig_Clear(&config);
+  if (PyStatus_Exception(status)) {
+    error->message = std::string("cannot start the Python interpreter of ") + environment + ": " +
+                     (status.err_msg != nullptr ? status.err_msg : "unknown error");
+    return false;
+  }
+  // The GIL is held from here; SetUp's references are gone before it is let go.
+  const bool set_up = SetUp(environment, error);
+  PyEval_SaveThread();
+  return set_up;
+}
+
+bool Start(const std::string& environment, PythonError* error) {
+  std::lock_guard<std::mutex> lock(start_mutex);
+  if (interpreter != nullptr) {
+    if (interpreter->environment == environment) return true;
+    error->message = "this process runs the Python environment " + interpreter->environment +
+                     ", not " + environment + ": one process runs one";
+    return false;
+  }
+  // Python cannot be started twice in a process: a failed start is final.
+  if (!start_failure.empty()) {
+    error->message = start_failure;
+    return false;
+  }
+  if (!StartLocked(environment, error)) {
+    start_failure = error->message;
+    return false;
+  }
+  return true;
+}
+
+class Gil {
+ public:
+  Gil() : state_(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(state_); }
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+
+ private:
+  PyGILState_STATE state_;
+};
+
+bool CheckEnvironment(const std::string& python_version,
+                      const std::vector<std::pair<std::string, std::string>>& modules,
+                      PythonError* error) {
+  Gil gil;
+  Ref list(PyList_New(0));
+  for (const auto& [name, version] : modules) {
+    Ref pair(Py_BuildValue("(ss)", name.c_str(), version.c_str()));
+    if (!pair || PyList_Append(list.get(), pair.get()) != 0) {
+      TakeException(error);
+      return false;
+    }
+  }
+  Ref why(PyObject_CallFunction(interpreter->check_environment, "sO", python_version.c_str(),
+                                list.get()));
+  if (!why) {
+    TakeException(error);
+    return false;
+  }
+  if (why.get() == Py_None) return true;
+  const char* text = PyUnicode_AsUTF8(why.get());
+  error->message = text != nullptr ? text : "the Python environment cannot run the artifact";
+  PyErr_Clear();
+  return false;
+}
+
+void* Load(const std::string& frame, const std::string& path, const std::string& device,
+           PythonError* error) {
+  Gil gil;
+  Ref program(PyObject_CallFunction(interpreter->load, "ss", path.c_str(), device.c_str()));
+  if (!program) {
+    TakeException(error);
+    return nullptr;
+  }
+  return program.release();
+}
+
+void DeleteCapsule(PyObject* capsule) {
+  // Only a capsule nobody consumed still owns its tensor.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (managed->deleter != nullptr) managed->deleter(managed);
+  }
+}
+
+// `value` as a Python object (a tensor as a DLPack capsule); nullptr with a
+// Python exception set for a type a frame cannot take.
+PyObject* ToPython(const c10::IValue& value) {
+  if (value.isTensor()) {
+    DLManagedTensor* managed = at::toDLPack(value.toTensor());
+    PyObject* capsule = PyCapsule_New(managed, "dltensor", DeleteCapsule);
+    if (capsule == nullptr) managed->deleter(managed);
+    return capsule;
+  }
+  if (value.isNone()) Py_RETURN_NONE;
+  if (value.isBool()) return PyBool_FromLong(value.toBool());
+  if (value.isInt()) return PyLong_FromLongLong(value.toInt());
+  if (value.isDouble()) return PyFloat_FromDouble(value.toDouble());
+  if (value.isString()) {
+    const std::string& s = value.toStringRef();
+    return PyUnicode_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
+  }
+  PyErr_Format(PyExc_TypeError, "an argument of type %s cannot be passed to Python",
+               value.tagKind().c_str());
+  return nullptr;
+}
+
+// A leaf of a program's result as an IValue; false (with `error` set) for a
+// type the runtime cannot return.
+bool FromPython(PyObject* leaf, c10::IValue* out, PythonError* error) {
+  if (PyCapsule_CheckExact(leaf)) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(leaf, "dltensor"));
+    if (managed == nullptr) {
+      TakeException(error);
+      return false;
+    }
+    PyCapsule_SetName(leaf, "used_dltensor");
+    *out = at::fromDLPack(managed);
+    return true;
+  }
+  if (leaf == Py_None) {
+    *out = c10::IValue();
+  } else if (PyBool_Check(leaf)) {
+    *out = c10::IValue(leaf == Py_True);
+  } else if (PyLong_Check(leaf)) {
+    const long long v = PyLong_AsLongLong(leaf);
+    if (v == -1 && PyErr_Occurred()) {
+      TakeException(error);
+      return false;
+    }
+    *out = c10::IValue(static_cast<int64_t>(v));
+  } else if (PyFloat_Check(leaf)) {
+    *out = c10::IValue(PyFloat_AsDouble(leaf));
+  } else if (PyUnicode_Check(leaf)) {
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(leaf, &size);
+    if (utf8 == nullptr) {
+      TakeException(error);
+      return false;
+    }
+    *out = c10::IValue(std::string(utf8, static_cast<size_t>(size)));
+  } else {
+    error->message = std::string("it returned a ") + Py_TYPE(leaf)->tp_name +
+                     " among the leaves of its result, which is not a tensor, None, bool, int, "
+                     "float or str";
+    return false;
+  }
+  return true;
+}
+
+bool Run(void* program, std::vector<c10::IValue>& args, std::vector<c10::IValue>* leaves,
+         PythonError* error) {
+  Gil gil;
+  Ref values(PyList_New(static_cast<Py_ssize_t>(args.size())));
+  Ref tensor_indices(PyList_New(0));
+  if (!values || !tensor_indices) {
+    TakeException(error);
+    return false;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    PyObject* value = ToPython(args[i]);
+    if (value == nullptr) {
+      TakeException(error);
+      return false;
+    }
+    PyList_SET_ITEM(values.get(), static_cast<Py_ssize_t>(i), value);  // Steals.
+    if (args[i].isTensor()) {
+      Ref index(PyLong_FromSize_t(i));
+      if (!index || PyList_Append(tensor_indices.get(), index.get()) != 0) {
+        TakeException(error);
+        return false;
+      }
+    }
+  }
+  args.clear();  // The capsules hold the tensors now.
+  Ref result(PyObject_CallFunctionObjArgs(interpreter->run, static_cast<PyObject*>(program),
+                                          values.get(), tensor_indices.get(), nullptr));
+  if (!result) {
+    TakeException(error);
+    return false;
+  }
+  if (!PyList_Check(result.get())) {
+    error->message = "precompile_eager.run returned no list";
+    return false;
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(result.get());
+  leaves->assign(static_cast<size_t>(n), c10::IValue());
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!FromPython(PyList_GET_ITEM(result.get(), i), &(*leaves)[static_cast<size_t>(i)], error)) {
+      leaves->clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+void Release(void* program) {
+  Gil gil;
+  Py_DECREF(static_cast<PyObject*>(program));
+}
+
+const PythonPlugin kPlugin = {
+    kPythonPluginAbi, Start, CheckEnvironment, Load, Run, Release,
+};
+
+}  // namespace
+}  // namespace precompile
+
+extern "C" __attribute__((visibility("default"))) const precompile::PythonPlugin*
+PrecompilePythonPlugin() {
+  return &precompile::kPlugin;
+}

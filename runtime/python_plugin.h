@@ -1,0 +1,64 @@
+// The interface between the runtime and its Python plugin
+// (libprecompile_python.so, runtime/python_interpreter.cc), which embeds the
+// CPython interpreter that runs Python eager programs.
+//
+// The interpreter lives in a plugin, loaded with dlopen when the first
+// artifact with a Python eager program loads, so that the server neither
+// links libpython nor starts Python (nor imports torch's Python half, which
+// brings CUDA's libraries along) to serve artifacts without Python. Both
+// sides are built by this project with one toolchain and share libtorch and
+// the C++ standard library, so std::string and c10::IValue may cross; Abseil
+// and the protos, linked into each side separately, may not.
+#ifndef PRECOMPILE_RUNTIME_PYTHON_PLUGIN_H_
+#define PRECOMPILE_RUNTIME_PYTHON_PLUGIN_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace c10 {
+struct IValue;
+}
+
+namespace precompile {
+
+// Bumped whenever PythonPlugin changes.
+inline constexpr int kPythonPluginAbi = 1;
+
+// What a failed call reports.
+struct PythonError {
+  // One line: "TypeError: unsupported operand ..." for an exception.
+  std::string message;
+  // The Python traceback, when there is one.
+  std::string traceback;
+};
+
+struct PythonPlugin {
+  int abi;
+  // Starts the interpreter of the Python environment at `environment` (a
+  // virtual environment or an installation: the directory holding
+  // bin/python3) once per process. Later calls with the same environment
+  // succeed at once; with another, fail.
+  bool (*start)(const std::string& environment, PythonError* error);
+  // Whether the interpreter can run programs captured under
+  // `python_version` that need `modules` ((name, version) pairs).
+  bool (*check_environment)(const std::string& python_version,
+                            const std::vector<std::pair<std::string, std::string>>& modules,
+                            PythonError* error);
+  // Loads the program of `frame` saved at `path` with its weights on
+  // `device` ("cpu" or "cuda"); nullptr on failure.
+  void* (*load)(const std::string& frame, const std::string& path, const std::string& device,
+                PythonError* error);
+  // Runs `program` on one value per parameter; fills `leaves` with the
+  // leaves of its result in torch.utils._pytree's order. Thread-safe.
+  bool (*run)(void* program, std::vector<c10::IValue>& args, std::vector<c10::IValue>* leaves,
+              PythonError* error);
+  void (*release)(void* program);
+};
+
+}  // namespace precompile
+
+// The plugin's one exported symbol.
+extern "C" const precompile::PythonPlugin* PrecompilePythonPlugin();
+
+#endif  // PRECOMPILE_RUNTIME_PYTHON_PLUGIN_H_
