@@ -7,8 +7,9 @@
 #   3. the libFuzzer fuzzers (request decoding, guards, manifests, HTTP
 #      requests), each for a bounded time
 #   4. pytest: the capture tool, the Python client example, the HTTP/REST
-#      endpoint with Triton's client and curl, and the recapture loop (misses
-#      exported, recaptured and hot-swapped under load)
+#      endpoint with Triton's client and curl, the recapture loop (misses
+#      exported, recaptured and hot-swapped under load) and Python eager
+#      programs served by the embedded interpreter
 # Each stage ends with its own summary line ("bazel: N passed, N failed, ..."),
 # pytest's last.
 set -uo pipefail
@@ -58,10 +59,10 @@ tests/fuzz/run_fuzzers.sh 20 || failed=1
 # The Python tests run the binaries under bazel-bin, which the sanitizer runs
 # pointed at their own builds: point it back at the plain one (cached).
 bazel build --noshow_progress //server:precompile_server //client:precompile_client \
-  //client:precompile_load //examples:artifacts //proto:python || failed=1
+  //client:precompile_load //examples:artifacts //examples:blocks //proto:python || failed=1
 
-echo "[test] pytest capture/tests client/python tests/http tests/recapture tools/tests"
-.venv/bin/python3 -m pytest capture/tests client/python tests/http tests/recapture tools/tests -q \
-  -p no:cacheprovider || failed=1
+echo "[test] pytest capture/tests client/python tests/http tests/recapture tests/python_eager tools/tests"
+.venv/bin/python3 -m pytest capture/tests client/python tests/http tests/recapture tests/python_eager \
+  tools/tests -q -p no:cacheprovider || failed=1
 
 exit $failed

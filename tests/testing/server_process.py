@@ -12,12 +12,12 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 import pytest
 
 BUILD_COMMAND = ("bazel build //server:precompile_server //client:precompile_client "
-                 "//client:precompile_load //examples:artifacts")
+                 "//client:precompile_load //examples:artifacts //examples:blocks")
 
 
 def built(path: pathlib.Path) -> pathlib.Path:
@@ -31,18 +31,21 @@ class ServerProcess:
     """precompile_server serving `repository` on 127.0.0.1."""
 
     def __init__(self, binary: pathlib.Path, repository: pathlib.Path, flags: Sequence[str] = (),
-                 ready_timeout: float = 120.0):
+                 ready_timeout: float = 120.0, env: Optional[Mapping[str, str]] = None,
+                 ready_pattern: str = r"event=ready"):
+        """`ready_pattern`: the log line that ends the start (event=not_ready
+        when a model is expected to fail to load)."""
         self.process = subprocess.Popen(
             [str(binary), f"--model_repository={repository}", "--listen_address=127.0.0.1",
              "--grpc_port=0", "--metrics_port=-1", "--http_port=0", *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.output = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.port = int(self.await_output(r"event=listening grpc_port=(\d+)"))
         # 0 when a flag turned HTTP off.
         self.http_port = int(self.await_output(r"event=listening .*http_port=(\d+)"))
-        self.await_output(r"event=ready", timeout=ready_timeout)
+        self.await_output(ready_pattern, timeout=ready_timeout)
         self.address = f"127.0.0.1:{self.port}"
         self.http_address = f"127.0.0.1:{self.http_port}"
 
