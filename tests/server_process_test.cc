@@ -161,7 +161,9 @@ std::vector<std::string> Flags(const std::string& repository, int drain_timeout_
 
 TEST(ServerProcess, SigtermTurnsNotServingAtOnceDrainsAndExitsZero) {
   const std::string repository = testing::ExampleRepository({"loop"});
-  ServerProcess server(Flags(repository, 30, 1));
+  // The slow request takes seconds, many more under a sanitizer on a busy
+  // machine: the drain waits for it, however long (up to a generous bound).
+  ServerProcess server(Flags(repository, 300, 1));
   const std::string port = server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60));
   ASSERT_FALSE(port.empty());
   server.AwaitOutput("event=ready", absl::Seconds(60));
