@@ -40,6 +40,7 @@ def _precompile_artifact_impl(ctx):
     args.add("--out", out.path)
     args.add("--device", ctx.attr.device)
     args.add("--recompile-limit", str(ctx.attr.recompile_limit))
+    args.add("--eager", ctx.attr.eager)
     if ctx.attr.frames:
         args.add("--frames", ",".join(ctx.attr.frames))
     if ctx.attr.allow_incomplete:
@@ -86,6 +87,11 @@ precompile_artifact = rule(
         "model_name": attr.string(doc = "The model's name in the artifact; default: the target name"),
         "device": attr.string(default = "cpu", values = ["cpu", "cuda"]),
         "recompile_limit": attr.int(default = 8),
+        "eager": attr.string(
+            default = "auto",
+            values = ["auto", "torchscript", "python"],
+            doc = "Eager programs of flagged frames (the capture's --eager)",
+        ),
         "allow_incomplete": attr.bool(default = False, doc = "Save a capture that is not complete"),
         "deps": attr.label_list(doc = "Python libraries holding the model's code"),
         "srcs": attr.label_list(allow_files = True, doc = "Other files the model's code reads"),

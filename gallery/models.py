@@ -53,3 +53,37 @@ def make_resnet18() -> torch.nn.Module:
 
     torch.manual_seed(0)
     return torchvision.models.resnet18(weights=None).eval()
+
+
+@torch._dynamo.disable
+def _recenter(hidden: torch.Tensor) -> torch.Tensor:
+    """Post-processing kept out of Dynamo's graph, as instrumentation and
+    custom kernels often are: a graph break wherever it is called."""
+    return hidden - hidden.mean(dim=-1, keepdim=True)
+
+
+class BertWithRecentering(torch.nn.Module):
+    """A Hugging Face encoder behind a wrapper written the way model code is:
+    **kwargs passed through, and optional post-processing steps in a loop
+    around a helper Dynamo cannot trace (a graph break it cannot resume from,
+    so the entry is flagged eager_fallback, and TorchScript can script
+    neither the wrapper nor BertModel). Its encoder layers are captured as
+    frames of their own, so its eager program (Python) still runs them
+    compiled."""
+
+    def __init__(self, bert: torch.nn.Module) -> None:
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor = None,
+                recenter_steps: int = 0, **kwargs) -> torch.Tensor:
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        for _ in range(recenter_steps):
+            hidden = _recenter(hidden)
+        return hidden
+
+
+def make_bert_recentering() -> torch.nn.Module:
+    """make_bert()'s encoder, called as model(input_ids=..., attention_mask=...,
+    recenter_steps=n); frames bert.encoder.layer.0 and .1."""
+    return BertWithRecentering(make_bert()).eval()

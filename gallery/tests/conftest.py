@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests" / "testing"))
 
 from server_process import ServerProcess  # noqa: E402
 
-MODELS = ("bert", "gpt2", "resnet18")
+MODELS = ("bert", "gpt2", "resnet18", "bert_recentering")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,10 @@ def server(tmp_path_factory):
         # The artifact's real directory: in runfiles each file is a link.
         artifact = (ROOT / "gallery" / name / "MANIFEST.pb").resolve().parent
         (repository / name / "1").symlink_to(artifact)
-    process = ServerProcess(ROOT / "server" / "precompile_server", repository)
+    # bert_recentering's eager program is Python: the server imports
+    # gallery.models (and transformers) from the runfiles and the environment.
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    process = ServerProcess(ROOT / "server" / "precompile_server", repository, env=env)
     yield process
     assert process.stop() == 0, process.log()
 

@@ -26,10 +26,13 @@ def stub(server):
         yield inference_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
-def infer(stub, model, inputs, outputs=()):
-    """ModelInfer with `inputs` (name -> numpy array) as raw contents; returns
-    (outputs by name, the response's parameters)."""
+def infer(stub, model, inputs, outputs=(), scalars=None):
+    """ModelInfer with `inputs` (name -> numpy array) as raw contents and
+    `scalars` (name -> int) as parameters; returns (outputs by name, the
+    response's parameters)."""
     request = inference_pb2.ModelInferRequest(model_name=model)
+    for name, value in (scalars or {}).items():
+        request.parameters[name].int64_param = value
     for name, array in inputs.items():
         array = np.ascontiguousarray(array)
         request.inputs.add(name=name, datatype=DATATYPES[array.dtype], shape=list(array.shape))
@@ -141,3 +144,32 @@ def test_gpt2_refuses_a_sequence_longer_than_its_positions(stub):
     ids, mask = tokens(2, 128, seed=7)
     got, _ = infer(stub, "gpt2", {"input_ids": ids, "attention_mask": mask})
     assert got["logits"].shape == (2, 128, 1000)
+
+
+def test_bert_behind_a_flagged_wrapper_runs_its_python_and_its_layers_compiled(stub, server):
+    # The wrapper's misses run its own Python (BertModel's embeddings and
+    # masks included); the layers run their variants, padded or not.
+    for i, (batch, sequence, steps) in enumerate([(3, 11, 2), (5, 7, 1), (2, 8, 3)]):
+        ids, mask = tokens(batch, sequence, seed=10 + i)
+        got, parameters = infer(stub, "bert_recentering", {"input_ids": ids, "attention_mask": mask},
+                                scalars={"recenter_steps": steps})
+        assert parameters["precompile_outcome"] == "eager_fallback"
+        want = eager(models.make_bert_recentering, input_ids=torch.from_numpy(ids),
+                     attention_mask=torch.from_numpy(mask), recenter_steps=steps)
+        np.testing.assert_allclose(got["output0"], want.numpy(), rtol=1e-4, atol=1e-4)
+    assert server.log().count("event=eager_fallback model=bert_recentering frame=forward") == 1
+    ids, mask = np.ones((2, 8), np.int64), np.ones((2, 8), np.int64)
+    _, parameters = infer(stub, "bert_recentering", {"input_ids": ids, "attention_mask": mask},
+                          scalars={"recenter_steps": 0})
+    assert parameters == {"precompile_outcome": "variant", "precompile_variant": "forward#0"}
+
+
+def test_bert_behind_a_flagged_wrapper_refuses_what_its_layers_do_not_cover(stub):
+    # Dynamo specialises size 1: no layer variant takes a batch of one, and
+    # the layer's refusal is the request's.
+    ids, mask = tokens(1, 8, seed=20)
+    with pytest.raises(grpc.RpcError) as error:
+        infer(stub, "bert_recentering", {"input_ids": ids, "attention_mask": mask},
+              scalars={"recenter_steps": 1})
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no captured variant matches this call of frame 'bert.encoder.layer.0'" in error.value.details()
