@@ -31,6 +31,11 @@ import torch.utils.dlpack
 POSITIONAL_ONLY = "positional_only"
 POSITIONAL_OR_KEYWORD = "positional_or_keyword"
 KEYWORD_ONLY = "keyword_only"
+# A value the capture saw passed through *args (named "args.0", ...) or
+# **kwargs (named by its key; None stands for absent).
+VAR_POSITIONAL = "var_positional"
+VAR_KEYWORD = "var_keyword"
+_POSITIONAL = (POSITIONAL_ONLY, POSITIONAL_OR_KEYWORD, VAR_POSITIONAL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,25 +50,26 @@ def bind(frame: str, params: Sequence[Param], args: Tuple[Any, ...], kwargs: Dic
     """The arguments of a call of `frame`, one per parameter in order, bound
     as Python binds them (defaults filled in)."""
     values: List[Any] = []
-    positional = iter(args)
-    used = 0
+    positional = list(args)
+    by_keyword = {p.name for p in params if p.binding not in (POSITIONAL_ONLY, VAR_POSITIONAL)}
+    unknown = set(kwargs) - by_keyword
+    if unknown:
+        raise TypeError(f"frame '{frame}' got unexpected keyword arguments {sorted(unknown)}")
+    taken = 0
     for p in params:
-        if p.binding != KEYWORD_ONLY and used < len(args):
-            if p.name in kwargs and p.binding != POSITIONAL_ONLY:
+        if p.binding in _POSITIONAL and taken < len(positional):
+            if p.name in kwargs:
                 raise TypeError(f"frame '{frame}' got multiple values for argument '{p.name}'")
-            values.append(next(positional))
-            used += 1
-        elif p.binding != POSITIONAL_ONLY and p.name in kwargs:
+            values.append(positional[taken])
+            taken += 1
+        elif p.name in kwargs:
             values.append(kwargs[p.name])
-        elif p.has_default:
+        elif p.has_default or p.binding == VAR_KEYWORD:
             values.append(p.default)
         else:
             raise TypeError(f"frame '{frame}' is missing argument '{p.name}'")
-    if used < len(args):
-        raise TypeError(f"frame '{frame}' takes {used} positional arguments but {len(args)} were given")
-    unknown = set(kwargs) - {p.name for p in params if p.binding != POSITIONAL_ONLY}
-    if unknown:
-        raise TypeError(f"frame '{frame}' got unexpected keyword arguments {sorted(unknown)}")
+    if taken < len(positional):
+        raise TypeError(f"frame '{frame}' takes {taken} positional arguments but {len(positional)} were given")
     return values
 
 
@@ -145,10 +151,10 @@ class Program:
         positional: List[Any] = []
         keywords: Dict[str, Any] = {}
         for p, v in zip(self.params, values):
-            if p.binding == KEYWORD_ONLY:
-                keywords[p.name] = v
-            else:
+            if p.binding in _POSITIONAL:
                 positional.append(v)
+            elif p.binding == KEYWORD_ONLY or v is not None:
+                keywords[p.name] = v
         result = self.target(*positional, **keywords)
         register_dataclasses(result)
         return pytree.tree_leaves(result)

@@ -265,24 +265,28 @@ def _clear_torchscript_caches() -> None:
             cache.pop(key, None)
 
 
+def outermost_callees(frames: Sequence[Frame], frame: Frame) -> List[Frame]:
+    """The captured sub-module frames inside `frame`'s module that no other
+    captured sub-module inside it contains: replacing them hides the rest."""
+    if frame.module is None:
+        return []
+    prefix = "" if frame.is_entry else frame.module_path + "."
+    inside = [
+        f for f in frames
+        if f.module is not None and not f.is_entry and f is not frame and f.module_path.startswith(prefix)
+    ]
+    paths = [f.module_path for f in inside]
+    return [f for f in inside if not any(f.module_path.startswith(q + ".") for q in paths if q != f.module_path)]
+
+
 @contextlib.contextmanager
 def _patched(context: ScriptContext, stubs: _Stubs, frame: Frame) -> Iterator[None]:
     """Replaces captured callees of `frame` by their stubs."""
     undo: List[Callable[[], None]] = []
     try:
         if frame.module is not None:
-            prefix = "" if frame.is_entry else frame.module_path + "."
-            paths = [
-                f.module_path
-                for f in stubs.frames
-                if f.module is not None and not f.is_entry and f is not frame
-                and f.module_path.startswith(prefix)
-            ]
-            # Only the outermost captured modules: their stubs hide the rest.
-            outermost = [p for p in paths if not any(p.startswith(q + ".") for q in paths if q != p)]
-            for path in outermost:
-                callee = next(f for f in stubs.frames if f.module_path == path)
-                parent_path, _, attr = path.rpartition(".")
+            for callee in outermost_callees(stubs.frames, frame):
+                parent_path, _, attr = callee.module_path.rpartition(".")
                 parent = context.model.get_submodule(parent_path) if parent_path else context.model
                 original = parent._modules[attr]
                 parent._modules[attr] = stubs.stub(callee)

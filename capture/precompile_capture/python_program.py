@@ -31,7 +31,7 @@ import torch
 
 import precompile_eager
 
-from .eager import ScriptContext
+from .eager import ScriptContext, outermost_callees
 from .errors import PrecompileError
 from .frames import Binding, Frame
 
@@ -39,6 +39,8 @@ _BINDINGS = {
     Binding.POSITIONAL_ONLY: precompile_eager.POSITIONAL_ONLY,
     Binding.POSITIONAL_OR_KEYWORD: precompile_eager.POSITIONAL_OR_KEYWORD,
     Binding.KEYWORD_ONLY: precompile_eager.KEYWORD_ONLY,
+    Binding.VAR_POSITIONAL: precompile_eager.VAR_POSITIONAL,
+    Binding.VAR_KEYWORD: precompile_eager.VAR_KEYWORD,
 }
 # Modules the server has whatever the artifact: its own, and the standard
 # library's.
@@ -49,25 +51,9 @@ def _params(frame: Frame) -> List[precompile_eager.Param]:
     return [precompile_eager.Param(p.name, _BINDINGS[p.binding], p.has_default, p.default) for p in frame.params]
 
 
-def _outermost_callees(context: ScriptContext, frame: Frame) -> List[Frame]:
-    """The captured sub-module frames inside `frame`'s module that no other
-    captured sub-module inside it contains."""
-    if frame.module is None:
-        return []
-    prefix = "" if frame.is_entry else frame.module_path + "."
-    inside = [
-        f for f in context.frames
-        if f.module is not None and not f.is_entry and f is not frame and f.module_path.startswith(prefix)
-    ]
-    paths = [f.module_path for f in inside]
-    return [f for f in inside if not any(f.module_path.startswith(q + ".") for q in paths if q != f.module_path)]
-
-
 def blocker(context: ScriptContext, frame: Frame) -> Optional[str]:
     """Why `frame` cannot get a Python eager program (known when it is
     flagged), or None."""
-    if frame.var_positional:
-        return f"its signature takes *{frame.var_positional}"
     functions = [f.name for f in context.frames if f.function is not None and not f.is_entry]
     if functions:
         # A function frame is reached through a global of the calling code,
@@ -87,8 +73,6 @@ def _callee(frame: Frame, caller: Frame) -> precompile_eager.FrameCall:
             f"{what}, which no example call reached, so the structure it returns is unknown "
             "to its Python eager program; add an example call that reaches it"
         )
-    if frame.var_positional:
-        raise PrecompileError(f"{what}, whose signature takes *{frame.var_positional}")
     for leaf in frame.outputs.leaves:
         if not leaf.is_tensor and leaf.python_type != "NoneType":
             raise PrecompileError(
@@ -105,7 +89,7 @@ def _callee(frame: Frame, caller: Frame) -> precompile_eager.FrameCall:
 def _callees_replaced(context: ScriptContext, frame: Frame) -> Iterator[None]:
     undo: List[Callable[[], None]] = []
     try:
-        for callee in _outermost_callees(context, frame):
+        for callee in outermost_callees(context.frames, frame):
             parent_path, _, attr = callee.module_path.rpartition(".")
             parent = context.model.get_submodule(parent_path) if parent_path else context.model
             original = parent._modules[attr]

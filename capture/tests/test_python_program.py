@@ -124,8 +124,21 @@ def test_a_frame_call_binds_as_python_does(args, kwargs, values):
     assert precompile_eager.bind("f", PARAMS, args, kwargs) == values
 
 
+def test_a_frame_call_binds_what_went_through_star_args_and_star_kwargs():
+    # As the capture records them: args.0 after the named positional ones,
+    # and the **kwargs keys it saw (absent ones are None).
+    params = [P("x", precompile_eager.POSITIONAL_OR_KEYWORD), P("args.0", precompile_eager.VAR_POSITIONAL),
+              P("scale", precompile_eager.VAR_KEYWORD), P("bias", precompile_eager.VAR_KEYWORD)]
+    assert precompile_eager.bind("f", params, (1, 2), {"bias": 3}) == [1, 2, None, 3]
+    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+        precompile_eager.bind("f", params, (1, 2), {"shift": 3})
+    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+        precompile_eager.bind("f", params, (1,), {"args.0": 3})
+
+
 @pytest.mark.parametrize("args, kwargs, message", [
-    ((), {"a": 1, "b": 2}, "missing argument 'a'"),
+    ((), {"a": 1, "b": 2}, "unexpected keyword arguments ['a']"),  # a is positional-only
+    ((), {"b": 2}, "missing argument 'a'"),
     ((1,), {}, "missing argument 'b'"),
     ((1, 2, 3, 4), {}, "takes 3 positional arguments but 4 were given"),
     ((1, 2), {"b": 2}, "multiple values for argument 'b'"),
