@@ -165,6 +165,40 @@ TEST(ArtifactReader, RefusesAFlaggedFrameWithoutAnEagerProgram) {
       "frame 'forward' is flagged eager_fallback but has no eager program");
 }
 
+TEST(ArtifactReader, RefusesPythonEagerProgramsTheManifestDoesNotBackUp) {
+  // loop's eager program is TorchScript; its file stands in for a Python one.
+  auto python_instead = [](auto& m) {
+    auto* frame = m.mutable_frames(0);
+    frame->mutable_python_program()->set_path(frame->eager_program_path());
+    frame->clear_eager_program_path();
+    m.mutable_python()->set_python_version("3.11.7");
+  };
+  ExpectRefused(WithManifest("loop",
+                             [&](auto& m) {
+                               python_instead(m);
+                               m.mutable_frames(0)->set_eager_program_path(
+                                   m.frames(0).python_program().path());
+                             }),
+                absl::StatusCode::kInvalidArgument,
+                "frame 'forward' has both a TorchScript and a Python eager program");
+  ExpectRefused(WithManifest("loop",
+                             [&](auto& m) {
+                               python_instead(m);
+                               m.mutable_frames(0)->mutable_python_program()->set_path("nope.pt");
+                             }),
+                absl::StatusCode::kInvalidArgument,
+                "the Python eager program of frame 'forward' 'nope.pt' is not among the "
+                "artifact's checksummed files");
+  ExpectRefused(WithManifest("loop",
+                             [&](auto& m) {
+                               python_instead(m);
+                               m.clear_python();
+                             }),
+                absl::StatusCode::kInvalidArgument,
+                "frame 'forward' has a Python eager program but the manifest names no Python "
+                "version");
+}
+
 TEST(ArtifactReader, RefusesAnEntryFrameWithNothingToDispatchTo) {
   ExpectRefused(WithManifest("loop",
                              [](auto& m) {

@@ -747,9 +747,16 @@ absl::Status CheckManifest(const uint8_t* data, size_t size) {
       return Violation(absl::StrCat("accepted frame '", frame.name(), "' twice"));
     }
     if (frame.name() == m.entry_frame()) entry = &frame;
-    if (frame.eager_fallback() && !listed.contains(frame.eager_program_path())) {
+    // Exactly one eager program per flagged frame, TorchScript or Python.
+    const bool torchscript = listed.contains(frame.eager_program_path());
+    const bool python = frame.has_python_program() && listed.contains(frame.python_program().path());
+    if (frame.eager_fallback() && torchscript == python) {
       return Violation(absl::StrCat("accepted flagged frame '", frame.name(),
-                                    "' without a listed eager program"));
+                                    "' without exactly one listed eager program"));
+    }
+    if (python && m.python().python_version().empty()) {
+      return Violation(absl::StrCat("accepted the Python eager program of frame '", frame.name(),
+                                    "' with no Python version"));
     }
     absl::flat_hash_set<std::string> outputs;
     for (const auto& leaf : frame.outputs().leaves()) {
