@@ -61,7 +61,12 @@ def _torch_repository_impl(rctx):
     # libpython for the Python plugin. A static-only build (no shared
     # library) cannot be embedded in a plugin: the plugin is then left out.
     python_library = info["python_library"]
-    embeddable = info["python_shared"] and python_library.startswith("lib") and python_library.endswith(".so")
+    embeddable = (
+        info["python_shared"] and
+        python_library.startswith("lib") and python_library.endswith(".so") and
+        rctx.path(info["python_libdir"] + "/" + python_library).exists and
+        rctx.path(info["python_include"] + "/Python.h").exists
+    )
     if embeddable:
         rctx.symlink(info["python_include"], "python_include")
         python_link = python_library[len("lib"):-len(".so")]
