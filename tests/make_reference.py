@@ -62,6 +62,11 @@ CASES = {
     "passthrough": (models.make_passthrough, {
         "rows1024": ({"x": _input((1024, 4), 50)}, {}),
     }),
+    "blocks": (models.make_blocks, {
+        "steps0": ({"x": _input((8, 4), 70)}, {"steps": 0}),
+        "steps1": ({"x": _input((8, 4), 71)}, {"steps": 1}),
+        "steps2": ({"x": _input((8, 4), 72)}, {"steps": 2}),
+    }),
 }
 
 

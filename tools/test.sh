@@ -47,7 +47,7 @@ summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]}))" 2>/dev/
 # ThreadSanitizer slows everything down ~10x: the tests that exercise threads
 # (concurrent calls, reloads under load, the gRPC server), not the process ones.
 tsan=(//runtime/... //server/... //client/... //tests:server_e2e_test //tests:server_repository_test
-      //tests:torch_grpc_coexistence_test)
+      //tests:torch_grpc_coexistence_test //tests:python_eager_test)
 echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
 bazel test --config=tsan "${tsan[@]}" --keep_going --build_event_json_file="$events/tsan.json" ||
   failed=1

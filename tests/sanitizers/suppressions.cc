@@ -38,6 +38,10 @@ const char* __tsan_default_suppressions() {
       // TSan sees an unlock without the lock.
       "mutex:c10::RegistrationHandleRAII\n"
       "mutex:libtorch_cuda.so\n"
+      // The same at exit for libtorch_python, which the embedded interpreter
+      // of Python eager programs loads (import torch): its TORCH_LIBRARY
+      // registrations are torn down after the registry's lock is gone.
+      "mutex:libtorch_python.so\n"
       // Debian's gRPC is not instrumented either; its internal
       // synchronisation (atomics in absl/gpr) is invisible to TSan.
       "race:libgrpc.so\n"

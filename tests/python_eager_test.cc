@@ -1,0 +1,88 @@
+// The runtime's Python backend in process, for the sanitizer runs: a flagged
+// frame's misses run its Python eager program (examples' blocks), whose
+// callees run their variants, from many threads at once.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <ATen/ops/allclose.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/loaded_version.h"
+#include "tests/testing/artifacts.h"
+#include "tests/testing/reference.h"
+
+namespace precompile {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::shared_ptr<LoadedVersion> LoadBlocks() {
+  // The program's own code, examples.models, comes from the runfiles.
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir != nullptr) {
+    setenv("PYTHONPATH",
+           (std::string(srcdir) + "/" + (workspace ? workspace : "precompile_serve")).c_str(), 1);
+  }
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+      LoadedVersion::Load(testing::ExampleArtifact("blocks"), {});
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *model : nullptr;
+}
+
+void ExpectServed(LoadedVersion& model, const std::string& call, Outcome outcome) {
+  const testing::ReferenceCall reference = testing::Reference("blocks", call);
+  absl::StatusOr<CallResult> result = model.Call(reference.args);
+  ASSERT_TRUE(result.ok()) << call << ": " << result.status();
+  EXPECT_EQ(result->outcome, outcome) << call;
+  ASSERT_EQ(result->outputs.size(), 1u);
+  EXPECT_TRUE(at::allclose(testing::AsTensor(result->outputs[0]), reference.expected[0],
+                              1e-5, 1e-6))
+      << call;
+}
+
+TEST(PythonEager, MissesRunTheFramesPythonAndItsCalleesTheirVariants) {
+  std::shared_ptr<LoadedVersion> model = LoadBlocks();
+  ASSERT_NE(model, nullptr);
+  ExpectServed(*model, "steps0", Outcome::kVariant);
+  ExpectServed(*model, "steps1", Outcome::kEagerFallback);
+  ExpectServed(*model, "steps2", Outcome::kEagerFallback);
+}
+
+TEST(PythonEager, AnExceptionIsAnInternalErrorAndTheModelKeepsServing) {
+  std::shared_ptr<LoadedVersion> model = LoadBlocks();
+  ASSERT_NE(model, nullptr);
+  testing::ReferenceCall call = testing::Reference("blocks", "steps1");
+  for (NamedValue& arg : call.args) {
+    if (arg.name == "steps") arg.value = int64_t{-1};
+  }
+  absl::StatusOr<CallResult> result = model->Call(call.args);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("frame 'forward': its Python eager program failed: ValueError: steps "
+                        "must be at least 0, not -1"));
+  ExpectServed(*model, "steps1", Outcome::kEagerFallback);
+}
+
+TEST(PythonEager, HitsAndPythonMissesFromManyThreads) {
+  std::shared_ptr<LoadedVersion> model = LoadBlocks();
+  ASSERT_NE(model, nullptr);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 10; ++i) {
+        const bool miss = (t + i) % 2 == 1;
+        ExpectServed(*model, miss ? "steps1" : "steps0",
+                     miss ? Outcome::kEagerFallback : Outcome::kVariant);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+}  // namespace
+}  // namespace precompile
