@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up the machine (tools/setup.sh), builds the server, the bundled example
-# artifacts and the gallery's (BERT, GPT-2, resnet18), and serves them: gRPC (KServe v2, admin, health,
+# artifacts and the gallery's (BERT, GPT-2, resnet18, BERT behind a flagged
+# wrapper), and serves them: gRPC (KServe v2, admin, health,
 # reflection) on port 8001, Prometheus metrics on http://localhost:8002/metrics.
 # It listens on 127.0.0.1 only and lets any local client load, unload and
 # rescan models without a token (--allow_unauthenticated_control): a
@@ -29,5 +30,8 @@ if [[ -z $(ls "$repository") ]]; then
   echo "[serve] no example artifacts yet"
 fi
 echo "[serve] serving $(ls "$repository" | tr '\n' ' ')from $repository"
+# Python eager programs (the gallery's bert_recentering, examples' blocks)
+# import the models' own code: gallery.models and examples.models, from here.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec bazel-bin/server/precompile_server --model_repository="$repository" \
   --listen_address=127.0.0.1 --allow_unauthenticated_control "$@"
