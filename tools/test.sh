@@ -38,11 +38,14 @@ echo "[test] bazel test //... (the first run builds libtorch-heavy code and capt
 bazel test //... --keep_going --build_event_json_file="$events/bazel.json" || failed=1
 summarize bazel "" $(bazel query 'tests(//...)' 2>/dev/null)
 
+# Not python_eager_test: LeakSanitizer's check at exit walks the embedded
+# interpreter's memory, which is never freed (CPython is not finalized), and
+# on a fresh environment took over five minutes. ThreadSanitizer runs it.
 sanitized=(//runtime/... //server/... //client/... //tests/...)
-echo "[test] AddressSanitizer: bazel test --config=asan ${sanitized[*]}"
-bazel test --config=asan "${sanitized[@]}" --keep_going --build_event_json_file="$events/asan.json" ||
-  failed=1
-summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]}))" 2>/dev/null)
+echo "[test] AddressSanitizer: bazel test --config=asan ${sanitized[*]} -//tests:python_eager_test"
+bazel test --config=asan --keep_going --build_event_json_file="$events/asan.json" -- \
+  "${sanitized[@]}" -//tests:python_eager_test || failed=1
+summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]})) except //tests:python_eager_test" 2>/dev/null)
 
 # ThreadSanitizer slows everything down ~10x: the tests that exercise threads
 # (concurrent calls, reloads under load, the gRPC server), not the process ones.
