@@ -265,7 +265,7 @@ def _clear_torchscript_caches() -> None:
             cache.pop(key, None)
 
 
-def outermost_callees(frames: Sequence[Frame], frame: Frame) -> List[Frame]:
+def _outermost_callees(frames: Sequence[Frame], frame: Frame) -> List[Frame]:
     """The captured sub-module frames inside `frame`'s module that no other
     captured sub-module inside it contains: replacing them hides the rest."""
     if frame.module is None:
@@ -280,26 +280,41 @@ def outermost_callees(frames: Sequence[Frame], frame: Frame) -> List[Frame]:
 
 
 @contextlib.contextmanager
+def submodule_callees_replaced(
+    context: ScriptContext, frame: Frame, replacement: Callable[[Frame], torch.nn.Module]
+) -> Iterator[None]:
+    """Puts `replacement(callee)` in the place of each outermost captured
+    sub-module inside `frame`'s module, for the duration of the block (an
+    eager program, TorchScript or Python, is made with its callees so
+    replaced)."""
+    undo: List[Tuple[torch.nn.Module, str, torch.nn.Module]] = []
+    try:
+        for callee in _outermost_callees(context.frames, frame):
+            parent_path, _, attr = callee.module_path.rpartition(".")
+            parent = context.model.get_submodule(parent_path) if parent_path else context.model
+            undo.append((parent, attr, parent._modules[attr]))
+            parent._modules[attr] = replacement(callee)
+        yield
+    finally:
+        for parent, attr, original in reversed(undo):
+            parent._modules[attr] = original
+
+
+@contextlib.contextmanager
 def _patched(context: ScriptContext, stubs: _Stubs, frame: Frame) -> Iterator[None]:
     """Replaces captured callees of `frame` by their stubs."""
     undo: List[Callable[[], None]] = []
     try:
-        if frame.module is not None:
-            for callee in outermost_callees(stubs.frames, frame):
-                parent_path, _, attr = callee.module_path.rpartition(".")
-                parent = context.model.get_submodule(parent_path) if parent_path else context.model
-                original = parent._modules[attr]
-                parent._modules[attr] = stubs.stub(callee)
-                undo.append(lambda parent=parent, attr=attr, original=original: parent._modules.__setitem__(attr, original))
-        for callee in stubs.frames:
-            if callee.function is None or callee.is_entry:
-                continue
-            name = callee.function.__name__
-            for g in context.globals_sites.get(callee.name, []):
-                original = g[name]
-                g[name] = stubs.stub(callee)
-                undo.append(lambda g=g, name=name, original=original: g.__setitem__(name, original))
-        yield
+        with submodule_callees_replaced(context, frame, stubs.stub):
+            for callee in stubs.frames:
+                if callee.function is None or callee.is_entry:
+                    continue
+                name = callee.function.__name__
+                for g in context.globals_sites.get(callee.name, []):
+                    original = g[name]
+                    g[name] = stubs.stub(callee)
+                    undo.append(lambda g=g, name=name, original=original: g.__setitem__(name, original))
+            yield
     finally:
         for fn in reversed(undo):
             fn()

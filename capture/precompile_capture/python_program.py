@@ -19,19 +19,18 @@ cannot run them refuses the model at load with a message naming what lacks.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import pickle
 import platform
 import sys
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 import precompile_eager
 
-from .eager import ScriptContext, outermost_callees
+from .eager import ScriptContext, submodule_callees_replaced
 from .errors import PrecompileError
 from .frames import Binding, Frame
 
@@ -85,22 +84,6 @@ def _callee(frame: Frame, caller: Frame) -> precompile_eager.FrameCall:
     )
 
 
-@contextlib.contextmanager
-def _callees_replaced(context: ScriptContext, frame: Frame) -> Iterator[None]:
-    undo: List[Callable[[], None]] = []
-    try:
-        for callee in outermost_callees(context.frames, frame):
-            parent_path, _, attr = callee.module_path.rpartition(".")
-            parent = context.model.get_submodule(parent_path) if parent_path else context.model
-            original = parent._modules[attr]
-            parent._modules[attr] = _callee(callee, frame)
-            undo.append(lambda parent=parent, attr=attr, original=original: parent._modules.__setitem__(attr, original))
-        yield
-    finally:
-        for fn in reversed(undo):
-            fn()
-
-
 class _RecordingUnpickler(pickle.Unpickler):
     """Records the modules a pickle imports (torch.load subclasses it)."""
 
@@ -131,7 +114,7 @@ def build(context: ScriptContext, frame: Frame, path: str) -> Set[str]:
     reason = blocker(context, frame)
     if reason:
         raise PrecompileError(f"frame '{frame.name}' cannot get a Python eager program: {reason}")
-    with _callees_replaced(context, frame):
+    with submodule_callees_replaced(context, frame, lambda callee: _callee(callee, frame)):
         target = frame.module if frame.module is not None else frame.function
         program = precompile_eager.Program(frame.name, target, _params(frame))
         buffer = io.BytesIO()
