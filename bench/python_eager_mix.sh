@@ -25,7 +25,8 @@
 # Environment: BIN (opt bin directory with server/precompile_server,
 # client/precompile_load, examples/blocks, examples/loop and
 # examples/loop_python), OUT, DURATION
-# (5), HIT_RATE (400), SERVER_CPUS (1), CLIENT_CPUS (0), PORT (28700).
+# (5), HIT_RATE (400), SERVER_CPUS (1), CLIENT_CPUS (0), PORT (28700),
+# SERVER_FLAGS (more server flags, e.g. --eager_nice=0).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-"$ROOT/bazel-out/k8-opt/bin"}
@@ -57,7 +58,7 @@ done
 # examples.models must be importable by the server's Python.
 PYTHONPATH="$ROOT" taskset -c "$SERVER_CPUS" "$BIN/server/precompile_server" \
   --model_repository="$OUT/repository" --listen_address=127.0.0.1 --grpc_port="$PORT" \
-  --metrics_port=-1 --http_port=-1 --torch_threads=1 > "$OUT/server.log" 2>&1 &
+  --metrics_port=-1 --http_port=-1 --torch_threads=1 ${SERVER_FLAGS:-} > "$OUT/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 300); do

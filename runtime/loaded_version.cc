@@ -231,8 +231,9 @@ class LoadedVersion::Impl final : public FrameCaller {
                                        std::vector<c10::IValue> args,
                                        bool is_entry);
 
-  // The running call's cancellation check, for the frames it calls.
-  static thread_local const std::function<bool()>* cancelled;
+  // The running call's context (cancellation, where eager runs), for the
+  // frames it calls; set on whichever thread runs them.
+  static thread_local const CallContext* context;
 
   absl::StatusOr<std::vector<at::Tensor>> CallFrame(
       absl::string_view name, std::vector<c10::IValue> args) override;
@@ -257,7 +258,7 @@ class LoadedVersion::Impl final : public FrameCaller {
               size_t miss_signatures = 0);
 };
 
-thread_local const std::function<bool()>* LoadedVersion::Impl::cancelled = nullptr;
+thread_local const LoadedVersion::CallContext* LoadedVersion::Impl::context = nullptr;
 
 absl::Status LoadedVersion::Impl::LoadFrames() {
   const auto& m = artifact.manifest;
@@ -475,7 +476,7 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     ~DepthScope() { --depth; }
   } depth_scope;
 
-  if (cancelled != nullptr && *cancelled && (*cancelled)()) {
+  if (context != nullptr && context->cancelled && context->cancelled()) {
     return absl::CancelledError(absl::StrCat(
         "the call was cancelled before frame '", frame.proto->name(), "' ran"));
   }
@@ -538,9 +539,27 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     if (!moved.ok()) return moved;
   }
   absl::StatusOr<std::vector<c10::IValue>> leaves;
-  {
+  auto run_eager = [&] {
     ScopedFrameCaller scope(this);
     leaves = frame.eager->Run(std::move(args));
+  };
+  if (is_entry && context != nullptr && context->run_eager) {
+    const CallContext* call_context = context;
+    const int caller_depth = depth;
+    context->run_eager([&] {
+      // The thread that runs it has none of this thread's torch or call
+      // state: give it the call's.
+      c10::InferenceMode inference_mode;
+      const CallContext* previous_context = context;
+      const int previous_depth = depth;
+      context = call_context;
+      depth = caller_depth;
+      run_eager();
+      context = previous_context;
+      depth = previous_depth;
+    });
+  } else {
+    run_eager();
   }
   absl::StatusOr<std::vector<at::Tensor>> out =
       leaves.ok() ? TensorLeaves(frame, "the eager program", *std::move(leaves))
@@ -632,11 +651,11 @@ absl::StatusOr<std::shared_ptr<LoadedVersion>> LoadedVersion::Load(const std::st
 }
 
 absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args) {
-  return Call(args, nullptr);
+  return Call(args, CallContext{});
 }
 
 absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args,
-                                       const std::function<bool()>& cancelled) {
+                                               const CallContext& call_context) {
   Impl& impl = *impl_;
   // Counted before `closed` is read, so that Close() followed by AwaitIdle()
   // either sees this call or this call sees `closed`.
@@ -701,11 +720,11 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   }
 
   c10::InferenceMode inference_mode;
-  const std::function<bool()>* previous_cancelled = Impl::cancelled;
-  Impl::cancelled = &cancelled;
+  const CallContext* previous_context = Impl::context;
+  Impl::context = &call_context;
   absl::StatusOr<Impl::FrameResult> dispatched =
       impl.Dispatch(*impl.entry, std::move(positional), true);
-  Impl::cancelled = previous_cancelled;
+  Impl::context = previous_context;
   ASSIGN_OR_RETURN(Impl::FrameResult result, std::move(dispatched));
 
   CallResult call_result;

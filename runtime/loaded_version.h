@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -118,12 +119,21 @@ class LoadedVersion {
   //   INTERNAL             the compiled code or eager program failed
   absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args);
 
-  // As above; `cancelled` (may be empty) is polled before each frame runs,
-  // including frames an eager program calls, and a true answer ends the call
-  // with CANCELLED. A compiled variant or an eager program that has started
-  // runs to its end (neither can be interrupted).
+  // How one call runs, for a caller that wants more than the defaults.
+  struct CallContext {
+    // Polled before each frame runs, including frames an eager program
+    // calls; a true answer ends the call with CANCELLED. A compiled variant
+    // or an eager program that has started runs to its end (neither can be
+    // interrupted). Empty: never cancelled.
+    std::function<bool()> cancelled;
+    // Where the entry frame's eager program runs: calls `run` exactly once,
+    // on this thread or another, and returns after it has (what `run` wrote
+    // must then be visible to the caller). A server gives misses threads of
+    // their own with it (server/eager_executor.h). Empty: on this thread.
+    std::function<void(absl::FunctionRef<void()> run)> run_eager;
+  };
   absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args,
-                                  const std::function<bool()>& cancelled);
+                                  const CallContext& context);
 
   // Sends every frame call and eager-fallback warning of this model to
   // `observer` (null: none). REQUIRES: no call has started yet, i.e. the

@@ -400,8 +400,12 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
   timing->input = decoded - start;
   // Polled before each frame runs: a request whose client has gone (or whose
   // deadline passed) stops before the next frame instead of running on.
-  const std::function<bool()> cancelled = [&call] { return call.Cancelled(); };
-  absl::StatusOr<CallResult> result = handle->model->Call(args, cancelled);
+  LoadedVersion::CallContext context;
+  context.cancelled = [&call] { return call.Cancelled(); };
+  if (eager_ != nullptr) {
+    context.run_eager = [this](absl::FunctionRef<void()> run) { eager_->Run(run); };
+  }
+  absl::StatusOr<CallResult> result = handle->model->Call(args, context);
   const absl::Time called = absl::Now();
   timing->infer = called - decoded;
   if (!result.ok()) return result.status();

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "proto/inference.pb.h"
 #include "runtime/value.h"
+#include "server/eager_executor.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/serving_state.h"
@@ -55,9 +56,11 @@ class InferenceApi {
     ~Call() = default;
   };
 
-  // The references must outlive the API. `metrics` may be null.
-  InferenceApi(ModelRepository& repository, ServerMetrics* metrics, const ServingState& state)
-      : repository_(repository), metrics_(metrics), state_(state) {}
+  // The references must outlive the API. `metrics` may be null; so may
+  // `eager`, and then eager misses run on the request's thread.
+  InferenceApi(ModelRepository& repository, ServerMetrics* metrics, const ServingState& state,
+               EagerExecutor* eager = nullptr)
+      : repository_(repository), metrics_(metrics), state_(state), eager_(eager) {}
 
   // Runs one admitted request: decodes it, runs the model, encodes the
   // answer, and records the request in the model's metrics. A failure is
@@ -89,6 +92,7 @@ class InferenceApi {
   ModelRepository& repository_;
   ServerMetrics* const metrics_;
   const ServingState& state_;
+  EagerExecutor* const eager_;
   std::mutex log_mu_;
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 };

@@ -61,6 +61,12 @@ ABSL_FLAG(int, inference_threads, 0,
 ABSL_FLAG(int, inference_pollers, 0,
           "Threads taking inference requests from gRPC, more than --inference_threads; "
           "each runs what it took while a slot is free (0: 2 * inference_threads + 2)");
+ABSL_FLAG(int, eager_threads, 0,
+          "Threads running eager misses (entry frames' eager programs), at a lower "
+          "priority than requests (0: one per inference thread)");
+ABSL_FLAG(int, eager_nice, 10,
+          "How much the eager threads' nice value is raised, 0 to 19, so that variant "
+          "hits go first on busy cores (0: the priority of requests)");
 ABSL_FLAG(int, grpc_threads, 0, "Threads serving gRPC calls (0: gRPC's default)");
 ABSL_FLAG(int, grpc_max_pollers, 64,
           "Threads kept waiting for the synchronous gRPC calls (all but ModelInfer) "
@@ -172,6 +178,8 @@ int main(int argc, char** argv) {
   options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
   options.inference_threads = absl::GetFlag(FLAGS_inference_threads);
   options.inference_pollers = absl::GetFlag(FLAGS_inference_pollers);
+  options.eager_threads = absl::GetFlag(FLAGS_eager_threads);
+  options.eager_nice = absl::GetFlag(FLAGS_eager_nice);
   options.repository_poll_interval =
       absl::Seconds(absl::GetFlag(FLAGS_repository_poll_seconds));
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));

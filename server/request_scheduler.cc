@@ -26,8 +26,9 @@ bool RequestScheduler::Submit(Job* job) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     queue_.push_back(job);
+    queued_.fetch_add(1);
+    if (queue_waiters_ > 0) queue_changed_.notify_all();
   }
-  queued_.fetch_add(1);
   // Every running thread may have looked at the queue before this job was
   // in it, and left: then a slot is free, and this thread drains the queue.
   if (TakeRunSlot()) RunWhileWork(nullptr);
@@ -67,6 +68,37 @@ void RequestScheduler::RunWhileWork(Job* job) {
     job->Complete();
     job = nullptr;
   }
+}
+
+void RequestScheduler::RunQueuedUntil(const std::atomic<bool>& done) {
+  // Each level holds a job's stack frames (a model call included) on this
+  // thread's stack, and finishes only after the levels above it.
+  constexpr int kMaxNesting = 4;
+  thread_local int nesting = 0;
+  const bool run_queued = nesting < kMaxNesting;
+  ++nesting;
+  while (true) {
+    Job* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      ++queue_waiters_;
+      queue_changed_.wait(lock, [&] { return done.load() || (run_queued && !queue_.empty()); });
+      --queue_waiters_;
+      if (done.load()) break;
+      job = queue_.front();
+      queue_.pop_front();
+      queued_.fetch_sub(1);
+    }
+    job->Run();
+    Finished();
+    job->Complete();
+  }
+  --nesting;
+}
+
+void RequestScheduler::NotifyWaiters() {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  queue_changed_.notify_all();
 }
 
 void RequestScheduler::Finished() {

@@ -14,6 +14,11 @@
 // While a slot is free a request costs a few atomic operations; the queue's
 // lock is taken only when every slot is busy.
 //
+// A running job whose work goes on on another thread (an eager miss on the
+// eager threads, server/eager_executor.h) keeps its slot and, while it
+// waits, runs the queued jobs with it (RunQueuedUntil): so a slow miss
+// neither idles a slot nor makes the requests behind it wait for it.
+//
 // Thread safety: all methods may be called concurrently.
 #ifndef PRECOMPILE_SERVER_REQUEST_SCHEDULER_H_
 #define PRECOMPILE_SERVER_REQUEST_SCHEDULER_H_
@@ -59,6 +64,15 @@ class RequestScheduler {
   // naming the limit.
   absl::Status Refusal() const;
 
+  // For a running job that waits for its work to finish on another thread:
+  // runs queued jobs on this thread, with the job's run slot, until `done`
+  // is true. Whoever sets `done` calls NotifyWaiters() afterwards. A queued
+  // job that started returns first, so `done` may wait for one job's run.
+  // Nested waits (a job run here waits in turn) run queued jobs up to a few
+  // levels deep, then only wait. REQUIRES: called from a job's Run().
+  void RunQueuedUntil(const std::atomic<bool>& done);
+  void NotifyWaiters();
+
   // Waits until no job is in flight, or until `deadline`: true if none is.
   bool AwaitIdle(absl::Time deadline);
 
@@ -83,6 +97,9 @@ class RequestScheduler {
   std::atomic<int> queued_{0};
   std::mutex queue_mu_;
   std::deque<Job*> queue_ ABSL_GUARDED_BY(queue_mu_);
+  // RunQueuedUntil's waiters, woken by a queued job or NotifyWaiters.
+  int queue_waiters_ ABSL_GUARDED_BY(queue_mu_) = 0;
+  std::condition_variable queue_changed_;
   // AwaitIdle's waiters: the last job out takes the lock to wake them only
   // when there are some.
   std::atomic<int> idle_waiters_{0};

@@ -105,6 +105,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
         ") so that a thread is always free to take and refuse calls, not ",
         options.inference_pollers));
   }
+  if (options.eager_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--eager_threads must be 0 (one per inference thread) or more, not ",
+        options.eager_threads));
+  }
+  if (options.eager_threads == 0) options.eager_threads = options.inference_threads;
+  if (options.eager_nice < 0 || options.eager_nice > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eager_nice must be 0 to 19, not ", options.eager_nice));
+  }
   options.load_options.device =
       options.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
   std::unique_ptr<Server> server(new Server(std::move(options)));
@@ -125,7 +135,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->repository_ =
       std::make_unique<ModelRepository>(std::move(repository_options), server.get());
   const ControlAccess access(o.admin_token, o.allow_unauthenticated_control);
-  server->api_ = std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_);
+  server->eager_ =
+      std::make_unique<EagerExecutor>(o.eager_threads, o.eager_nice, *server->scheduler_);
+  server->api_ = std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_,
+                                                server->eager_.get());
   server->inference_ = std::make_unique<InferenceService>(*server->api_, *server->scheduler_,
                                                           access, o.inference_pollers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);

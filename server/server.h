@@ -26,6 +26,7 @@
 #include "server/http_service.h"
 #include "server/inference_api.h"
 #include "server/inference_service.h"
+#include "server/eager_executor.h"
 #include "server/request_scheduler.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
@@ -65,6 +66,12 @@ struct ServerOptions {
   // 0: 2 * inference_threads + 2 (measured: with one spare thread, a thread
   // woke for nearly every request; see bench/RESULTS.md).
   int inference_pollers = 0;
+  // Threads running entry frames' eager programs (eager misses), with their
+  // nice value raised by eager_nice so that variant hits go first when the
+  // cores are busy (server/eager_executor.h). 0: one per inference thread.
+  int eager_threads = 0;
+  // 0 to 19; 0 runs eager misses at the priority of the other requests.
+  int eager_nice = 10;
   // Threads serving gRPC calls; 0: gRPC's default.
   int grpc_threads = 0;
   // Threads kept waiting for the synchronous calls (all but ModelInfer).
@@ -131,6 +138,8 @@ class Server final : public RepositoryListener {
   const ServerOptions options_;
   ServingState state_;
   std::unique_ptr<RequestScheduler> scheduler_;
+  // Before the API, which hands it the misses, and after the scheduler.
+  std::unique_ptr<EagerExecutor> eager_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<InferenceApi> api_;

@@ -1,0 +1,129 @@
+// The eager executor with the real request scheduler: jobs stand in for
+// requests, and work that waits on notifications stands in for eager
+// programs, so every test decides by what ran where, never by how long.
+#include "server/eager_executor.h"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <functional>
+#include <thread>
+
+#include "absl/time/time.h"
+#include "base/notification.h"
+#include "server/request_scheduler.h"
+
+namespace precompile::server {
+namespace {
+
+int ThisThreadsNice() {
+  return getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+}
+
+class FunctionJob final : public RequestScheduler::Job {
+ public:
+  explicit FunctionJob(std::function<void()> run) : run_(std::move(run)) {}
+  void Run() override {
+    thread = std::this_thread::get_id();
+    run_();
+    ran.Notify();
+  }
+  void Complete() override {}
+
+  std::thread::id thread;
+  Notification ran;
+
+ private:
+  std::function<void()> run_;
+};
+
+TEST(EagerExecutor, RunsTheWorkOnItsOwnThreadsAtALowerPriority) {
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  EagerExecutor executor(/*threads=*/1, /*nice=*/5, scheduler);
+  const int request_nice = ThisThreadsNice();
+  std::thread::id work_thread;
+  int work_nice = -100;
+  FunctionJob job([&] {
+    executor.Run([&] {
+      work_thread = std::this_thread::get_id();
+      work_nice = ThisThreadsNice();
+    });
+  });
+  ASSERT_TRUE(scheduler.Submit(&job));
+  EXPECT_EQ(job.thread, std::this_thread::get_id());
+  EXPECT_NE(work_thread, std::this_thread::get_id());
+  EXPECT_EQ(work_nice, std::min(19, request_nice + 5));
+  // The request's own thread keeps its priority.
+  EXPECT_EQ(ThisThreadsNice(), request_nice);
+}
+
+TEST(EagerExecutor, NiceZeroKeepsTheRequestsPriority) {
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  EagerExecutor executor(/*threads=*/1, /*nice=*/0, scheduler);
+  int work_nice = -100;
+  FunctionJob job([&] { executor.Run([&] { work_nice = ThisThreadsNice(); }); });
+  ASSERT_TRUE(scheduler.Submit(&job));
+  EXPECT_EQ(work_nice, ThisThreadsNice());
+}
+
+TEST(EagerExecutor, TheWaitingRequestsThreadRunsTheQueuedRequests) {
+  // One run slot: a queued request can only run before the miss ends if
+  // the miss's own thread runs it while it waits.
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  EagerExecutor executor(/*threads=*/1, /*nice=*/0, scheduler);
+  Notification miss_started;
+  FunctionJob hit([] {});
+  bool hit_ran_during_the_miss = false;
+  FunctionJob miss([&] {
+    executor.Run([&] {
+      miss_started.Notify();
+      hit_ran_during_the_miss = hit.ran.WaitForNotificationWithTimeout(absl::Seconds(20));
+    });
+  });
+  std::thread request([&] { scheduler.Submit(&miss); });
+  miss_started.WaitForNotification();
+  ASSERT_TRUE(scheduler.Submit(&hit));  // Queued: the slot is the miss's.
+  request.join();
+  EXPECT_TRUE(hit_ran_during_the_miss);
+  EXPECT_EQ(hit.thread, miss.thread);
+  EXPECT_EQ(scheduler.in_flight(), 0);
+  EXPECT_EQ(scheduler.queued(), 0);
+}
+
+TEST(EagerExecutor, MissesWaitingInTurnEachEndAfterTheirWork) {
+  // A queued request that misses too waits inside the first one's wait:
+  // both end, each after its own work, and the slot is given back.
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  EagerExecutor executor(/*threads=*/2, /*nice=*/0, scheduler);
+  Notification first_started;
+  Notification release_first;
+  Notification second_done;
+  FunctionJob second([&] { executor.Run([&] { second_done.Notify(); }); });
+  FunctionJob first([&] {
+    executor.Run([&] {
+      first_started.Notify();
+      release_first.WaitForNotification();
+    });
+  });
+  std::thread request([&] { scheduler.Submit(&first); });
+  first_started.WaitForNotification();
+  ASSERT_TRUE(scheduler.Submit(&second));
+  // The second miss's work runs on the other eager thread, while the first
+  // one's still blocks.
+  EXPECT_TRUE(second_done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  release_first.Notify();
+  request.join();
+  EXPECT_TRUE(first.ran.HasBeenNotified());
+  EXPECT_TRUE(second.ran.HasBeenNotified());
+  EXPECT_EQ(second.thread, first.thread);
+  EXPECT_EQ(scheduler.in_flight(), 0);
+  // The slot is free again: a new request runs at once on its own thread.
+  FunctionJob after([] {});
+  ASSERT_TRUE(scheduler.Submit(&after));
+  EXPECT_EQ(after.thread, std::this_thread::get_id());
+}
+
+}  // namespace
+}  // namespace precompile::server
