@@ -296,20 +296,22 @@ def configmap_for_volume(objects, deployment, volume_name):
     raise AssertionError(f"no ConfigMap volume '{volume_name}' in the Deployment")
 
 
-def entrypoint():
-    """The runtime image's ENTRYPOINT (exec form), as a list."""
+def entrypoint(stage="runtime"):
+    """A stage's ENTRYPOINT (exec form), as a list: by default the runtime
+    image's, which the other runtime images inherit unless they set one."""
     import json
 
-    entries = [i for i in dockerfile_instructions() if i.keyword == "ENTRYPOINT"]
-    assert entries, "deploy/Dockerfile has no ENTRYPOINT"
+    entries = [i for i in dockerfile_instructions() if i.keyword == "ENTRYPOINT" and i.stage == stage]
+    assert entries, f"deploy/Dockerfile's stage {stage} has no ENTRYPOINT"
     value = json.loads(entries[-1].args)
     assert isinstance(value, list), "the ENTRYPOINT must be in exec form: a JSON array"
     return value
 
 
-def image_user():
-    users = [i for i in dockerfile_instructions() if i.keyword == "USER"]
-    assert users, "deploy/Dockerfile sets no USER"
+def image_user(stage="runtime"):
+    """The user a stage's image runs as: its last USER."""
+    users = [i for i in dockerfile_instructions() if i.keyword == "USER" and i.stage == stage]
+    assert users, f"deploy/Dockerfile's stage {stage} sets no USER"
     return users[-1].args
 
 

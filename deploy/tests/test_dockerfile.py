@@ -26,6 +26,7 @@ STAGES = {
     "runtime": "debian:12-slim",
     "runtime-cuda": "runtime",
     "examples": "runtime",
+    "runtime-python": "runtime-cuda",
 }
 
 # Debian 12 packages of debian:12-slim that the server's libraries may come
@@ -67,9 +68,9 @@ def ignored(path: str) -> bool:
     return False
 
 
-def runtime_apt_packages():
+def runtime_apt_packages(stage="runtime"):
     packages = []
-    for command in run_commands("runtime"):
+    for command in run_commands(stage):
         if "apt-get install" not in command:
             continue
         words = shlex.split(command.split("apt-get install", 1)[1].split("&&")[0])
@@ -139,6 +140,8 @@ def test_bazel_targets_exist():
     checked = set(os.environ.get("DOCKERFILE_BAZEL_TARGETS", "").split())
     if not checked:
         pytest.skip("DOCKERFILE_BAZEL_TARGETS is not set (bazel test sets it)")
+    if "//runtime:libprecompile_python.so" not in checked:
+        named.discard("//runtime:libprecompile_python.so")  # Not buildable here: no Python to embed.
     assert named <= checked, (
         f"the Dockerfile builds {sorted(named - checked)}: add them to DOCKERFILE_BAZEL_TARGETS and "
         f"data of //deploy:dockerfile_test, so that Bazel checks they exist"
@@ -228,12 +231,38 @@ def test_entrypoint_is_the_staged_server():
     assert "deploy/stage_runtime.sh --part=cuda /staging/cuda" in builder
 
 
-def test_runs_as_a_numeric_non_root_user():
-    user = lib.image_user()
+@pytest.mark.parametrize("stage", ["runtime", "runtime-python"])
+def test_runs_as_a_numeric_non_root_user(stage):
+    user = lib.image_user(stage)
     assert re.fullmatch(r"\d+(:\d+)?", user), f"USER {user}: Kubernetes can only check runAsNonRoot for a numeric user"
     assert int(user.split(":")[0]) != 0, "USER 0 is root"
-    last_user = [i for i in dockerfile_instructions() if i.keyword == "USER"][-1]
-    assert last_user.stage == "runtime"
+    assert user == lib.image_user("runtime"), "every runtime image runs as the same user"
+    # A stage that switches to root (to install packages) switches back last.
+    keywords = [i.keyword for i in dockerfile_instructions() if i.stage == stage]
+    assert "USER" in keywords
+    last_user = len(keywords) - 1 - keywords[::-1].index("USER")
+    assert not {"RUN", "COPY"} & set(keywords[last_user:]), f"stage {stage}: a RUN or COPY follows its last USER"
+
+
+def test_python_image_serves_python_eager_programs():
+    """runtime-python: the builder stages --part=python from the plugin it
+    built, the stage copies it onto the same directory as the server, and
+    the entrypoint names the staged environment (stage_runtime.sh puts it at
+    venv/) and is otherwise the runtime image's."""
+    builder = " ".join(run_commands("builder"))
+    assert "//runtime:libprecompile_python.so" in builder, "the builder does not build the Python plugin"
+    assert "deploy/stage_runtime.sh --part=python /staging/python" in builder
+    runtime_dest = [d for o, s, d in (parse_copy(i.args) for i in instructions("runtime", "COPY"))
+                    if s == ["/staging/cpu/"]][0]
+    python = [parse_copy(i.args) for i in instructions("runtime-python", "COPY")]
+    assert any(o.get("from") == "builder" and s == ["/staging/python/"] and d == runtime_dest for o, s, d in python)
+    entry = lib.entrypoint("runtime-python")
+    assert entry[: len(lib.entrypoint())] == lib.entrypoint(), "runtime-python changes the runtime entrypoint"
+    assert f"--python_env={runtime_dest.rstrip('/')}/venv" in entry
+    for arg in entry[1:]:
+        lib.check_flag(*lib.split_flag(arg))
+    cmd = [json.loads(i.args) for i in instructions("runtime-python", "CMD")]
+    assert cmd == [[]], "runtime-python serves on the CPU by default (runtime-cuda's CMD is --device=cuda)"
 
 
 def test_exposes_the_server_ports():
@@ -260,8 +289,9 @@ def test_cuda_image_asks_for_the_driver():
     assert caps and "compute" in caps.group(1).split(","), "the NVIDIA runtime must mount the compute libraries"
 
 
-def test_runtime_installs_only_runtime_packages():
-    packages = runtime_apt_packages()
+@pytest.mark.parametrize("stage", ["runtime", "runtime-python"])
+def test_runtime_installs_only_runtime_packages(stage):
+    packages = runtime_apt_packages(stage)
     assert packages, "the runtime stage installs no Debian packages"
     dev = [p for p in packages if p.endswith("-dev")]
     assert not dev, f"the runtime image installs development packages: {dev}"
