@@ -20,7 +20,8 @@ import pytest
 
 import deploy_lib as lib
 import test_dockerfile
-from test_runtime_stage import SYSTEM_DIRS, STAGE_SCRIPT, dpkg_package, elf_dynamic, read_log, server_binary, wait_for
+from test_runtime_stage import (SYSTEM_DIRS, STAGE_SCRIPT, elf_dynamic, read_log, server_binary,
+                                unresolved_libraries, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -88,24 +89,7 @@ def test_libraries_resolve_in_the_image(staged):
                | test_dockerfile.SLIM_BASE_PACKAGES)
     problems = []
     for path in staged_elf_files(staged):
-        out = subprocess.run(["ldd", str(path)], capture_output=True, text=True, env={}).stdout
-        for line in out.splitlines():
-            if "not found" in line:
-                problems.append(f"{path.name}: {line.strip()}")
-                continue
-            m = re.match(r"\s*(\S+) => (.+?) \(0x", line)
-            if not m:
-                continue
-            name, resolved = m.groups()
-            real = os.path.realpath(resolved)
-            if real.startswith(str(staged.resolve()) + os.sep):
-                continue
-            if not real.startswith(SYSTEM_DIRS):
-                problems.append(f"{path.name}: {name} resolves to {real}, neither staged nor a system library")
-                continue
-            package = dpkg_package(resolved)
-            if package is None or package.split(":")[0] not in allowed:
-                problems.append(f"{path.name}: {name} comes from {package}, which the image does not install")
+        problems += unresolved_libraries(path, staged, allowed)
     assert not problems, "\n".join(sorted(set(problems)))
 
 
