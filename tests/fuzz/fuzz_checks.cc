@@ -678,7 +678,7 @@ absl::StatusOr<std::vector<int>> EvaluateGuards(const uint8_t* data, size_t size
 std::vector<std::string> ManifestFixtureFiles() {
   std::vector<std::string> files = {kFixtureFrames};
   for (const char* frame : {"forward", "encoder", "scale"}) {
-    for (const char* file : {"0.pt2", "1.pt2", "eager.pt"}) {
+    for (const char* file : {"0.pt2", "1.pt2", "eager.pt", "python.pt"}) {
       files.push_back(absl::StrCat("frames/", frame, "/", file));
     }
   }

@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXAMPLES = ("mlp", "loop", "branch", "nested")
+EXAMPLES = ("mlp", "loop", "branch", "nested", "blocks")
 FIXTURE_FRAMES = ("forward", "encoder", "scale")
 
 
@@ -263,7 +263,7 @@ def fixture_content(path):
 def fixture_files():
     files = ["FRAMES"]
     for frame in FIXTURE_FRAMES:
-        for name in ("0.pt2", "1.pt2", "eager.pt"):
+        for name in ("0.pt2", "1.pt2", "eager.pt", "python.pt"):
             files.append("frames/%s/%s" % (frame, name))
     return files
 
@@ -296,6 +296,8 @@ def manifest_seeds(artifact_pb2, manifests):
         for frame in m.frames:
             if frame.eager_program_path:
                 frame.eager_program_path = fit_fixture(frame.eager_program_path)
+            if frame.HasField("python_program"):
+                frame.python_program.path = fit_fixture(frame.python_program.path)
             for v in frame.variants:
                 v.package_path = fit_fixture(v.package_path)
         paths = []
@@ -356,6 +358,25 @@ def manifest_seeds(artifact_pb2, manifests):
     refused("tensor_input_range", frame_edit(lambda f: f.variants[0].tensor_inputs.append(3)))
     refused("variantless_entry", frame_edit(
         lambda f: setattr(f, "variantless_entry_fallback", True)))
+
+    # A Python eager program's refusals, from blocks (forward's misses run Python).
+    python = artifact_pb2.Manifest()
+    python.ParseFromString(seeds["ok_blocks"])
+
+    def refused_python(name, edit):
+        m = artifact_pb2.Manifest()
+        m.CopyFrom(python)
+        edit(m)
+        seeds["refused_python_" + name] = m.SerializeToString()
+
+    def forward(m):
+        return next(f for f in m.frames if f.HasField("python_program"))
+
+    refused_python("and_torchscript", lambda m: setattr(forward(m), "eager_program_path",
+                                                         fit_fixture("frames/forward/eager.pt")))
+    refused_python("unlisted", lambda m: setattr(forward(m).python_program, "path", "frames/forward/nope.pt"))
+    refused_python("no_version", lambda m: m.python.ClearField("python_version"))
+    refused_python("no_environment", lambda m: m.ClearField("python"))
     return seeds
 
 
