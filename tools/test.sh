@@ -38,7 +38,7 @@ echo "[test] bazel test //... (the first run builds libtorch-heavy code and capt
 bazel test //... --keep_going --build_event_json_file="$events/bazel.json" || failed=1
 summarize bazel "" $(bazel query 'tests(//...)' 2>/dev/null)
 
-# Not python_eager_test: LeakSanitizer's check at exit walks the embedded
+# Not python_eager_test here: LeakSanitizer's check at exit walks the embedded
 # interpreter's memory, which is never freed (CPython is not finalized), and
 # on a fresh environment took over five minutes. ThreadSanitizer runs it.
 sanitized=(//runtime/... //server/... //client/... //tests/...)
@@ -46,6 +46,14 @@ echo "[test] AddressSanitizer: bazel test --config=asan ${sanitized[*]} -//tests
 bazel test --config=asan --keep_going --build_event_json_file="$events/asan.json" -- \
   "${sanitized[@]}" -//tests:python_eager_test || failed=1
 summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]})) except //tests:python_eager_test" 2>/dev/null)
+# It runs under AddressSanitizer on its own, without the leak check;
+# PYTHONMALLOC=malloc puts Python's objects under AddressSanitizer too.
+if bazel query //tests:python_eager_test >/dev/null 2>&1; then
+  echo "[test] AddressSanitizer without LeakSanitizer: //tests:python_eager_test"
+  bazel test --config=asan --build_event_json_file="$events/asan_python.json" //tests:python_eager_test \
+    --test_env=ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0 --test_env=PYTHONMALLOC=malloc || failed=1
+  summarize asan_python --config=asan //tests:python_eager_test
+fi
 
 # ThreadSanitizer slows everything down ~10x: the tests that exercise threads
 # (concurrent calls, reloads under load, the gRPC server), not the process ones.
