@@ -225,6 +225,22 @@ def copy(src, dst):
             pass
     return shutil.copy2(src, dst)
 shutil.copytree(source, target, symlinks=True, ignore=ignore, copy_function=copy, dirs_exist_ok=True)
+# A link out of the tree (Debian's sitecustomize.py into /etc) would dangle
+# in the image: it becomes a copy of what it points to, or goes.
+root = os.path.realpath(source)
+for directory, dirs, files in os.walk(target):
+    for name in dirs + files:
+        path = os.path.join(directory, name)
+        if not os.path.islink(path):
+            continue
+        pointed = os.path.realpath(os.path.join(source, os.path.relpath(path, target)))
+        if pointed == root or pointed.startswith(root + os.sep):
+            continue
+        os.unlink(path)
+        if os.path.isdir(pointed):
+            shutil.copytree(pointed, path, ignore=ignore)
+        elif os.path.isfile(pointed):
+            shutil.copy2(pointed, path)
 PY
 done
 

@@ -58,6 +58,15 @@ def test_layout(staged):
     # Nothing that names this build's tree, nor the interpreter's tests.
     assert not (site / "precompile_serve.pth").exists()
     assert not (staged / f"python/lib/python{v}/test").exists()
+    # Every link stays inside the layout: one out of it would dangle in the image.
+    for directory in ("python", "venv", "runtime"):
+        for root, dirs, files in os.walk(staged / directory):
+            for name in dirs + files:
+                path = os.path.join(root, name)
+                if os.path.islink(path):
+                    assert os.path.realpath(path).startswith(str(staged.resolve()) + os.sep), (
+                        f"{os.path.relpath(path, staged)} links out of the layout, to {os.path.realpath(path)}"
+                    )
     # The CPU-only stand-in libtorch.so stays: the Python part never replaces it.
     needed, _ = elf_dynamic(staged / "torch/lib/libtorch.so")
     assert not any("cuda" in n for n in needed)
