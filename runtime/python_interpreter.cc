@@ -264,7 +264,14 @@ bool FromPython(PyObject* leaf, c10::IValue* out, PythonError* error) {
       return false;
     }
     PyCapsule_SetName(leaf, "used_dltensor");
-    *out = at::fromDLPack(managed);
+    // A copy, made here with the GIL held: the tensor Python made keeps its
+    // Python object alive (PyTorch hands the object to the tensor once the
+    // program's frames are gone), and whichever thread freed the last
+    // reference to it would wait for the GIL. The request's thread, holding
+    // a run slot, would then wait for the next miss's Python: the hits'
+    // tail latency (bench/RESULTS.md, section 6g). The original goes with
+    // the capsule, on this thread.
+    *out = at::fromDLPack(managed).clone();
     return true;
   }
   if (leaf == Py_None) {
