@@ -325,9 +325,9 @@ def manifest_seeds(artifact_pb2, manifests):
         seeds["refused_" + name] = m.SerializeToString()
 
     # One seed per other refusal, so that every check starts out covered.
-    def refused(name, edit):
+    def refused(name, edit, start=base):
         m = artifact_pb2.Manifest()
-        m.CopyFrom(base)
+        m.CopyFrom(start)
         edit(m)
         seeds["refused_" + name] = m.SerializeToString()
 
@@ -364,10 +364,7 @@ def manifest_seeds(artifact_pb2, manifests):
     python.ParseFromString(seeds["ok_blocks"])
 
     def refused_python(name, edit):
-        m = artifact_pb2.Manifest()
-        m.CopyFrom(python)
-        edit(m)
-        seeds["refused_python_" + name] = m.SerializeToString()
+        refused("python_" + name, edit, start=python)
 
     def forward(m):
         return next(f for f in m.frames if f.HasField("python_program"))
