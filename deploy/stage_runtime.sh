@@ -154,7 +154,6 @@ plan_python() {
   plugin=$(dirname "$binary")/../runtime/libprecompile_python.so
   [[ -f $plugin ]] || { echo "stage_runtime: no Python plugin at $plugin (bazel build //runtime:libprecompile_python.so)" >&2; exit 1; }
   [[ -x $venv/bin/python3 && -f $venv/pyvenv.cfg ]] || { echo "stage_runtime: $venv is not a Python environment" >&2; exit 1; }
-  add "$(readlink -f "$plugin")" runtime/libprecompile_python.so
 
   # torch/lib: what neither the cpu nor the cuda part stages.
   local -A staged=()
@@ -170,12 +169,13 @@ plan_python() {
     add "$path" "torch/lib/$(basename "$path")"
   done
 
-  local base_executable stdlib
-  read -r python_version base_executable stdlib libpython < <("$venv/bin/python3" -c '
+  local base_executable stdlib venv_site
+  read -r python_version base_executable stdlib libpython venv_site < <("$venv/bin/python3" -c '
 import os, sys, sysconfig
 lib = os.path.join(sysconfig.get_config_var("LIBDIR") or "", sysconfig.get_config_var("INSTSONAME") or "")
+paths = sysconfig.get_paths()
 print(sysconfig.get_python_version(), os.path.realpath(sys._base_executable),
-      sysconfig.get_paths()["stdlib"], os.path.realpath(lib))')
+      paths["stdlib"], os.path.realpath(lib), paths["purelib"])')
   [[ -f $libpython ]] || { echo "stage_runtime: $venv's Python has no shared libpython ($libpython)" >&2; exit 1; }
   add "$base_executable" "python/bin/python$python_version"
   add "$libpython" "python/lib/$(basename "$libpython")"
@@ -184,8 +184,7 @@ print(sysconfig.get_python_version(), os.path.realpath(sys._base_executable),
   # (less what is staged under torch/lib and nvidia, and the .pth that names
   # this build's tree).
   trees=("$stdlib" "python/lib/python$python_version"
-         "$("$venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-         "venv/lib/python$python_version/site-packages")
+         "$venv_site" "venv/lib/python$python_version/site-packages")
 }
 
 case $part in

@@ -20,6 +20,7 @@
 #ifndef PRECOMPILE_SERVER_EAGER_EXECUTOR_H_
 #define PRECOMPILE_SERVER_EAGER_EXECUTOR_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
