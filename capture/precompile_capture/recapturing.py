@@ -306,7 +306,11 @@ class _Judge:
 
     def __init__(self) -> None:
         self._mode = FakeTensorMode()
-        self._guards: Dict[int, List[Tuple[str, Any]]] = {}
+        # id(frame) -> (frame, its variants' guards). The frame is kept so
+        # that its id is not reused: a manifest hands out a new wrapper for
+        # a frame whenever the last one is gone, at whatever address is free,
+        # which may be where another frame's wrapper was.
+        self._guards: Dict[int, Tuple[pb.Frame, List[Tuple[str, Any]]]] = {}
 
     def covering_variant(self, frame: pb.Frame, sig: pb.CallSignature) -> Optional[str]:
         """The id of the first variant whose guards hold; PrecompileError when
@@ -317,10 +321,11 @@ class _Judge:
                 torch.empty(v.shape, dtype=v.dtype, device=v.device) if isinstance(v, _TensorSig) else v
                 for v in values
             ]
-        guards = self._guards.get(id(frame))
-        if guards is None:
-            guards = [(v.id, guards_from_proto(v)) for v in frame.variants]
-            self._guards[id(frame)] = guards
+        cached = self._guards.get(id(frame))
+        if cached is None:
+            cached = (frame, [(v.id, guards_from_proto(v)) for v in frame.variants])
+            self._guards[id(frame)] = cached
+        _, guards = cached
         with torch.no_grad():
             for variant_id, g in guards:
                 if g.holds(call):

@@ -21,7 +21,7 @@ from precompile_capture import PrecompileError, cli
 from precompile_capture.artifact import build_manifest, guards_from_proto, guards_proto
 from precompile_capture.frames import Kind
 from precompile_capture.guards import ArgGuard, Dim, GuardSet, SymbolRange, TensorSpec
-from precompile_capture.recapturing import call_from_signature, parse_int_range, signature_words
+from precompile_capture.recapturing import _Judge, call_from_signature, parse_int_range, signature_words
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -377,3 +377,46 @@ def test_calls_are_bound_as_the_signature_takes_them():
     assert parse_int_range("input_ids=0:1000") == ("input_ids", (0, 1000))
     with pytest.raises(PrecompileError, match="expected NAME=LO:HI"):
         parse_int_range("input_ids=0-1000")
+
+
+def test_each_frame_is_judged_by_its_own_guards():
+    # A manifest's frame object lives only while something holds it, and the
+    # next one made may take its address: as when a recapture judges version
+    # N's entry frame, then version N+1's frames.
+    def manifest():
+        m = pb.Manifest()
+        tensor = TensorSpec(torch.float32, "cpu", (Dim(static=4),))
+        for name, n in [("wide", 3), ("narrow", 1)]:
+            f = m.frames.add(name=name)
+            for i in range(n):
+                f.parameters.add(name=f"p{i}")
+            guards = GuardSet(args=(ArgGuard(n - 1, tensor=tensor),), symbols=(), grad_enabled=False,
+                              default_dtype=torch.float32)
+            guards_proto(f.variants.add(id=f"{name}#0"), guards, [Kind.TENSOR] * n)
+        return m
+
+    def sig(n):
+        s = pb.CallSignature()
+        for i in range(n):
+            s.arguments.add(name=f"p{i}").tensor.CopyFrom(pb.TensorSignature(dtype=pb.DTYPE_FLOAT32, device="cpu",
+                                                                             shape=[4]))
+        return s
+
+    judge = _Judge()
+    saved = manifest().SerializeToString()
+    old = pb.Manifest.FromString(saved)
+    news = [pb.Manifest.FromString(saved) for _ in range(1000)]
+    three, one = sig(3), sig(1)
+    wide = old.frames[0]
+    assert judge.covering_variant(wide, three) == "wide#0"
+    freed = id(wide)
+    del wide
+    # Wrappers of other manifests' frames, held so that each takes a new
+    # place, until one takes the judged frame's: only the judge's holding on
+    # to the frames it has judged keeps that place taken.
+    held = []
+    for m in news:
+        held.append(m.frames[1])
+        if id(held[-1]) == freed:
+            break
+    assert judge.covering_variant(held[-1], one) == "narrow#0"
