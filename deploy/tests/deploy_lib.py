@@ -34,6 +34,8 @@ MAIN_CC = os.path.join(REPO, "server", "main.cc")
 OVERLAYS = {
     "cpu": ("overlays/cpu", []),
     "gpu": ("overlays/gpu", []),
+    "cpu-python": ("overlays/cpu-python", []),
+    "gpu-python": ("overlays/gpu-python", []),
     # The optional components, on top of an overlay as a user would add them.
     "cpu+fetch-artifacts": ("overlays/cpu", ["components/fetch-artifacts"]),
     "gpu+hpa-request-rate": ("overlays/gpu", ["components/hpa-request-rate"]),
@@ -43,6 +45,9 @@ OVERLAYS = {
 }
 
 SERVER_CONTAINER = "server"
+
+# The tag an overlay gives the image -> the deploy/Dockerfile target it names.
+IMAGE_STAGES = {"cpu": "runtime", "cuda": "runtime-cuda", "python": "runtime-python"}
 
 # ---------------------------------------------------------------------------
 # The server's flags
@@ -289,6 +294,17 @@ def server_container(deployment):
     raise AssertionError(f"Deployment {deployment['metadata']['name']} has no container '{SERVER_CONTAINER}'")
 
 
+def image_stage(deployment):
+    """The deploy/Dockerfile target the server container's image is built
+    from, by its tag (IMAGE_STAGES)."""
+    image = server_container(deployment)["image"]
+    tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
+    assert tag in IMAGE_STAGES, (
+        f"image {image}: its tag names none of the Dockerfile's targets ({IMAGE_STAGES})"
+    )
+    return IMAGE_STAGES[tag]
+
+
 def configmap_for_volume(objects, deployment, volume_name):
     for v in deployment["spec"]["template"]["spec"].get("volumes", []):
         if v["name"] == volume_name and "configMap" in v:
@@ -297,12 +313,19 @@ def configmap_for_volume(objects, deployment, volume_name):
 
 
 def entrypoint(stage="runtime"):
-    """A stage's ENTRYPOINT (exec form), as a list: by default the runtime
-    image's, which the other runtime images inherit unless they set one."""
+    """A stage's ENTRYPOINT (exec form), as a list: its own, else that of the
+    stage it is built FROM, as Docker inherits it."""
     import json
 
-    entries = [i for i in dockerfile_instructions() if i.keyword == "ENTRYPOINT" and i.stage == stage]
-    assert entries, f"deploy/Dockerfile's stage {stage} has no ENTRYPOINT"
+    instructions = dockerfile_instructions()
+    stages = {i.stage for i in instructions}
+    while True:
+        entries = [i for i in instructions if i.keyword == "ENTRYPOINT" and i.stage == stage]
+        if entries:
+            break
+        base = [i.args.split()[0] for i in instructions if i.keyword == "FROM" and i.stage == stage]
+        assert base and base[0] in stages, f"deploy/Dockerfile's stage {stage} has no ENTRYPOINT"
+        stage = base[0]
     value = json.loads(entries[-1].args)
     assert isinstance(value, list), "the ENTRYPOINT must be in exec form: a JSON array"
     return value
@@ -389,7 +412,7 @@ def effective_flags(objects, deployment):
         sources.append((origin, name, value))
         values[name] = check_flag(name, value)
 
-    for arg in entrypoint()[1:]:
+    for arg in entrypoint(image_stage(deployment))[1:]:
         apply("the image's ENTRYPOINT", arg)
     assert "command" not in container, (
         "the server container sets 'command', which replaces the image's ENTRYPOINT "

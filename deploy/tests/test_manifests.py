@@ -206,7 +206,7 @@ def test_the_real_server_accepts_the_flags(overlay, tmp_path):
     objects = render(overlay)
     args = lib.local_server_args(objects, one(objects, "Deployment"), tmp_path)
     missing = tmp_path / "no-such-repository"
-    entry = lib.entrypoint()
+    entry = lib.entrypoint(lib.image_stage(one(objects, "Deployment")))
     command = [server] + [a for a in entry[1:] if not a.startswith("--model_repository=")]
     command += [f"--model_repository={missing}"] + args
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
@@ -297,6 +297,10 @@ def test_the_rescan_job_sends_the_token_from_the_secret_file(version):
     assert_no_token_in_env_or_literals([job], spec["containers"], "the rescan Job")
 
 
+# The Dockerfile's targets that carry libtorch_cuda and the CUDA libraries.
+CUDA_STAGES = ("runtime-cuda", "runtime-python")
+
+
 @overlays
 def test_device_matches_the_overlay(overlay):
     device = flags(overlay)["device"]
@@ -316,14 +320,17 @@ def test_device_matches_the_overlay(overlay):
         assert any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations", [])), (
             f"{overlay}: no toleration for the nvidia.com/gpu taint"
         )
-        assert "cuda" in container["image"], (
-            f"{overlay}: image {container['image']} is not the runtime-cuda image (by convention, "
-            f"'cuda' in its name or tag)"
+        assert lib.image_stage(deployment(overlay)) in CUDA_STAGES, (
+            f"{overlay}: image {container['image']} has no CUDA libraries (images with them: {CUDA_STAGES})"
         )
     else:
         assert device == "cpu", f"{overlay}: --device={device}, expected cpu"
         assert gpus is None, f"{overlay}: a CPU deployment requests nvidia.com/gpu"
-        assert "cuda" not in container["image"], f"{overlay}: a CPU deployment runs {container['image']}"
+    if overlay.endswith("-python"):
+        assert lib.image_stage(deployment(overlay)) == "runtime-python", (
+            f"{overlay}: image {container['image']} is not the runtime-python image"
+        )
+        assert flags(overlay)["python_env"], f"{overlay}: nothing sets --python_env"
 
 
 @overlays
