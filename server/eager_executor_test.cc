@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <functional>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "base/notification.h"
@@ -123,6 +125,44 @@ TEST(EagerExecutor, MissesWaitingInTurnEachEndAfterTheirWork) {
   FunctionJob after([] {});
   ASSERT_TRUE(scheduler.Submit(&after));
   EXPECT_EQ(after.thread, std::this_thread::get_id());
+}
+
+TEST(EagerExecutor, AHitRunsWhileEightMissesWaitOneInsideAnother) {
+  // One run slot and 8 misses, as from 8 clients: each queued miss runs
+  // inside the wait of the one before it, and a hit queued last still runs
+  // before any of them ends.
+  constexpr int kMisses = 8;
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  EagerExecutor executor(/*threads=*/kMisses, /*nice=*/0, scheduler);
+  Notification release;
+  std::vector<std::unique_ptr<Notification>> started;
+  std::vector<std::unique_ptr<FunctionJob>> misses;
+  for (int i = 0; i < kMisses; ++i) {
+    started.push_back(std::make_unique<Notification>());
+    Notification* s = started.back().get();
+    misses.push_back(std::make_unique<FunctionJob>([&executor, &release, s] {
+      executor.Run([&release, s] {
+        s->Notify();
+        release.WaitForNotification();
+      });
+    }));
+  }
+  std::thread request([&] { scheduler.Submit(misses[0].get()); });
+  started[0]->WaitForNotification();
+  for (int i = 1; i < kMisses; ++i) ASSERT_TRUE(scheduler.Submit(misses[i].get()));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (int i = 1; i < kMisses; ++i) {
+    EXPECT_TRUE(started[i]->WaitForNotificationWithTimeout(deadline - absl::Now())) << "miss " << i;
+  }
+  FunctionJob hit([] {});
+  ASSERT_TRUE(scheduler.Submit(&hit));
+  EXPECT_TRUE(hit.ran.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(hit.thread, misses[0]->thread);
+  release.Notify();
+  request.join();
+  for (const auto& miss : misses) EXPECT_TRUE(miss->ran.HasBeenNotified());
+  EXPECT_EQ(scheduler.in_flight(), 0);
+  EXPECT_EQ(scheduler.queued(), 0);
 }
 
 }  // namespace

@@ -68,7 +68,7 @@ class RequestScheduler {
   // runs queued jobs on this thread, with the job's run slot, until `done`
   // is true. Whoever sets `done` calls NotifyWaiters() afterwards. A queued
   // job that started returns first, so `done` may wait for one job's run.
-  // Nested waits (a job run here waits in turn) run queued jobs up to a few
+  // Nested waits (a job run here waits in turn) run queued jobs up to 64
   // levels deep, then only wait. REQUIRES: called from a job's Run().
   void RunQueuedUntil(const std::atomic<bool>& done);
   void NotifyWaiters();
