@@ -305,6 +305,7 @@ CUDA_STAGES = ("runtime-cuda", "runtime-python")
 def test_device_matches_the_overlay(overlay):
     device = flags(overlay)["device"]
     container = server_container(deployment(overlay))
+    stage = lib.image_stage(deployment(overlay))
     gpus = container["resources"].get("limits", {}).get("nvidia.com/gpu")
     if overlay.startswith("gpu"):
         assert device.startswith("cuda"), f"{overlay}: --device={device}, expected cuda"
@@ -320,14 +321,15 @@ def test_device_matches_the_overlay(overlay):
         assert any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations", [])), (
             f"{overlay}: no toleration for the nvidia.com/gpu taint"
         )
-        assert lib.image_stage(deployment(overlay)) in CUDA_STAGES, (
+        assert stage in CUDA_STAGES, (
             f"{overlay}: image {container['image']} has no CUDA libraries (images with them: {CUDA_STAGES})"
         )
     else:
         assert device == "cpu", f"{overlay}: --device={device}, expected cpu"
         assert gpus is None, f"{overlay}: a CPU deployment requests nvidia.com/gpu"
+        assert stage != "runtime-cuda", f"{overlay}: a CPU deployment runs {container['image']}"
     if overlay.endswith("-python"):
-        assert lib.image_stage(deployment(overlay)) == "runtime-python", (
+        assert stage == "runtime-python", (
             f"{overlay}: image {container['image']} is not the runtime-python image"
         )
         assert flags(overlay)["python_env"], f"{overlay}: nothing sets --python_env"
