@@ -268,8 +268,8 @@ bool FromPython(PyObject* leaf, c10::IValue* out, PythonError* error) {
     // Python object alive (PyTorch hands the object to the tensor once the
     // program's frames are gone), and whichever thread freed the last
     // reference to it would wait for the GIL. The request's thread, holding
-    // a run slot, would then wait for the next miss's Python: the hits'
-    // tail latency (bench/RESULTS.md, section 6g). The original goes with
+    // a run slot, would then wait for the next miss's Python on a niced
+    // eager thread (bench/RESULTS.md, section 6g). The original goes with
     // the capsule, on this thread.
     *out = at::fromDLPack(managed).clone();
     return true;
