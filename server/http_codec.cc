@@ -555,6 +555,14 @@ absl::Status DecodeInferRequest(absl::string_view body, std::optional<size_t> he
   for (size_t i = 0; i < inputs->size(); ++i) {
     absl::StatusOr<PendingInput> input = DecodeInputHeader((*inputs)[i], static_cast<int>(i), request);
     if (!input.ok()) return input.status();
+    // Compared before it is added: sizes near 2^64 would wrap the sum.
+    if (input->binary && *input->binary > binary.size() - binary_total) {
+      return Invalid(absl::StrCat("input '", request->inputs(static_cast<int>(i)).name(),
+                                  "' has binary_data_size ", *input->binary, ", but only ",
+                                  binary.size() - binary_total,
+                                  " bytes of binary data follow the JSON for it "
+                                  "(Inference-Header-Content-Length)"));
+    }
     if (input->binary) binary_total += *input->binary;
     pending.push_back(*input);
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "base/json_text.h"
 
 namespace precompile::server {
@@ -129,6 +130,28 @@ TEST(DecodeInferRequest, BinaryDataFollowsTheJsonInInputOrder) {
 }
 
 // Each bad request is refused with a message naming the problem.
+// Four inputs of 2^62 bytes each add up to 2^64, which wraps to 0 in 64
+// bits: the sizes must be compared one by one against what is there, before
+// any storage is made for them.
+TEST(DecodeInferRequest, RefusesBinarySizesWhoseSumWrapsPast2To64) {
+  std::string json = R"({"inputs": [)";
+  for (int i = 0; i < 4; ++i) {
+    absl::StrAppend(&json, i ? "," : "", R"({"name": "in)", i,
+                    R"(", "shape": [4611686018427387904], "datatype": "UINT8",
+                    "parameters": {"binary_data_size": 4611686018427387904}})");
+  }
+  json += "]}";
+  for (const std::string& binary : {std::string(), std::string("abc")}) {
+    inference::ModelInferRequest request;
+    absl::Status status = DecodeInferRequest(json + binary, json.size(), "m", "", &request);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(),
+                HasSubstr(absl::StrCat("input 'in0' has binary_data_size 4611686018427387904, but "
+                                       "only ", binary.size(), " bytes")));
+    EXPECT_EQ(request.raw_input_contents_size(), 0);
+  }
+}
+
 TEST(DecodeInferRequest, RefusesWhatDoesNotAgreeAndSaysWhat) {
   struct Case {
     std::string body;
@@ -162,7 +185,8 @@ TEST(DecodeInferRequest, RefusesWhatDoesNotAgreeAndSaysWhat) {
        std::nullopt, "more elements than any request can carry"},
       {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]})", std::nullopt,
        "no \"data\" and no binary_data_size"},
-      {two_ints + "1234567", two_ints.size(), "add up to 8 bytes but 7 bytes follow"},
+      {two_ints + "1234567", two_ints.size(),
+       "input 'a' has binary_data_size 8, but only 7 bytes of binary data follow"},
       {two_ints + "123456789", two_ints.size(), "add up to 8 bytes but 9 bytes follow"},
       {R"({"inputs":[{"name":"a","shape":[2],"datatype":"INT32","parameters":{"binary_data_size":4}}]})",
        std::nullopt, "binary_data_size 4 but shape [2] of INT32 needs 8 bytes"},
