@@ -172,6 +172,32 @@ absl::Status CheckIndexRange(const std::string& name, const TensorArg& t,
       range.min(), ", ", range.max(), ")"));
 }
 
+// The same check for a frame an eager program calls, whose arguments are
+// tensors already (on the model's device): the entry's are checked on the
+// request's bytes before they become tensors.
+absl::Status CheckIndexRanges(const artifact::v1::Frame& frame,
+                              const std::vector<c10::IValue>& args) {
+  for (int p = 0; p < frame.parameters_size() && p < static_cast<int>(args.size()); ++p) {
+    const artifact::v1::Parameter& param = frame.parameters(p);
+    if (!param.has_index_range() || !args[p].isTensor()) continue;
+    const at::Tensor& t = args[p].toTensor();
+    if (t.numel() == 0 || !at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) continue;
+    ASSIGN_OR_RETURN(auto extremes, CallTorch("checking index values", [&] {
+                       auto [lo, hi] = at::aminmax(t);
+                       return std::make_pair(lo.item<int64_t>(), hi.item<int64_t>());
+                     }));
+    const auto [lo, hi] = extremes;
+    const artifact::v1::IndexRange& range = param.index_range();
+    if (lo >= range.min() && hi < range.max()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame '", frame.name(), "': argument '", param.name(), "' holds ",
+        lo < range.min() ? lo : hi,
+        ", but the compiled code uses its values as indices into a table: each must be in [",
+        range.min(), ", ", range.max(), ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 class LoadedVersion::Impl final : public FrameCaller {
@@ -492,6 +518,12 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
   const int hit = frame.dispatcher->Match(views, state);
 
   if (hit >= 0) {
+    if (!is_entry) {
+      if (absl::Status s = CheckIndexRanges(*frame.proto, args); !s.ok()) {
+        Report(frame, is_entry, Outcome::kError, -1, absl::Now() - start, {});
+        return s;
+      }
+    }
     const absl::Time matched = absl::Now();
     const auto& v = frame.proto->variants(hit);
     std::vector<at::Tensor> inputs;

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import sympy
 import torch
@@ -186,7 +186,11 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
             f"the exported program has {len(user_specs)} user inputs for {len(values)} arguments"
         )
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    related = _related_symbols(ep)
+    # Per class of related symbols (keyed by its root): its id, and the
+    # input symbols in it.
     symbol_ids: Dict[sympy.Symbol, int] = {}
+    members: Dict[sympy.Symbol, List[sympy.Symbol]] = {}
     not_plain: List[Tuple[int, int]] = []
     args: List[ArgGuard] = []
     tensor_inputs: List[int] = []
@@ -204,7 +208,10 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
                 if expr.is_Integer:
                     dims.append(Dim(static=int(expr)))
                 elif isinstance(expr, sympy.Symbol):
-                    sid = symbol_ids.setdefault(expr, len(symbol_ids))
+                    # Symbols the program relates without a guard share one id.
+                    root = related(expr)
+                    sid = symbol_ids.setdefault(root, len(symbol_ids))
+                    members.setdefault(root, []).append(expr)
                     dims.append(Dim(symbol=sid))
                 else:
                     not_plain.append((i, d))
@@ -227,13 +234,28 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
     inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
     index_ranges, symbol_limits = _index_limits(ep, inputs)
     symbols = []
-    for sym, sid in symbol_ids.items():
-        vr = ep.range_constraints.get(sym)
-        lower = _int_bound(vr.lower) if vr is not None else None
-        upper = _int_bound(vr.upper) if vr is not None else None
-        if sym in symbol_limits:
-            upper = symbol_limits[sym] if upper is None else min(upper, symbol_limits[sym])
-        symbols.append(SymbolRange(symbol=sid, min=lower if lower is not None else 0, max=upper, name=str(sym)))
+    for root, sid in symbol_ids.items():
+        # The intersection of the ranges of the class's input symbols.
+        lower: Optional[int] = None
+        upper: Optional[int] = None
+        names: List[str] = []
+        for sym in dict.fromkeys(members[root]):
+            names.append(str(sym))
+            vr = ep.range_constraints.get(sym)
+            lo = _int_bound(vr.lower) if vr is not None else None
+            hi = _int_bound(vr.upper) if vr is not None else None
+            if sym in symbol_limits:
+                hi = symbol_limits[sym] if hi is None else min(hi, symbol_limits[sym])
+            if lo is not None:
+                lower = lo if lower is None else max(lower, lo)
+            if hi is not None:
+                upper = hi if upper is None else min(upper, hi)
+        lower = lower if lower is not None else 0
+        if upper is not None and upper < lower:
+            raise GuardExtractionError(
+                f"size symbols {', '.join(names)} must be equal but their ranges do not meet"
+            )
+        symbols.append(SymbolRange(symbol=sid, min=lower, max=upper, name="=".join(names)))
     guards = GuardSet(
         args=tuple(args),
         symbols=tuple(symbols),
@@ -313,6 +335,101 @@ def _index_limits(
             if isinstance(expr, sympy.Symbol):
                 limits[expr] = min(limits.get(expr, rows - offset), rows - offset)
     return ranges, limits
+
+
+# Ops that broadcast their tensor inputs to their output's shape, beyond
+# those tagged pointwise; and ops that index a tensor (the tensor, then the
+# index tensors by dimension).
+_BROADCASTING = {
+    _aten.expand.default, _aten.expand_copy.default, _aten.copy.default,
+    _aten.__and__.Tensor, _aten.__or__.Tensor, _aten.__xor__.Tensor,
+    _aten.__lshift__.Tensor, _aten.__rshift__.Tensor, _aten.masked_fill.Tensor,
+}
+_INDEXING = {_aten.index.Tensor, _aten._unsafe_index.Tensor, _aten.index_select.default}
+
+
+def _plain_symbol(size: Any) -> Optional[sympy.Symbol]:
+    if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+        return size.node.expr
+    return None
+
+
+def _related_symbols(ep: torch.export.ExportedProgram) -> Callable[[sympy.Symbol], sympy.Symbol]:
+    """Size symbols the exported program needs equal but torch.export left
+    distinct, as the root of each one's class (union-find over the graph).
+
+    torch.export relates two sizes by a guard (then they are one symbol) only
+    where it checks them. Two ways it does not, whose compiled code then reads
+    out of bounds or throws inside an OpenMP region, which ends the process:
+
+    - broadcasting (a pointwise op, expand): two distinct symbols aligned
+      against each other (right-aligned), or a dimension's symbol against
+      the output's, can only be equal at run time (a symbol's range excludes
+      1 once export has specialized 0 and 1); a static dimension, 1 included,
+      relates nothing;
+    - indexing a dimension of size s_a with arange(s_b) (through views,
+      unsqueeze, slice, expand): the indices need s_b <= s_a, required here
+      as s_b == s_a. Hugging Face's attention masks index the mask's batch
+      dimension with arange of input_ids' batch size (masking_utils), so the
+      mask's batch symbol is otherwise never related to input_ids'.
+    """
+    parent: Dict[sympy.Symbol, sympy.Symbol] = {}
+
+    def find(s: sympy.Symbol) -> sympy.Symbol:
+        root = s
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while s != root:
+            parent[s], s = root, parent.get(s, s)
+        return root
+
+    def union(a: Optional[sympy.Symbol], b: Optional[sympy.Symbol]) -> None:
+        if a is None or b is None:
+            return
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            # Deterministic: the symbol with the smaller name is the root.
+            if str(rb) < str(ra):
+                ra, rb = rb, ra
+            parent[rb] = ra
+
+    def val(arg: Any) -> Any:
+        return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        target = node.target
+        if target in _INDEXING:
+            src = val(node.args[0])
+            if not isinstance(src, torch.Tensor):
+                continue
+            if target is _aten.index_select.default:
+                dim = node.args[1] % src.dim() if src.dim() else 0
+                indices = [None] * dim + [node.args[2]]
+            else:
+                indices = list(node.args[1])
+            for d, index in enumerate(indices):
+                if index is None or d >= src.dim():
+                    continue
+                source = _index_source(index)
+                # Only arange(end) from 0: with an offset, equality would
+                # not be what the indices need.
+                if source is None or source[0] != "arange" or source[2] != 0:
+                    continue
+                end = source[1].meta.get("val") if isinstance(source[1], torch.fx.Node) else None
+                union(_plain_symbol(src.shape[d]), _plain_symbol(end))
+        elif target in _BROADCASTING or torch.Tag.pointwise in target.tags:
+            out = val(node)
+            if not isinstance(out, torch.Tensor):
+                continue
+            for arg in list(node.args) + list(node.kwargs.values()):
+                t = val(arg)
+                if not isinstance(t, torch.Tensor) or t.dim() > out.dim():
+                    continue
+                for k in range(1, t.dim() + 1):
+                    union(_plain_symbol(t.shape[-k]), _plain_symbol(out.shape[-k]))
+    return find
 
 
 def output_specs(ep: torch.export.ExportedProgram) -> List[Tuple[torch.dtype, List[int]]]:

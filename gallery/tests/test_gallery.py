@@ -115,6 +115,11 @@ def test_metadata_names_the_inputs_the_calls_passed_and_the_outputs_by_path(stub
      "attention_mask: expected a tensor, got None"),
     ({"input_ids": np.zeros((2, 8), np.float32), "attention_mask": np.ones((2, 8), np.int64)}, (),
      grpc.StatusCode.FAILED_PRECONDITION, "input_ids.dtype: expected int64, got float32"),
+    # The mask's batch is indexed by input_ids' batch: the compiled code
+    # would read past the mask and end the process, so the guards require
+    # the two equal.
+    ({"input_ids": np.zeros((16, 8), np.int64), "attention_mask": np.ones((2, 8), np.int64)}, (),
+     grpc.StatusCode.FAILED_PRECONDITION, "attention_mask.size(0): expected input_ids.size(0)"),
     # A token id past the vocabulary: compiled code would read past the
     # embedding table (and end the process), so the value is checked first.
     ({"input_ids": np.full((2, 8), 1000, np.int64), "attention_mask": np.ones((2, 8), np.int64)}, (),

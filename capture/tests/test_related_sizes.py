@@ -1,0 +1,71 @@
+"""Sizes the exported program relates without a guard of torch.export's own.
+
+torch.export gives two inputs' batch dimensions two symbols when nothing it
+checks relates them, although the compiled code needs them equal: Hugging
+Face's attention masks index the mask's batch with arange of input_ids'
+batch size. Served with other sizes, that code read past the mask or threw
+inside an OpenMP region, which ends the server. The guards require such
+sizes equal; sizes that are really independent stay so.
+
+Exports only (no AOTInductor compile): fast.
+"""
+
+import torch
+from torch.export import Dim
+
+from precompile_capture.guards import extract_guards
+
+AUTO = Dim.AUTO
+
+
+def guards_of(module, args, shapes):
+    ep = torch.export.export(module, args, dynamic_shapes=shapes, strict=True)
+    guards, _ = extract_guards(ep, list(args))
+    return guards
+
+
+class MaskIndexedByBatch(torch.nn.Module):
+    """transformers' padding_mask_function: mask[arange(batch)]."""
+
+    def forward(self, ids, mask):
+        return mask[torch.arange(ids.shape[0])].sum(-1) + ids.sum(-1)
+
+
+class OuterProduct(torch.nn.Module):
+    def forward(self, a, b):
+        return a[:, None] * b[None, :]
+
+
+class IndexedPastTheBatch(torch.nn.Module):
+    """mask[arange(batch) + 1]: the indices need more rows than the batch,
+    which equality would not express."""
+
+    def forward(self, ids, mask):
+        return mask[torch.arange(ids.shape[0]) + 1].sum(-1) + ids.sum(-1)
+
+
+def test_a_mask_indexed_by_another_inputs_batch_must_have_that_batch():
+    guards = guards_of(MaskIndexedByBatch(), (torch.randn(3, 4), torch.randn(3, 6)),
+                       ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
+    ids, mask = guards.args
+    assert ids.tensor.dims[0].symbol == mask.tensor.dims[0].symbol
+    # The sequence lengths are independent and stay so.
+    assert ids.tensor.dims[1].symbol != mask.tensor.dims[1].symbol
+    assert guards.holds([torch.randn(16, 4), torch.randn(16, 6)])
+    assert not guards.holds([torch.randn(16, 4), torch.randn(2, 6)])
+    assert not guards.holds([torch.randn(2, 4), torch.randn(16, 6)])
+    assert guards.describe(["ids", "mask"]).startswith("ids: float32[s0 in [2, inf), s1")
+
+
+def test_sizes_that_only_meet_in_an_outer_product_stay_independent():
+    guards = guards_of(OuterProduct(), (torch.randn(3), torch.randn(5)), ({0: AUTO}, {0: AUTO}))
+    a, b = guards.args
+    assert a.tensor.dims[0].symbol != b.tensor.dims[0].symbol
+    assert guards.holds([torch.randn(7), torch.randn(2)])
+
+
+def test_indices_with_an_offset_relate_nothing():
+    guards = guards_of(IndexedPastTheBatch(), (torch.randn(3, 4), torch.randn(5, 6)),
+                       ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
+    ids, mask = guards.args
+    assert ids.tensor.dims[0].symbol != mask.tensor.dims[0].symbol
