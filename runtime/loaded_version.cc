@@ -582,13 +582,21 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
       // The thread that runs it has none of this thread's torch or call
       // state: give it the call's.
       c10::InferenceMode inference_mode;
-      const CallContext* previous_context = context;
-      const int previous_depth = depth;
-      context = call_context;
-      depth = caller_depth;
+      // Restored however run_eager ends: the thread serves other calls next.
+      struct Borrowed {
+        Borrowed(const CallContext* call, int call_depth)
+            : previous_context(context), previous_depth(depth) {
+          context = call;
+          depth = call_depth;
+        }
+        ~Borrowed() {
+          context = previous_context;
+          depth = previous_depth;
+        }
+        const CallContext* const previous_context;
+        const int previous_depth;
+      } borrowed(call_context, caller_depth);
       run_eager();
-      context = previous_context;
-      depth = previous_depth;
     });
   } else {
     run_eager();

@@ -54,6 +54,7 @@ void EagerExecutor::Run(absl::FunctionRef<void()> work) {
   }
   work_given_.notify_one();
   scheduler_.RunQueuedUntil(task.done);
+  if (task.thrown) std::rethrow_exception(task.thrown);
 }
 
 void EagerExecutor::Loop() {
@@ -67,7 +68,11 @@ void EagerExecutor::Loop() {
       task = tasks_.front();
       tasks_.pop_front();
     }
-    task->work();
+    try {
+      task->work();
+    } catch (...) {
+      task->thrown = std::current_exception();
+    }
     // The waiter may return, and `task` go, as soon as it sees `done`.
     task->done.store(true);
     scheduler_.NotifyWaiters();

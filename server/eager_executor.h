@@ -23,6 +23,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -44,13 +45,16 @@ class EagerExecutor {
 
   // Runs `work` on one of the executor's threads, in the order given, and
   // returns once it has returned (what it wrote is then visible here).
-  // Meanwhile the calling thread runs the scheduler's queued jobs.
+  // Meanwhile the calling thread runs the scheduler's queued jobs. What
+  // `work` throws is thrown here, on the calling thread, where the request
+  // it belongs to can answer it; the executor's thread goes on.
   // REQUIRES: called from a job of `scheduler`.
   void Run(absl::FunctionRef<void()> work);
 
  private:
   struct Task {
     absl::FunctionRef<void()> work;
+    std::exception_ptr thrown;
     std::atomic<bool> done{false};
   };
   void Loop();

@@ -10,6 +10,8 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -163,6 +165,27 @@ TEST(EagerExecutor, AHitRunsWhileEightMissesWaitOneInsideAnother) {
   for (const auto& miss : misses) EXPECT_TRUE(miss->ran.HasBeenNotified());
   EXPECT_EQ(scheduler.in_flight(), 0);
   EXPECT_EQ(scheduler.queued(), 0);
+}
+
+TEST(EagerExecutor, WhatTheWorkThrowsIsThrownOnTheWaitingThreadAndTheThreadGoesOn) {
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  EagerExecutor executor(/*threads=*/1, /*nice=*/0, scheduler);
+  bool caught = false;
+  FunctionJob miss([&] {
+    try {
+      executor.Run([] { throw std::runtime_error("an eager program that throws"); });
+    } catch (const std::runtime_error& e) {
+      caught = std::string(e.what()) == "an eager program that throws";
+    }
+  });
+  ASSERT_TRUE(scheduler.Submit(&miss));
+  EXPECT_TRUE(caught);
+  // The executor's only thread survived the throw and runs the next miss.
+  bool ran = false;
+  FunctionJob next([&] { executor.Run([&] { ran = true; }); });
+  ASSERT_TRUE(scheduler.Submit(&next));
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(scheduler.in_flight(), 0);
 }
 
 }  // namespace

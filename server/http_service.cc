@@ -4,10 +4,13 @@
 #include <openssl/ssl.h>
 #include <spdlog/spdlog.h>
 
+#include <exception>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -157,7 +160,8 @@ class HttpInferCall final : public RequestScheduler::Job, public InferenceApi::C
   const HttpRoute route_;
   const absl::Time received_;
   const inference::ModelInferRequest* request_ = nullptr;
-  absl::Status status_;
+  // Until Run() answers: what the client gets if it never does.
+  absl::Status status_ = absl::InternalError("the request ended before it was answered");
   HttpInferResponse answer_;
   Notification done_;
 };
@@ -220,6 +224,27 @@ absl::StatusOr<std::unique_ptr<HttpService>> HttpService::Start(const HttpOption
   server.Put(".*", handle);
   server.Delete(".*", handle);
   server.Patch(".*", handle);
+  // Without a handler cpp-httplib answers a handler's exception with its
+  // text in a header (EXCEPTION_WHAT); inference requests never get here
+  // (InferenceApi::Infer throws nothing), so this is the other paths' barrier.
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& response, std::exception_ptr thrown) {
+        absl::Status status = absl::InternalError(
+            "the server failed while answering this request (an internal error; the server's "
+            "log has it)");
+        try {
+          std::rethrow_exception(thrown);
+        } catch (const std::bad_alloc&) {
+          status = absl::ResourceExhaustedError("the server ran out of memory answering this request");
+        } catch (const std::exception& e) {
+          spdlog::error("event=http_handler_threw what=\"{}\"",
+                        absl::CHexEscape(absl::string_view(e.what()).substr(0, 512)));
+        } catch (...) {
+          spdlog::error("event=http_handler_threw what=\"not a std::exception\"");
+        }
+        response.headers.clear();
+        SendError(response, status);
+      });
   const size_t max_body_bytes = options.max_body_bytes;
   server.set_error_handler([max_body_bytes](const httplib::Request&, httplib::Response& response) {
     // Only cpp-httplib's own refusals come without a Content-Type: every

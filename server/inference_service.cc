@@ -94,8 +94,9 @@ class InferenceService::InferCall final : public RequestScheduler::Job,
   grpc::ByteBuffer raw_request;
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder;
   absl::Time received;
-  // What Run() decided, for Complete() to send.
-  grpc::Status status;
+  // What Run() decided, for Complete() to send; until then, what the client
+  // gets if Run() never decides.
+  grpc::Status status{grpc::StatusCode::INTERNAL, "the request ended before it was answered"};
   grpc::ByteBuffer response;
 
  private:

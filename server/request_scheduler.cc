@@ -1,6 +1,11 @@
 #include "server/request_scheduler.h"
 
+#include <exception>
+#include <new>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace precompile::server {
 
@@ -63,9 +68,7 @@ void RequestScheduler::RunWhileWork(Job* job) {
       if (queued_.load() == 0 || !TakeRunSlot()) return;
       continue;
     }
-    job->Run();
-    Finished();
-    job->Complete();
+    RunJob(job);
     job = nullptr;
   }
 }
@@ -93,11 +96,27 @@ void RequestScheduler::RunQueuedUntil(const std::atomic<bool>& done) {
       queue_.pop_front();
       queued_.fetch_sub(1);
     }
-    job->Run();
-    Finished();
-    job->Complete();
+    RunJob(job);
   }
   --nesting;
+}
+
+void RequestScheduler::RunJob(Job* job) {
+  // The last barrier: a job that threw would otherwise keep its slot and its
+  // place in flight for ever (every request then hangs and the drain fails),
+  // or end the process on a thread that cannot unwind further.
+  try {
+    job->Run();
+  } catch (const std::bad_alloc&) {
+    spdlog::error("event=job_threw what=\"out of memory\"");
+  } catch (const std::exception& e) {
+    spdlog::error("event=job_threw what=\"{}\"",
+                  absl::CHexEscape(absl::string_view(e.what()).substr(0, 512)));
+  } catch (...) {
+    spdlog::error("event=job_threw what=\"an exception that is not a std::exception\"");
+  }
+  Finished();
+  job->Complete();
 }
 
 void RequestScheduler::NotifyWaiters() {

@@ -41,6 +41,11 @@ class RequestScheduler {
   // result: so a client that has its answer can be admitted again at once.
   // The job may delete itself in Complete(): the scheduler does not touch
   // it afterwards.
+  //
+  // Run() should not throw. If it does, the scheduler logs what it threw,
+  // and the job still leaves the in-flight count, gives back its run slot
+  // and is Complete()d: so a job must hold a failed answer from its start
+  // (an internal error) until Run() gives it a real one.
   class Job {
    public:
     virtual void Run() = 0;
@@ -88,6 +93,8 @@ class RequestScheduler {
   // Holding a run slot: runs `job` (if not null), then queued jobs while
   // there are any, and gives the slot back.
   void RunWhileWork(Job* job);
+  // Runs `job` through Run(), Finished() and Complete(), whatever Run throws.
+  void RunJob(Job* job);
   void Finished();
 
   const int run_slots_;

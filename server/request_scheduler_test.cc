@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -161,6 +162,52 @@ TEST(RequestScheduler, AwaitIdleWaitsForTheLastJobOrGivesUpAtTheDeadline) {
 // Many threads submitting at once (TSan runs this too): every job runs
 // exactly once, never more at once than there are slots, and the scheduler
 // ends idle.
+// Throws from Run() until it has thrown `throws` times; counts Complete().
+class ThrowingJob final : public RequestScheduler::Job {
+ public:
+  explicit ThrowingJob(Notification* release = nullptr) : release_(release) {}
+  void Run() override {
+    started.Notify();
+    if (release_ != nullptr) release_->WaitForNotification();
+    throw std::runtime_error("a job that throws");
+  }
+  void Complete() override { completed.fetch_add(1); }
+
+  Notification started;
+  std::atomic<int> completed{0};
+
+ private:
+  Notification* const release_;
+};
+
+TEST(RequestScheduler, AJobThatThrowsGivesBackItsSlotAndIsStillCompleted) {
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/2);
+  ThrowingJob thrower;
+  ASSERT_TRUE(scheduler.Submit(&thrower));
+  EXPECT_EQ(thrower.completed.load(), 1);
+  EXPECT_EQ(scheduler.in_flight(), 0);
+
+  // Thrown from the queue too: a job that threw while others waited lets
+  // them run, on the same slot.
+  Notification release;
+  ThrowingJob first(&release);
+  std::thread runner([&] { scheduler.Submit(&first); });
+  first.started.WaitForNotification();
+  RecordingJob queued;
+  ASSERT_TRUE(scheduler.Submit(&queued));
+  release.Notify();
+  runner.join();
+  EXPECT_EQ(first.completed.load(), 1);
+  EXPECT_EQ(queued.ran.load(), 1);
+  EXPECT_EQ(scheduler.in_flight(), 0);
+  EXPECT_TRUE(scheduler.AwaitIdle(absl::Now()));
+
+  // With max_in_flight 2, two jobs stuck in flight would refuse this one.
+  RecordingJob after;
+  EXPECT_TRUE(scheduler.Submit(&after));
+  EXPECT_EQ(after.ran.load(), 1);
+}
+
 TEST(RequestScheduler, UnderContentionEachJobRunsOnceWithinTheSlots) {
   constexpr int kSlots = 3, kThreads = 8, kJobsPerThread = 500;
   RequestScheduler scheduler(kSlots, /*max_in_flight=*/0);
