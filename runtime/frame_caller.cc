@@ -1,4 +1,4 @@
-// Registers precompile::call_frame. Linked with alwayslink: nothing refers to
+// Registers precompile::call_frame and precompile::check_cancelled. Linked with alwayslink: nothing refers to
 // this file's symbols, but eager programs cannot be loaded without the
 // operator (torch::jit::load fails with "Unknown builtin op").
 #include <torch/library.h>
@@ -31,6 +31,14 @@ std::vector<at::Tensor> CallFrameOp(std::string frame,
   return *std::move(result);
 }
 
+void CheckCancelledOp() {
+  FrameCaller* caller = current_caller;
+  if (caller == nullptr || !caller->Cancelled()) return;
+  callee_status = absl::CancelledError(
+      "the call was cancelled (or ran past its deadline) while an eager program ran");
+  throw std::runtime_error(std::string(callee_status->message()));
+}
+
 }  // namespace
 
 ScopedFrameCaller::ScopedFrameCaller(FrameCaller* caller)
@@ -48,6 +56,10 @@ std::optional<absl::Status> TakeCalleeStatus() {
 
 TORCH_LIBRARY(precompile, m) {
   m.def("call_frame(str frame, Any[] args) -> Tensor[]", &CallFrameOp);
+  // CONSERVATIVE: an operator without outputs that TorchScript thinks pure
+  // would be removed as dead code.
+  m.def(torch::schema("check_cancelled() -> ()", c10::AliasAnalysisKind::CONSERVATIVE),
+        &CheckCancelledOp);
 }
 
 }  // namespace precompile

@@ -27,6 +27,9 @@ class FrameCaller {
   // Calls captured frame `frame` with positional `args`.
   virtual absl::StatusOr<std::vector<at::Tensor>> CallFrame(
       absl::string_view frame, std::vector<c10::IValue> args) = 0;
+  // Whether the call being run should stop now (its client cancelled it or
+  // its deadline passed).
+  virtual bool Cancelled() = 0;
 };
 
 // Installs `caller` for the current thread for the scope's lifetime (scopes
@@ -42,6 +45,12 @@ class ScopedFrameCaller {
   FrameCaller* previous_;
 };
 
+// The operator precompile::check_cancelled() -> () ends a call that should
+// stop: the capture puts it at the start of every loop body of a TorchScript
+// eager program, whose loops may run as long as a request parameter says.
+// It fails with CANCELLED (through TakeCalleeStatus); outside a call of a
+// loaded model it does nothing.
+//
 // When the operator fails because a callee's call failed, it throws through
 // the TorchScript interpreter (which only speaks exceptions) and keeps the
 // callee's status here, so the caller can return it unchanged (code and

@@ -263,6 +263,9 @@ class LoadedVersion::Impl final : public FrameCaller {
 
   absl::StatusOr<std::vector<at::Tensor>> CallFrame(
       absl::string_view name, std::vector<c10::IValue> args) override;
+  bool Cancelled() override {
+    return context != nullptr && context->cancelled && context->cancelled();
+  }
 
  private:
   // The frame's outputs among `leaves`, one value per leaf of its outputs.
@@ -502,7 +505,7 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     ~DepthScope() { --depth; }
   } depth_scope;
 
-  if (context != nullptr && context->cancelled && context->cancelled()) {
+  if (Cancelled()) {
     return absl::CancelledError(absl::StrCat(
         "the call was cancelled before frame '", frame.proto->name(), "' ran"));
   }

@@ -122,9 +122,11 @@ class LoadedVersion {
   // How one call runs, for a caller that wants more than the defaults.
   struct CallContext {
     // Polled before each frame runs, including frames an eager program
-    // calls; a true answer ends the call with CANCELLED. A compiled variant
-    // or an eager program that has started runs to its end (neither can be
-    // interrupted). Empty: never cancelled.
+    // calls, and at each iteration of a loop in a TorchScript eager program
+    // (precompile::check_cancelled); a true answer ends the call with
+    // CANCELLED. A compiled variant that has started runs to its end, and so
+    // does a Python eager program between the frames it calls. Empty: never
+    // cancelled.
     std::function<bool()> cancelled;
     // Where the entry frame's eager program runs: calls `run` exactly once,
     // on this thread or another, and returns after it has (what `run` wrote

@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <exception>
 #include <functional>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -29,6 +31,16 @@ using artifact::v1::Parameter;
 constexpr char kServerName[] = "precompile-serve";
 constexpr char kServerVersion[] = "0.1.0";
 constexpr char kPlatform[] = "precompile_serve";
+
+// What a log line quotes of what a client sent: a model name or a message
+// that quotes a shape can be as long as the request.
+constexpr size_t kMaxLoggedName = 128;
+constexpr size_t kMaxLoggedMessage = 1024;
+
+std::string Clipped(absl::string_view text, size_t limit) {
+  if (text.size() <= limit) return std::string(text);
+  return absl::StrCat(text.substr(0, limit), "... (", text.size() - limit, " more bytes)");
+}
 
 // Request parameters that Triton's clients may send and that mean nothing
 // here; they are accepted and ignored rather than refused.
@@ -277,11 +289,29 @@ absl::Status InferenceApi::Infer(Call& call, absl::Time received) {
   ModelRepository::Handle handle;
   RequestTiming timing;
   inference::ModelInferRequest request;
-  absl::Status status = Run(call, received, &request, &outcome, &handle, &timing);
+  // Where the request was when something threw, for its answer.
+  const char* stage = "decoding the request";
+  absl::Status status;
+  try {
+    status = Run(call, received, &request, &outcome, &handle, &timing, &stage);
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError(
+        absl::StrCat("the server ran out of memory while ", stage));
+  } catch (const std::exception& e) {
+    // The exception's text is for the log, not for the client.
+    spdlog::error("event=request_threw stage=\"{}\" what=\"{}\"", stage,
+                  absl::CHexEscape(Clipped(e.what(), kMaxLoggedMessage)));
+    status = absl::InternalError(absl::StrCat("the server failed while ", stage,
+                                              " (an internal error; the server's log has it)"));
+  } catch (...) {
+    spdlog::error("event=request_threw stage=\"{}\" what=\"not a std::exception\"", stage);
+    status = absl::InternalError(absl::StrCat("the server failed while ", stage,
+                                              " (an internal error; the server's log has it)"));
+  }
   const absl::Time done = absl::Now();
   if (!status.ok()) {
     outcome = OutcomeOfStatus(status);
-    LogFailure(request.model_name(), status);
+    LogFailure(request.model_name(), handle.model != nullptr, status);
   }
   if (handle.metrics) {
     timing.total = done - received;
@@ -292,7 +322,8 @@ absl::Status InferenceApi::Infer(Call& call, absl::Time received) {
 
 absl::Status InferenceApi::Run(Call& call, absl::Time received,
                                 inference::ModelInferRequest* parsed, RequestOutcome* outcome,
-                                ModelRepository::Handle* handle, RequestTiming* timing) {
+                                ModelRepository::Handle* handle, RequestTiming* timing,
+                                const char** stage) {
   const absl::Time start = absl::Now();
   timing->queue = start - received;
   if (absl::Status parsing = call.Parse(parsed); !parsing.ok()) return parsing;
@@ -305,9 +336,20 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
     return found.status();
   }
   *handle = *std::move(found);
+  const absl::Time deadline = max_request_time_ > absl::ZeroDuration()
+                                  ? received + max_request_time_
+                                  : absl::InfiniteFuture();
+  const auto past_deadline = [&](const absl::Status& status) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the request ran past the server's limit of ", absl::FormatDuration(max_request_time_),
+        " per request (--max_request_seconds): ", status.message()));
+  };
   if (call.Cancelled()) {
     return absl::CancelledError(
         "the client cancelled the request or its deadline passed before it ran");
+  }
+  if (absl::Now() >= deadline) {
+    return past_deadline(absl::CancelledError("it waited in the queue that long"));
   }
   const Frame& entry = handle->model->entry_frame();
   auto parameter_of = [&](const std::string& name) -> const Parameter* {
@@ -398,21 +440,30 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
 
   const absl::Time decoded = absl::Now();
   timing->input = decoded - start;
-  // Polled before each frame runs: a request whose client has gone (or whose
-  // deadline passed) stops before the next frame instead of running on.
+  // Polled before each frame runs and in eager programs' loops: a request
+  // whose client has gone, or that ran past its deadline or the server's
+  // limit, stops there instead of running on.
   LoadedVersion::CallContext context;
-  context.cancelled = [&call] { return call.Cancelled(); };
+  context.cancelled = [&call, deadline] { return call.Cancelled() || absl::Now() >= deadline; };
   if (eager_ != nullptr) {
     context.run_eager = [this](absl::FunctionRef<void()> run) { eager_->Run(run); };
   }
+  *stage = "running the model";
   absl::StatusOr<CallResult> result = handle->model->Call(args, context);
   const absl::Time called = absl::Now();
   timing->infer = called - decoded;
-  if (!result.ok()) return result.status();
+  if (!result.ok()) {
+    if (result.status().code() == absl::StatusCode::kCancelled && called >= deadline &&
+        !call.Cancelled()) {
+      return past_deadline(result.status());
+    }
+    return result.status();
+  }
   if (call.Cancelled()) {
     return absl::CancelledError("the client cancelled the request or its deadline passed");
   }
 
+  *stage = "encoding the response";
   *outcome = result->outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
                                                         : RequestOutcome::kVariant;
   inference::ModelInferResponse response;
@@ -441,13 +492,14 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
 }
 
 
-void InferenceApi::LogFailure(const std::string& model, const absl::Status& status) {
+void InferenceApi::LogFailure(const std::string& model, bool served,
+                              const absl::Status& status) {
   const std::string code = absl::StatusCodeToString(status.code());
   {
     std::lock_guard<std::mutex> lock(log_mu_);
-    // Bounded: only models the server knows get their own key.
-    const std::string key =
-        absl::StrCat(status.code() == absl::StatusCode::kNotFound ? "" : model, "/", code);
+    // Bounded: only models the server serves get their own key; a request
+    // refused before its model was found may name anything.
+    const std::string key = absl::StrCat(served ? model : "", "/", code);
     absl::Time& last = last_logged_[key];
     const absl::Time now = absl::Now();
     if (now - last < absl::Minutes(1)) return;
@@ -456,7 +508,8 @@ void InferenceApi::LogFailure(const std::string& model, const absl::Status& stat
   spdlog::warn(
       "event=request_failed model={} code={} message=\"{}\" note=\"logged once a minute per "
       "model and code; precompile_requests_total counts every one\"",
-      absl::CHexEscape(model), code, absl::CHexEscape(status.message()));
+      absl::CHexEscape(Clipped(model, kMaxLoggedName)), code,
+      absl::CHexEscape(Clipped(status.message(), kMaxLoggedMessage)));
 }
 
 

@@ -57,14 +57,23 @@ class InferenceApi {
   };
 
   // The references must outlive the API. `metrics` may be null; so may
-  // `eager`, and then eager misses run on the request's thread.
+  // `eager`, and then eager misses run on the request's thread. A request
+  // still running `max_request_time` after it arrived ends with
+  // DEADLINE_EXCEEDED (zero: no limit).
   InferenceApi(ModelRepository& repository, ServerMetrics* metrics, const ServingState& state,
-               EagerExecutor* eager = nullptr)
-      : repository_(repository), metrics_(metrics), state_(state), eager_(eager) {}
+               EagerExecutor* eager = nullptr,
+               absl::Duration max_request_time = absl::ZeroDuration())
+      : repository_(repository),
+        metrics_(metrics),
+        state_(state),
+        eager_(eager),
+        max_request_time_(max_request_time) {}
 
   // Runs one admitted request: decodes it, runs the model, encodes the
   // answer, and records the request in the model's metrics. A failure is
-  // logged at most once a minute per model and status code.
+  // logged at most once a minute per model and status code. Throws nothing:
+  // what any stage throws is answered RESOURCE_EXHAUSTED (out of memory) or
+  // INTERNAL, naming the stage, never the exception's text.
   absl::Status Infer(Call& call, absl::Time received) ABSL_LOCKS_EXCLUDED(log_mu_);
 
   bool ServerReady() const { return state_.ready(); }
@@ -85,14 +94,16 @@ class InferenceApi {
  private:
   absl::Status Run(Call& call, absl::Time received, inference::ModelInferRequest* request,
                    RequestOutcome* outcome, ModelRepository::Handle* handle,
-                   RequestTiming* timing);
-  void LogFailure(const std::string& model, const absl::Status& status)
+                   RequestTiming* timing, const char** stage);
+  // `served`: whether `model` names a model the server serves.
+  void LogFailure(const std::string& model, bool served, const absl::Status& status)
       ABSL_LOCKS_EXCLUDED(log_mu_);
 
   ModelRepository& repository_;
   ServerMetrics* const metrics_;
   const ServingState& state_;
   EagerExecutor* const eager_;
+  const absl::Duration max_request_time_;
   std::mutex log_mu_;
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 };

@@ -85,6 +85,9 @@ ABSL_FLAG(bool, strict_readiness, true,
 ABSL_FLAG(int, max_connection_age_seconds, 0,
           "Ask clients to reconnect after this long (0: never), so that new replicas "
           "get a share of long-lived connections");
+ABSL_FLAG(int, max_request_seconds, 30,
+          "An inference request still running this long after it arrived ends with "
+          "DEADLINE_EXCEEDED (checked between frames and in eager programs' loops); 0: no limit");
 ABSL_FLAG(int, drain_timeout_seconds, 30,
           "On SIGTERM, how long running requests may take before the server exits non-zero");
 ABSL_FLAG(int, shutdown_delay_seconds, 0,
@@ -183,6 +186,10 @@ int main(int argc, char** argv) {
   options.repository_poll_interval =
       absl::Seconds(absl::GetFlag(FLAGS_repository_poll_seconds));
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));
+  if (absl::GetFlag(FLAGS_max_request_seconds) < 0) {
+    return Fail("--max_request_seconds must be at least 0");
+  }
+  options.max_request_time = absl::Seconds(absl::GetFlag(FLAGS_max_request_seconds));
   options.strict_readiness = absl::GetFlag(FLAGS_strict_readiness);
   options.max_connection_age =
       absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_seconds));

@@ -138,7 +138,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->eager_ =
       std::make_unique<EagerExecutor>(o.eager_threads, o.eager_nice, *server->scheduler_);
   server->api_ = std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_,
-                                                server->eager_.get());
+                                                server->eager_.get(), o.max_request_time);
   server->inference_ = std::make_unique<InferenceService>(*server->api_, *server->scheduler_,
                                                           access, o.inference_pollers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);

@@ -94,6 +94,11 @@ struct ServerOptions {
   absl::Duration max_connection_age = absl::ZeroDuration();
   // How long Stop() waits for running calls.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // An inference request still running this long after it arrived ends with
+  // DEADLINE_EXCEEDED: checked before each frame runs and at each loop
+  // iteration of a TorchScript eager program. Zero (the default here; the
+  // server binary's is 30 s): no limit but the client's own deadline.
+  absl::Duration max_request_time = absl::ZeroDuration();
   // When non-empty, admin and repository-control calls need the metadata
   // "authorization: Bearer <token>" (see server/control_access.h).
   std::string admin_token;

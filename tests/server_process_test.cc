@@ -156,7 +156,10 @@ std::vector<std::string> Flags(const std::string& repository, int drain_timeout_
           "--metrics_port=-1",
           "--http_port=-1",
           "--drain_timeout_seconds=" + std::to_string(drain_timeout_seconds),
-          "--shutdown_delay_seconds=" + std::to_string(shutdown_delay_seconds)};
+          "--shutdown_delay_seconds=" + std::to_string(shutdown_delay_seconds),
+          // The slow requests here must outlast the drain, however slow the
+          // machine: no limit per request unless a test sets one.
+          "--max_request_seconds=0"};
 }
 
 TEST(ServerProcess, SigtermTurnsNotServingAtOnceDrainsAndExitsZero) {
@@ -215,6 +218,41 @@ TEST(ServerProcess, ExitsNonZeroNamingWhatRanPastTheDrainDeadline) {
   EXPECT_THAT(server.output(), HasSubstr("still running after the drain timeout"));
   EXPECT_THAT(server.output(), HasSubstr("loop version 1: 1"));
   stuck.join();
+}
+
+// The `loop` example's eager program loops `n` times: a client that asks for
+// 10^12 iterations gets DEADLINE_EXCEEDED at the server's limit, inside the
+// TorchScript loop, and the server serves the next request and drains.
+TEST(ServerProcess, ARequestPastMaxRequestSecondsEndsAndTheServerStillDrainsCleanly) {
+  const std::string repository = testing::ExampleRepository({"loop"});
+  std::vector<std::string> flags = Flags(repository, 30, 0);
+  flags.back() = "--max_request_seconds=2";
+  ServerProcess server(flags);
+  const std::string port = server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60));
+  ASSERT_FALSE(port.empty());
+  server.AwaitOutput("event=ready", absl::Seconds(60));
+  Clients clients(port);
+
+  grpc::ClientContext context;
+  inference::ModelInferResponse response;
+  const absl::Time start = absl::Now();
+  grpc::Status status =
+      clients.inference->ModelInfer(&context, SlowLoopRequest(int64_t{1000000000000}), &response);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("ran past the server's limit of 2s per request (--max_request_seconds)"));
+  EXPECT_GE(took, absl::Seconds(2));
+  // Ended inside the loop, not after 10^12 iterations (hours).
+  EXPECT_LT(took, absl::Seconds(60));
+
+  grpc::ClientContext next_context;
+  inference::ModelInferResponse next;
+  grpc::Status served = clients.inference->ModelInfer(&next_context, SlowLoopRequest(1), &next);
+  EXPECT_TRUE(served.ok()) << served.error_message();
+
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0) << server.output();
 }
 
 TEST(ServerProcess, RefusesToStartWithoutARepository) {

@@ -6,7 +6,9 @@ taking the frame's inputs positionally in order and returning what the frame
 returns (the runtime flattens it into the frame's output leaves). Calls of
 other captured frames inside it go through the operator
 `precompile::call_frame(str frame, Any[] args) -> Tensor[]`, so that the
-runtime dispatches each callee to its own variants. To get there, scripting a
+runtime dispatches each callee to its own variants; every loop body starts
+with `precompile::check_cancelled()`, so that the runtime can end a call
+whose deadline passed inside a loop. To get there, scripting a
 frame temporarily replaces captured sub-modules by generated stub modules and
 captured functions (in the globals of the code that calls them) by generated
 stub functions whose body calls the operator. TorchScript compiles from
@@ -423,6 +425,32 @@ def check_scriptable(context: ScriptContext, frame: Frame) -> None:
         stubs.close()
 
 
+def _loops(block: Any) -> Iterator[Any]:
+    for node in block.nodes():
+        if node.kind() == "prim::Loop":
+            yield node
+        for inner in node.blocks():
+            yield from _loops(inner)
+
+
+def _check_cancelled_in_loops(scripted: torch.jit.ScriptModule) -> None:
+    """Starts every loop body with `precompile::check_cancelled()`.
+
+    A loop's trip count may come from a request (`for _ in range(n)`), and
+    nothing else interrupts a TorchScript program. The methods' calls are
+    inlined first, so that loops in the functions and sub-module methods a
+    method calls are checked too.
+    """
+    for module in scripted.modules():
+        for name in module._c._method_names():
+            graph = module._c._get_method(name).graph
+            torch._C._jit_pass_inline(graph)
+            for loop in list(_loops(graph)):
+                body = next(iter(loop.blocks()))
+                first = next(iter(body.nodes()), None) or body.returnNode()
+                graph.create(ops.CHECK_CANCELLED, [], 0).insertBefore(first)
+
+
 def build_eager_programs(context: ScriptContext, frames: Sequence[Frame], paths: Dict[str, str]) -> None:
     """Scripts each of `frames` and saves it to `paths[frame name]`."""
     ops.ensure_registered()
@@ -431,6 +459,7 @@ def build_eager_programs(context: ScriptContext, frames: Sequence[Frame], paths:
         for frame in frames:
             scripted = _script(context, stubs, frame)
             _check_schema(frame, scripted)
+            _check_cancelled_in_loops(scripted)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", FutureWarning)

@@ -1,4 +1,5 @@
-"""The `precompile::call_frame` operator that eager programs call.
+"""The operators that eager programs call: `precompile::call_frame` and
+`precompile::check_cancelled`.
 
 An eager program (a frame's TorchScript) calls every other captured frame
 through `precompile::call_frame(str frame, Any[] args) -> Tensor[]`, so that
@@ -8,6 +9,11 @@ in Python too, because TorchScript resolves the operator when it scripts a
 frame, and so that a saved eager program can run in a Python process: the
 Python implementation runs the named frame's original Python code, looked up
 in a registry that every capture fills with its frames.
+
+`precompile::check_cancelled() -> ()` starts every loop body of a TorchScript
+eager program (eager.py puts it there): the runtime's implementation ends a
+call whose client cancelled it or whose deadline passed, so that a loop whose
+trip count is a request parameter cannot run for ever.
 """
 
 from __future__ import annotations
@@ -19,10 +25,15 @@ import torch
 
 SCHEMA = "(str frame, Any[] args) -> Tensor[]"
 QUALIFIED_NAME = "precompile::call_frame"
+# Put at the start of every loop body of a TorchScript eager program: in the
+# server it ends a call that was cancelled or ran past its deadline.
+CHECK_CANCELLED = "precompile::check_cancelled"
+CHECK_CANCELLED_SCHEMA = "check_cancelled() -> ()"
 
 _lock = threading.Lock()
 _frames: Dict[str, Callable[..., Any]] = {}
 _defined = False
+_library: "torch.library.Library" = None  # type: ignore[assignment]
 
 
 def _call_frame_impl(frame: str, args: List[Any]) -> List[torch.Tensor]:
@@ -46,8 +57,8 @@ def _call_frame_impl(frame: str, args: List[Any]) -> List[torch.Tensor]:
 
 
 def ensure_registered() -> None:
-    """Defines the operator once per process (idempotent)."""
-    global _defined
+    """Defines the operators once per process (idempotent)."""
+    global _defined, _library
     with _lock:
         if _defined:
             return
@@ -57,8 +68,14 @@ def ensure_registered() -> None:
         except (AttributeError, RuntimeError):
             exists = False
         if not exists:
+            _library = torch.library.Library("precompile", "FRAGMENT")
             torch.library.define(QUALIFIED_NAME, SCHEMA)
             torch.library.impl(QUALIFIED_NAME, "CompositeExplicitAutograd")(_call_frame_impl)
+            # A Python process has no request to end: here it does nothing.
+            # CONSERVATIVE, as the runtime registers it, so that TorchScript
+            # keeps an operator without outputs.
+            _library.define(CHECK_CANCELLED_SCHEMA, alias_analysis="CONSERVATIVE")
+            _library.impl("check_cancelled", lambda: None, "CompositeExplicitAutograd")
         _defined = True
 
 
