@@ -7,7 +7,8 @@
 #   3. the libFuzzer fuzzers (request decoding, guards, manifests, HTTP
 #      requests), each for a bounded time
 #   4. pytest: the capture tool, the Python client example, the HTTP/REST
-#      endpoint with Triton's client and curl, the recapture loop (misses
+#      endpoint with Triton's client and curl, hostile clients (sizes near
+#      2^64, loops without end, names without end), the recapture loop (misses
 #      exported, recaptured and hot-swapped under load) and Python eager
 #      programs served by the embedded interpreter
 # Each stage ends with its own summary line ("bazel: N passed, N failed, ..."),
@@ -72,8 +73,8 @@ tests/fuzz/run_fuzzers.sh 20 || failed=1
 bazel build --noshow_progress //server:precompile_server //client:precompile_client \
   //client:precompile_load //examples:artifacts //examples:blocks //proto:python || failed=1
 
-echo "[test] pytest capture/tests client/python tests/http tests/recapture tests/python_eager tools/tests"
-.venv/bin/python3 -m pytest capture/tests client/python tests/http tests/recapture tests/python_eager \
+echo "[test] pytest capture/tests client/python tests/http tests/hostile tests/recapture tests/python_eager tools/tests"
+.venv/bin/python3 -m pytest capture/tests client/python tests/http tests/hostile tests/recapture tests/python_eager \
   tools/tests -q -p no:cacheprovider || failed=1
 
 exit $failed

@@ -1,0 +1,194 @@
+"""Clients nobody here trusts, against the real server binary on loopback.
+
+Each test sends what an unauthenticated client can send (sizes near 2^64,
+parameters that loop for ever, names without end) and checks that it gets a
+clear error naming the problem, and that the server then still answers a
+normal request promptly. The module's server must also end the suite with
+its peak memory within a bound and drain with exit 0 on SIGTERM.
+
+Needs the Bazel build outputs: bazel build //server:precompile_server
+//examples:artifacts. Runs with the project's environment:
+.venv/bin/python -m pytest tests/hostile
+"""
+
+import json
+import pathlib
+import socket
+import sys
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from proto import inference_pb2, inference_pb2_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "testing"))
+from server_process import ServerProcess, built, copy_tree  # noqa: E402
+
+BIN = ROOT / "bazel-bin"
+MAX_BODY = 1 << 20  # --max_message_bytes of the test server.
+MAX_REQUEST_SECONDS = 2
+# The server's resident peak after the whole suite: libtorch and two small
+# models take about 0.5 GiB; a request that made it allocate what it asked
+# for (2^62 bytes, a gigabyte of JSON tree) would pass this or kill it.
+PEAK_BOUND_BYTES = 2 << 30
+PROMPT_SECONDS = 5.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    for name in ("mlp", "loop"):
+        copy_tree(built(BIN / "examples" / name), root / "repository" / name / "1")
+    process = ServerProcess(
+        built(BIN / "server" / "precompile_server"), root / "repository",
+        [f"--max_message_bytes={MAX_BODY}", "--http_request_timeout_seconds=5",
+         f"--max_request_seconds={MAX_REQUEST_SECONDS}", "--inference_threads=2"])
+    yield process
+    peak = peak_memory_bytes(process)
+    code = process.stop()
+    assert code == 0, process.log()
+    assert peak < PEAK_BOUND_BYTES, f"peak resident memory {peak >> 20} MiB"
+
+
+def peak_memory_bytes(process) -> int:
+    for line in pathlib.Path(f"/proc/{process.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+def http(server, request: bytes, timeout=30.0) -> bytes:
+    """The server's answer to `request`, read until its Content-Length is in."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=timeout) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+            head, sep, body = answer.partition(b"\r\n\r\n")
+            if sep:
+                length = [int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")]
+                if length and len(body) >= length[0]:
+                    break
+        return answer
+
+
+def post(server, path: str, body: bytes, headers=()) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}",
+            "Content-Type: application/json", *headers]
+    return http(server, ("\r\n".join(head) + "\r\n\r\n").encode() + body)
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def error_of(answer: bytes) -> str:
+    return json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+
+
+def mlp_request(batch=8) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "shape": [batch, 4], "datatype": "FP32",
+                                   "data": [0.5] * (batch * 4)}]}).encode()
+
+
+def assert_still_serving(server):
+    """A normal request over each transport is answered, promptly."""
+    started = time.monotonic()
+    answer = post(server, "/v2/models/mlp/infer", mlp_request())
+    assert status_of(answer) == 200, answer
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = inference_pb2.ModelInferRequest(model_name="mlp")
+        request.inputs.add(name="x", datatype="FP32", shape=[8, 4])
+        request.raw_input_contents.append(np.ones((8, 4), np.float32).tobytes())
+        response = stub.ModelInfer(request, timeout=PROMPT_SECONDS)
+        assert response.outputs[0].shape == [8, 3]
+        assert stub.ServerReady(inference_pb2.ServerReadyRequest(), timeout=PROMPT_SECONDS).ready
+    assert time.monotonic() - started < PROMPT_SECONDS
+
+
+def test_binary_sizes_whose_sum_wraps_past_2_64_are_refused(server):
+    # Four inputs of 2^62 bytes each: their sum is 2^64, which wraps to 0 and
+    # once matched the empty binary section. Twice: two such requests once
+    # held every run slot for good.
+    huge = 1 << 62
+    header = json.dumps({"inputs": [
+        {"name": f"x{i}", "shape": [huge], "datatype": "UINT8",
+         "parameters": {"binary_data_size": huge}} for i in range(4)]}).encode()
+    for _ in range(2):
+        answer = post(server, "/v2/models/mlp/infer", header,
+                      [f"Inference-Header-Content-Length: {len(header)}"])
+        assert status_of(answer) == 400, answer
+        assert f"input 'x0' has binary_data_size {huge}, but only 0 bytes" in error_of(answer)
+        assert b"EXCEPTION_WHAT" not in answer
+    assert_still_serving(server)
+
+
+def test_a_grpc_shape_whose_product_passes_2_64_is_refused(server):
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = inference_pb2.ModelInferRequest(model_name="mlp")
+        request.inputs.add(name="x", datatype="FP32", shape=[1 << 40, 1 << 40])
+        request.raw_input_contents.append(b"")
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(request, timeout=PROMPT_SECONDS)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "more elements than any request can carry" in refused.value.details()
+    assert_still_serving(server)
+
+
+def test_a_parameter_that_loops_for_ever_ends_at_the_request_limit(server):
+    # `loop` runs its eager program n times: 10^12 iterations would take
+    # hours. Over both transports, side by side with normal requests.
+    body = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
+                                   "data": [0.5] * 32}],
+                       "parameters": {"n": 10**12}}).encode()
+    started = time.monotonic()
+    answer = post(server, "/v2/models/loop/infer", body)
+    took = time.monotonic() - started
+    assert status_of(answer) == 504, answer
+    assert (f"ran past the server's limit of {MAX_REQUEST_SECONDS}s per request "
+            "(--max_request_seconds)") in error_of(answer)
+    assert MAX_REQUEST_SECONDS <= took < 60
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = inference_pb2.ModelInferRequest(model_name="loop")
+        request.inputs.add(name="x", datatype="FP32", shape=[8, 4])
+        request.raw_input_contents.append(np.ones((8, 4), np.float32).tobytes())
+        request.parameters["n"].int64_param = 10**12
+        with pytest.raises(grpc.RpcError) as ended:
+            stub.ModelInfer(request, timeout=60)
+        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert_still_serving(server)
+
+
+def test_failures_naming_unknown_models_do_not_grow_the_log(server):
+    before = server.log().count("event=request_failed")
+    for i in range(500):
+        answer = post(server, f"/v2/models/nobody{i}/infer", mlp_request())
+        assert status_of(answer) == 404
+        # Refused before the model is looked up: the name is still the client's.
+        answer = post(server, f"/v2/models/nobody{i}/infer", b"{")
+        assert status_of(answer) == 400
+    # One line per status code a minute, whatever the names.
+    assert server.log().count("event=request_failed") - before <= 2
+    assert_still_serving(server)
+
+
+def test_a_message_quoting_what_the_client_sent_is_cut_in_the_log(server):
+    name = "n" * 200_000
+    body = json.dumps({"inputs": [{"name": name, "shape": [1], "datatype": "FP32",
+                                   "data": [1.0]}]}).encode()
+    answer = post(server, "/v2/models/loop/infer", body)
+    assert status_of(answer) == 400
+    assert f"has no input '{name}'" in error_of(answer)
+    time.sleep(0.2)
+    lines = [line for line in server.log().splitlines()
+             if "event=request_failed" in line and "model=loop" in line]
+    assert lines, server.log()[-2000:]
+    assert max(len(line) for line in lines) < 2000
+    assert_still_serving(server)
