@@ -134,6 +134,12 @@ class FrameCall(torch.nn.Module):
         return f"frame={self.frame!r}"
 
 
+class Stopped(BaseException):
+    """Raised in a program's thread by the server when its call should end
+    (the client cancelled it, or it ran past its deadline). A BaseException,
+    so that the model's own `except Exception` does not swallow it."""
+
+
 class Program:
     """A frame's Python eager program: its module (called like the module, so
     its hooks run) or function, and how its parameters take their values."""

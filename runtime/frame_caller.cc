@@ -32,8 +32,8 @@ std::vector<at::Tensor> CallFrameOp(std::string frame,
 }
 
 void CheckCancelledOp() {
-  FrameCaller* caller = current_caller;
-  if (caller == nullptr || !caller->Cancelled()) return;
+  const std::function<bool()>* cancelled = CurrentCancellation();
+  if (cancelled == nullptr || !(*cancelled)()) return;
   callee_status = absl::CancelledError(
       "the call was cancelled (or ran past its deadline) while an eager program ran");
   throw std::runtime_error(std::string(callee_status->message()));
@@ -47,6 +47,10 @@ ScopedFrameCaller::ScopedFrameCaller(FrameCaller* caller)
 }
 
 ScopedFrameCaller::~ScopedFrameCaller() { current_caller = previous_; }
+
+const std::function<bool()>* CurrentCancellation() {
+  return current_caller != nullptr ? current_caller->Cancellation() : nullptr;
+}
 
 std::optional<absl::Status> TakeCalleeStatus() {
   std::optional<absl::Status> status = std::move(callee_status);

@@ -11,6 +11,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,10 +28,15 @@ class FrameCaller {
   // Calls captured frame `frame` with positional `args`.
   virtual absl::StatusOr<std::vector<at::Tensor>> CallFrame(
       absl::string_view frame, std::vector<c10::IValue> args) = 0;
-  // Whether the call being run should stop now (its client cancelled it or
-  // its deadline passed).
-  virtual bool Cancelled() = 0;
+  // The running call's cancellation predicate (true: the call should stop,
+  // its client cancelled it or its deadline passed), callable from any
+  // thread while the call runs; null when the call has none.
+  virtual const std::function<bool()>* Cancellation() = 0;
 };
+
+// The cancellation predicate of the call whose frame this thread runs (see
+// FrameCaller::Cancellation); null outside a call of a loaded model.
+const std::function<bool()>* CurrentCancellation();
 
 // Installs `caller` for the current thread for the scope's lifetime (scopes
 // nest: the previous caller is restored). Not movable.

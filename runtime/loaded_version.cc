@@ -263,8 +263,12 @@ class LoadedVersion::Impl final : public FrameCaller {
 
   absl::StatusOr<std::vector<at::Tensor>> CallFrame(
       absl::string_view name, std::vector<c10::IValue> args) override;
-  bool Cancelled() override {
-    return context != nullptr && context->cancelled && context->cancelled();
+  const std::function<bool()>* Cancellation() override {
+    return context != nullptr && context->cancelled ? &context->cancelled : nullptr;
+  }
+  bool Cancelled() {
+    const std::function<bool()>* cancelled = Cancellation();
+    return cancelled != nullptr && (*cancelled)();
   }
 
  private:
@@ -331,7 +335,9 @@ absl::Status LoadedVersion::Impl::LoadFrames() {
                        LoadPythonProgram(proto.name(),
                                          artifact.PathOf(proto.python_program().path()), device,
                                          m.python(),
-                                         {options.python_environment, options.python_plugin}));
+                                         {options.allow_python_programs,
+                                          options.python_environment, options.python_plugin,
+                                          options.python_path}));
     }
     frames_by_name[proto.name()] = state.get();
     if (proto.name() == m.entry_frame()) entry = state.get();

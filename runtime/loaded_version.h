@@ -63,12 +63,16 @@ struct LoadOptions {
   // Distinct signatures of missed calls kept per frame (see MissLog); 0
   // records none.
   int miss_signatures_per_frame = 64;
-  // For artifacts with Python eager programs (runtime/python_program.h): the
-  // Python environment and the plugin to run them with; empty for the
-  // defaults. The first artifact that starts Python fixes the environment
-  // for the process.
+  // For artifacts with Python eager programs (runtime/python_program.h):
+  // whether they may load at all (loading one runs the code it names;
+  // default: false, and such artifacts are refused), the Python environment
+  // and the plugin to run them with (empty for the defaults), and the
+  // directories put first on the interpreter's sys.path. The first artifact
+  // that starts Python fixes the environment and path for the process.
+  bool allow_python_programs = false;
   std::string python_environment;
   std::string python_plugin;
+  std::vector<std::string> python_path;
 };
 
 // Calls of one frame since the model was loaded.

@@ -22,8 +22,12 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -89,9 +93,11 @@ void TakeException(PythonError* error) {
 // What the plugin keeps of precompile_eager once started.
 struct Interpreter {
   std::string environment;
+  std::vector<std::string> path;
   PyObject* load = nullptr;
   PyObject* run = nullptr;
   PyObject* check_environment = nullptr;
+  PyObject* stopped = nullptr;  // precompile_eager.Stopped
 };
 
 std::mutex start_mutex;
@@ -114,8 +120,9 @@ bool SetUp(const std::string& environment, PythonError* error) {
   started->load = PyObject_GetAttrString(module.get(), "load");
   started->run = PyObject_GetAttrString(module.get(), "run");
   started->check_environment = PyObject_GetAttrString(module.get(), "check_environment");
+  started->stopped = PyObject_GetAttrString(module.get(), "Stopped");
   if (started->load == nullptr || started->run == nullptr ||
-      started->check_environment == nullptr) {
+      started->check_environment == nullptr || started->stopped == nullptr) {
     delete started;
     return fail();
   }
@@ -123,7 +130,25 @@ bool SetUp(const std::string& environment, PythonError* error) {
   return true;
 }
 
-bool StartLocked(const std::string& environment, PythonError* error) {
+// Puts `path` first on sys.path, in order. The GIL is held.
+bool PrependToSysPath(const std::vector<std::string>& path, PythonError* error) {
+  PyObject* sys_path = PySys_GetObject("path");  // Borrowed.
+  if (sys_path == nullptr || !PyList_Check(sys_path)) {
+    error->message = "the Python interpreter has no sys.path list";
+    return false;
+  }
+  for (size_t i = 0; i < path.size(); ++i) {
+    Ref entry(PyUnicode_DecodeFSDefault(path[i].c_str()));
+    if (!entry || PyList_Insert(sys_path, static_cast<Py_ssize_t>(i), entry.get()) != 0) {
+      TakeException(error);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool StartLocked(const std::string& environment, const std::vector<std::string>& path,
+                 PythonError* error) {
   const std::string executable = environment + "/bin/python3";
   if (access(executable.c_str(), X_OK) != 0) {
     error->message = "no Python interpreter at " + executable +
@@ -138,8 +163,12 @@ bool StartLocked(const std::string& environment, PythonError* error) {
     error->message = "cannot make libpython's symbols global for Python's extension modules";
     return false;
   }
+  // Isolated, as `python3 -I`: what the interpreter imports comes from the
+  // environment the operator named and the directories of --python_path,
+  // never from the server's environment variables (PYTHONPATH, PYTHONHOME,
+  // PYTHONSTARTUP...), the user's site-packages or the working directory.
   PyConfig config;
-  PyConfig_InitPythonConfig(&config);
+  PyConfig_InitIsolatedConfig(&config);
   // The server owns its signals (SIGTERM drains it) and its command line.
   config.install_signal_handlers = 0;
   config.parse_argv = 0;
@@ -152,17 +181,19 @@ bool StartLocked(const std::string& environment, PythonError* error) {
     return false;
   }
   // The GIL is held from here; SetUp's references are gone before it is let go.
-  const bool set_up = SetUp(environment, error);
+  const bool set_up = PrependToSysPath(path, error) && SetUp(environment, error);
+  if (set_up) interpreter->path = path;
   PyEval_SaveThread();
   return set_up;
 }
 
-bool Start(const std::string& environment, PythonError* error) {
+bool Start(const std::string& environment, const std::vector<std::string>& path,
+           PythonError* error) {
   std::lock_guard<std::mutex> lock(start_mutex);
   if (interpreter != nullptr) {
-    if (interpreter->environment == environment) return true;
+    if (interpreter->environment == environment && interpreter->path == path) return true;
     error->message = "this process runs the Python environment " + interpreter->environment +
-                     ", not " + environment + ": one process runs one";
+                     " with its own path, not " + environment + ": one process runs one";
     return false;
   }
   // Python cannot be started twice in a process: a failed start is final.
@@ -170,7 +201,7 @@ bool Start(const std::string& environment, PythonError* error) {
     error->message = start_failure;
     return false;
   }
-  if (!StartLocked(environment, error)) {
+  if (!StartLocked(environment, path, error)) {
     start_failure = error->message;
     return false;
   }
@@ -304,9 +335,80 @@ bool FromPython(PyObject* leaf, c10::IValue* out, PythonError* error) {
   return true;
 }
 
+// Ends programs whose calls should stop. A running program registers its
+// thread and its stop predicate; one thread polls the predicates and raises
+// precompile_eager.Stopped in the threads of those that say stop, with the
+// GIL held: a program's thread unregisters (and clears an exception not yet
+// raised) with the GIL held too, so the exception never reaches the next
+// program that thread runs.
+class StopWatcher {
+ public:
+  struct Running {
+    unsigned long thread;  // PyThread_get_thread_ident()
+    bool (*stop)(const void*);
+    const void* context;
+    bool stopped = false;
+  };
+
+  // The GIL is held.
+  void Add(Running* running) {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.push_back(running);
+    if (!watching_) {
+      watching_ = true;
+      std::thread([this] { Watch(); }).detach();  // Lives as long as Python.
+    }
+    changed_.notify_one();
+  }
+  // The GIL is held.
+  void Remove(Running* running) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_.erase(std::find(running_.begin(), running_.end(), running));
+    }
+    if (running->stopped) PyThreadState_SetAsyncExc(running->thread, nullptr);
+  }
+
+ private:
+  void Watch() {
+    constexpr auto kPoll = std::chrono::milliseconds(50);
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        changed_.wait(lock, [this] { return !running_.empty(); });
+      }
+      std::this_thread::sleep_for(kPoll);
+      Gil gil;
+      std::lock_guard<std::mutex> lock(mu_);
+      for (Running* running : running_) {
+        if (running->stopped || !running->stop(running->context)) continue;
+        running->stopped = true;
+        PyThreadState_SetAsyncExc(running->thread, interpreter->stopped);
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::vector<Running*> running_;
+  bool watching_ = false;
+};
+
+StopWatcher* stop_watcher = new StopWatcher;  // Never freed, like Python.
+
 bool Run(void* program, std::vector<c10::IValue>& args, std::vector<c10::IValue>* leaves,
-         PythonError* error) {
+         bool (*stop)(const void*), const void* stop_context, PythonError* error) {
   Gil gil;
+  StopWatcher::Running running{PyThread_get_thread_ident(), stop, stop_context};
+  struct Watched {
+    explicit Watched(StopWatcher::Running* r) : running(r) {
+      if (running->stop != nullptr) stop_watcher->Add(running);
+    }
+    ~Watched() {
+      if (running->stop != nullptr) stop_watcher->Remove(running);
+    }
+    StopWatcher::Running* running;
+  } watched(&running);
   Ref values(PyList_New(static_cast<Py_ssize_t>(args.size())));
   Ref tensor_indices(PyList_New(0));
   if (!values || !tensor_indices) {
@@ -332,6 +434,7 @@ bool Run(void* program, std::vector<c10::IValue>& args, std::vector<c10::IValue>
   Ref result(PyObject_CallFunctionObjArgs(interpreter->run, static_cast<PyObject*>(program),
                                           values.get(), tensor_indices.get(), nullptr));
   if (!result) {
+    error->stopped = running.stopped && PyErr_ExceptionMatches(interpreter->stopped);
     TakeException(error);
     return false;
   }

@@ -23,7 +23,7 @@ struct IValue;
 namespace precompile {
 
 // Bumped whenever PythonPlugin changes.
-inline constexpr int kPythonPluginAbi = 1;
+inline constexpr int kPythonPluginAbi = 2;
 
 // What a failed call reports.
 struct PythonError {
@@ -31,15 +31,21 @@ struct PythonError {
   std::string message;
   // The Python traceback, when there is one.
   std::string traceback;
+  // The program was ended by `stop` (PythonPlugin::run).
+  bool stopped = false;
 };
 
 struct PythonPlugin {
   int abi;
   // Starts the interpreter of the Python environment at `environment` (a
   // virtual environment or an installation: the directory holding
-  // bin/python3) once per process. Later calls with the same environment
-  // succeed at once; with another, fail.
-  bool (*start)(const std::string& environment, PythonError* error);
+  // bin/python3) once per process, isolated (as `python3 -I`: no PYTHON*
+  // environment variables, no user site-packages, not the working
+  // directory), with the directories of `path` first on sys.path. Later
+  // calls with the same environment and path succeed at once; with others,
+  // fail.
+  bool (*start)(const std::string& environment, const std::vector<std::string>& path,
+                PythonError* error);
   // Whether the interpreter can run programs captured under
   // `python_version` that need `modules` ((name, version) pairs).
   bool (*check_environment)(const std::string& python_version,
@@ -51,7 +57,12 @@ struct PythonPlugin {
                 PythonError* error);
   // Runs `program` on one value per parameter; fills `leaves` with the
   // leaves of its result in torch.utils._pytree's order. Thread-safe.
+  // `stop(stop_context)`, polled from another thread while the program runs
+  // (null: never), ends it when true: the program's thread raises
+  // precompile_eager.Stopped at its next Python instruction, and the call
+  // fails with `stopped` set.
   bool (*run)(void* program, std::vector<c10::IValue>& args, std::vector<c10::IValue>* leaves,
+              bool (*stop)(const void* stop_context), const void* stop_context,
               PythonError* error);
   void (*release)(void* program);
 };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <functional>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -64,7 +65,20 @@ class PythonProgram final : public EagerProgram {
   absl::StatusOr<std::vector<c10::IValue>> Run(std::vector<c10::IValue> args) const override {
     std::vector<c10::IValue> leaves;
     PythonError error;
-    if (plugin_->run(program_, args, &leaves, &error)) return leaves;
+    // The call's predicate, polled by the plugin's watcher thread.
+    const std::function<bool()>* cancelled = CurrentCancellation();
+    auto stop = [](const void* predicate) {
+      return (*static_cast<const std::function<bool()>*>(predicate))();
+    };
+    if (plugin_->run(program_, args, &leaves, cancelled != nullptr ? +stop : nullptr, cancelled,
+                     &error)) {
+      return leaves;
+    }
+    if (error.stopped) {
+      return absl::CancelledError(absl::StrCat(
+          "the call was cancelled (or ran past its deadline) while frame '", frame_,
+          "' ran its Python eager program"));
+    }
     // A callee's refusal or error passes through the program unchanged.
     if (std::optional<absl::Status> callee = TakeCalleeStatus()) return *std::move(callee);
     if (!error.traceback.empty()) {
@@ -91,12 +105,18 @@ class PythonProgram final : public EagerProgram {
 absl::StatusOr<std::unique_ptr<EagerProgram>> LoadPythonProgram(
     const std::string& frame, const std::string& path, DeviceType device,
     const artifact::v1::PythonEnvironment& needs, const PythonSettings& settings) {
+  if (!settings.allowed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "frame '", frame, "' has a Python eager program, which this server loads only when "
+        "started with --allow_python_programs: loading one unpickles it, which runs the code "
+        "it names"));
+  }
   absl::StatusOr<const PythonPlugin*> plugin = Plugin(settings.plugin);
   if (!plugin.ok()) return plugin.status();
   const std::string environment =
       settings.environment.empty() ? PRECOMPILE_PYTHON_ENVIRONMENT : settings.environment;
   PythonError error;
-  if (!(*plugin)->start(environment, &error)) {
+  if (!(*plugin)->start(environment, settings.path, &error)) {
     return absl::FailedPreconditionError(error.message);
   }
   std::vector<std::pair<std::string, std::string>> modules;

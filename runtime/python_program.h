@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/artifact.pb.h"
@@ -16,6 +17,9 @@
 namespace precompile {
 
 struct PythonSettings {
+  // Whether Python eager programs may load at all: loading one unpickles it
+  // (torch.load), which runs whatever code it names. Default: false.
+  bool allowed = false;
   // The Python environment to run (a directory holding bin/python3): the
   // one the artifacts' programs were captured in, or one with the same
   // packages. Empty: the environment this project was built with.
@@ -23,12 +27,16 @@ struct PythonSettings {
   // The plugin library. Empty: runtime/libprecompile_python.so beside the
   // running binary's directory (as Bazel lays out bin/ and runfiles).
   std::string plugin;
+  // Directories put first on the interpreter's sys.path (the models' own
+  // code): the interpreter reads no PYTHONPATH.
+  std::vector<std::string> path;
 };
 
 // Loads the Python program of `frame` saved at `path`, with its weights on
 // `device`, after checking that the environment has what `needs` names.
-// FAILED_PRECONDITION when the plugin, the interpreter or a module the
-// artifact needs is missing; the message says which.
+// FAILED_PRECONDITION when Python programs are not allowed, or when the
+// plugin, the interpreter or a module the artifact needs is missing; the
+// message says which.
 absl::StatusOr<std::unique_ptr<EagerProgram>> LoadPythonProgram(
     const std::string& frame, const std::string& path, DeviceType device,
     const artifact::v1::PythonEnvironment& needs, const PythonSettings& settings);

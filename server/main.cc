@@ -43,6 +43,12 @@ ABSL_FLAG(bool, require_complete, false,
 ABSL_FLAG(int, miss_signatures_per_frame, 64,
           "Distinct signatures of calls no variant matched kept per frame and model "
           "version, the most frequent (see the admin RPC Misses); 0 records none");
+ABSL_FLAG(bool, allow_python_programs, false,
+          "Load artifacts with Python eager programs. Loading one unpickles it (torch.load), "
+          "which runs the code it names: without this flag such artifacts are refused");
+ABSL_FLAG(std::vector<std::string>, python_path, {},
+          "Directories, comma-separated, put first on the Python interpreter's sys.path (the "
+          "models' own code); the interpreter starts isolated and reads no PYTHONPATH");
 ABSL_FLAG(std::string, python_env, "",
           "The Python environment (a directory holding bin/python3) that runs the Python "
           "eager programs of artifacts that have them; started at the first such artifact. "
@@ -173,7 +179,9 @@ int main(int argc, char** argv) {
                              " is negative; 0 records no misses"));
   }
   options.load_options.miss_signatures_per_frame = miss_signatures;
+  options.load_options.allow_python_programs = absl::GetFlag(FLAGS_allow_python_programs);
   options.load_options.python_environment = absl::GetFlag(FLAGS_python_env);
+  options.load_options.python_path = absl::GetFlag(FLAGS_python_path);
   options.load_options.python_plugin = absl::GetFlag(FLAGS_python_plugin);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);

@@ -21,14 +21,16 @@ using ::testing::HasSubstr;
 
 std::shared_ptr<LoadedVersion> LoadBlocks() {
   // The program's own code, examples.models, comes from the runfiles.
+  LoadOptions options;
+  options.allow_python_programs = true;
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
   if (srcdir != nullptr) {
-    setenv("PYTHONPATH",
-           (std::string(srcdir) + "/" + (workspace ? workspace : "precompile_serve")).c_str(), 1);
+    options.python_path.push_back(std::string(srcdir) + "/" +
+                                  (workspace ? workspace : "precompile_serve"));
   }
   absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
-      LoadedVersion::Load(testing::ExampleArtifact("blocks"), {});
+      LoadedVersion::Load(testing::ExampleArtifact("blocks"), options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? *model : nullptr;
 }

@@ -31,7 +31,8 @@ if [[ -z $(ls "$repository") ]]; then
 fi
 echo "[serve] serving $(ls "$repository" | tr '\n' ' ')from $repository"
 # Python eager programs (the gallery's bert_recentering, examples' blocks)
-# import the models' own code: gallery.models and examples.models, from here.
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# are code: they load only with --allow_python_programs, and import the
+# models' own code (gallery.models, examples.models) from --python_path.
 exec bazel-bin/server/precompile_server --model_repository="$repository" \
-  --listen_address=127.0.0.1 --allow_unauthenticated_control "$@"
+  --listen_address=127.0.0.1 --allow_unauthenticated_control \
+  --allow_python_programs --python_path="$PWD" "$@"

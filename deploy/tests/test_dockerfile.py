@@ -259,6 +259,9 @@ def test_python_image_serves_python_eager_programs():
     entry = lib.entrypoint("runtime-python")
     assert entry[: len(lib.entrypoint())] == lib.entrypoint(), "runtime-python changes the runtime entrypoint"
     assert f"--python_env={runtime_dest.rstrip('/')}/venv" in entry
+    # Python eager programs are code: only this image loads them.
+    assert "--allow_python_programs" in entry
+    assert "--allow_python_programs" not in lib.entrypoint()
     for arg in entry[1:]:
         lib.check_flag(*lib.split_flag(arg))
     cmd = [json.loads(i.args) for i in instructions("runtime-python", "CMD")]

@@ -104,7 +104,7 @@ def test_libraries_resolve_in_the_image(staged):
 
 def test_serves_a_python_eager_program_from_the_staged_layout(staged, tmp_path):
     """The staged server, given only the staged environment and the model's
-    own code on PYTHONPATH, runs blocks' misses in Python (outputs equal to
+    own code on --python_path, runs blocks' misses in Python (outputs equal to
     eager PyTorch) and maps no library of the build machine's Python or .venv."""
     artifact = os.environ.get("BLOCKS_ARTIFACT")
     if not artifact:
@@ -117,12 +117,13 @@ def test_serves_a_python_eager_program_from_the_staged_layout(staged, tmp_path):
     repository = tmp_path / "models"
     shutil.copytree(artifact, repository / "blocks" / "1", symlinks=False)
     command = [str(staged / "bin/precompile_server"), f"--model_repository={repository}",
-               f"--python_env={staged}/venv", "--listen_address=127.0.0.1", "--grpc_port=0", "--http_port=0",
+               f"--python_env={staged}/venv", "--allow_python_programs", f"--python_path={code}",
+               "--listen_address=127.0.0.1", "--grpc_port=0", "--http_port=0",
                "--metrics_port=-1", "--drain_timeout_seconds=5"]
     log = tmp_path / "server.log"
     with open(log, "w") as out:
-        # As in the image: no LD_LIBRARY_PATH, no PYTHONHOME; the model's code on PYTHONPATH.
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={"PYTHONPATH": code}, cwd="/")
+        # As in the image: no LD_LIBRARY_PATH, no PYTHONHOME, no PYTHONPATH.
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={}, cwd="/")
     try:
         ready = wait_for(lambda: re.search(r"event=ready models_ready=(\d+) models_failed=(\d+)", read_log(log)),
                          120, "the server to load the repository", log)

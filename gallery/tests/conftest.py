@@ -34,9 +34,12 @@ def server(tmp_path_factory):
         artifact = (ROOT / "gallery" / name / "MANIFEST.pb").resolve().parent
         (repository / name / "1").symlink_to(artifact)
     # bert_recentering's eager program is Python: the server imports
-    # gallery.models (and transformers) from the runfiles and the environment.
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    process = ServerProcess(ROOT / "server" / "precompile_server", repository, env=env)
+    # gallery.models from the runfiles (--python_path) and transformers from
+    # its environment.
+    process = ServerProcess(ROOT / "server" / "precompile_server", repository,
+                            ["--allow_python_programs", f"--python_path={ROOT}",
+                             # Well above any call here; a test runs past it.
+                             "--max_request_seconds=10"])
     yield process
     assert process.stop() == 0, process.log()
 

@@ -178,3 +178,20 @@ def test_bert_behind_a_flagged_wrapper_refuses_what_its_layers_do_not_cover(stub
               scalars={"recenter_steps": 1})
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "no captured variant matches this call of frame 'bert.encoder.layer.0'" in error.value.details()
+
+
+def test_a_python_loop_past_the_request_limit_ends_and_the_server_goes_on(stub):
+    # recenter_steps drives a Python loop in the wrapper's eager program with
+    # no frame inside: 10^12 steps would take days. The server's limit
+    # (--max_request_seconds in conftest) interrupts the interpreter.
+    ids, mask = tokens(2, 8, seed=21)
+    with pytest.raises(grpc.RpcError) as error:
+        infer(stub, "bert_recentering", {"input_ids": ids, "attention_mask": mask},
+              scalars={"recenter_steps": 10**12})
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "while frame 'forward' ran its Python eager program" in error.value.details()
+    got, _ = infer(stub, "bert_recentering", {"input_ids": ids, "attention_mask": mask},
+                   scalars={"recenter_steps": 1})
+    want = eager(models.make_bert_recentering, input_ids=torch.from_numpy(ids),
+                 attention_mask=torch.from_numpy(mask), recenter_steps=1)
+    np.testing.assert_allclose(got["output0"], want.numpy(), rtol=1e-4, atol=1e-4)
