@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -215,6 +216,9 @@ class LoadedVersion::Impl final : public FrameCaller {
     std::atomic<bool> warned{false};
     std::array<std::atomic<uint64_t>, 4> calls{};
     std::unique_ptr<std::atomic<uint64_t>[]> hits;
+    // Per variant, per size symbol: the (parameter, dimension) that binds it
+    // in its guards, for the size of its outputs before it runs.
+    std::vector<absl::flat_hash_map<uint32_t, std::pair<int, int>>> symbol_sources;
   };
 
   struct FrameResult {
@@ -280,6 +284,11 @@ class LoadedVersion::Impl final : public FrameCaller {
   absl::Status Views(const FrameState& frame,
                      const std::vector<c10::IValue>& args,
                      absl::InlinedVector<ArgView, 8>& views) const;
+  // INVALID_ARGUMENT when an output of variant `hit` for these arguments
+  // would be larger than options.max_output_bytes (0: no limit), so that a
+  // request cannot make the model compute what no response could carry.
+  absl::Status CheckOutputSizes(const FrameState& frame, int hit,
+                                absl::Span<const ArgView> views) const;
   std::string Refusal(const FrameState& frame, const MissExplanation& why) const;
   MissExplanation Explain(const FrameState& frame, absl::Span<const ArgView> views,
                           const GlobalState& state) const;
@@ -317,6 +326,16 @@ absl::Status LoadedVersion::Impl::LoadFrames() {
                                          program.status().message()));
       }
       programs.push_back(*std::move(program));
+      auto& sources = state->symbol_sources.emplace_back();
+      for (const auto& guard : v.guards()) {
+        if (!guard.has_tensor()) continue;
+        for (int d = 0; d < guard.tensor().dims_size(); ++d) {
+          if (guard.tensor().dims(d).has_symbol()) {
+            sources.emplace(guard.tensor().dims(d).symbol(),
+                            std::make_pair(static_cast<int>(guard.parameter()), d));
+          }
+        }
+      }
       ASSIGN_OR_RETURN(std::unique_ptr<Variant> variant,
                        Variant::Load(v.id(), artifact.PathOf(v.package_path()),
                                      variant_options));
@@ -377,6 +396,46 @@ absl::StatusOr<std::vector<at::Tensor>> LoadedVersion::Impl::TensorLeaves(
     tensors.push_back(TakeTensor(leaves[i]));
   }
   return tensors;
+}
+
+absl::Status LoadedVersion::Impl::CheckOutputSizes(const FrameState& frame, int hit,
+                                                   absl::Span<const ArgView> views) const {
+  if (options.max_output_bytes == 0) return absl::OkStatus();
+  const auto& variant = frame.proto->variants(hit);
+  const auto& sources = frame.symbol_sources[hit];
+  for (int i = 0; i < variant.outputs_size(); ++i) {
+    const artifact::v1::TensorSpec& spec = variant.outputs(i);
+    std::optional<DType> dtype = DTypeFromProto(spec.dtype());
+    // Older artifacts say nothing of their dynamic dimensions.
+    if (!dtype || spec.shape_symbols_size() != spec.shape_size()) continue;
+    std::vector<int64_t> shape;
+    unsigned __int128 bytes = DTypeSize(*dtype);
+    bool known = true;
+    for (int d = 0; d < spec.shape_size() && known; ++d) {
+      int64_t size = spec.shape(d);
+      if (size < 0) {
+        auto source = sources.find(static_cast<uint32_t>(spec.shape_symbols(d)));
+        known = spec.shape_symbols(d) >= 0 && source != sources.end() &&
+                source->second.first < static_cast<int>(views.size()) &&
+                views[source->second.first].kind == ArgView::Kind::kTensor;
+        if (!known) break;
+        size = views[source->second.first].sizes[source->second.second];
+      }
+      shape.push_back(size);
+      // Saturates instead of wrapping: sizes are below 2^63.
+      bytes = std::min<unsigned __int128>(bytes * static_cast<uint64_t>(size), uint64_t{1} << 63);
+    }
+    if (!known || bytes <= options.max_output_bytes) continue;
+    const int leaf = i < static_cast<int>(frame.tensor_leaves.size()) ? frame.tensor_leaves[i] : -1;
+    const std::string name =
+        leaf >= 0 ? frame.proto->outputs().leaves(leaf).name() : absl::StrCat("output", i);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output '", name, "' of this call would be ", DTypeName(*dtype), "[",
+        absl::StrJoin(shape, ", "), "], ", static_cast<uint64_t>(bytes),
+        " bytes: more than the ", options.max_output_bytes,
+        " bytes a response may carry (--max_message_bytes); ask for smaller inputs"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LoadedVersion::Impl::Views(const FrameState& frame,
@@ -527,11 +586,11 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
   const int hit = frame.dispatcher->Match(views, state);
 
   if (hit >= 0) {
-    if (!is_entry) {
-      if (absl::Status s = CheckIndexRanges(*frame.proto, args); !s.ok()) {
-        Report(frame, is_entry, Outcome::kError, -1, absl::Now() - start, {});
-        return s;
-      }
+    absl::Status checked = is_entry ? CheckOutputSizes(frame, hit, views)
+                                    : CheckIndexRanges(*frame.proto, args);
+    if (!checked.ok()) {
+      Report(frame, is_entry, Outcome::kError, -1, absl::Now() - start, {});
+      return checked;
     }
     const absl::Time matched = absl::Now();
     const auto& v = frame.proto->variants(hit);

@@ -63,6 +63,11 @@ struct LoadOptions {
   // Distinct signatures of missed calls kept per frame (see MissLog); 0
   // records none.
   int miss_signatures_per_frame = 64;
+  // A call whose entry variant's outputs would be larger than this many
+  // bytes (known from the variant's size symbols before it runs) is refused
+  // with INVALID_ARGUMENT naming the output; 0: no limit. A server sets it
+  // to what a response may carry.
+  uint64_t max_output_bytes = 0;
   // For artifacts with Python eager programs (runtime/python_program.h):
   // whether they may load at all (loading one runs the code it names;
   // default: false, and such artifacts are refused), the Python environment

@@ -117,6 +117,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   options.load_options.device =
       options.device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
+  // What a request makes a model produce is bounded by what its response may
+  // carry, checked before the model runs.
+  if (options.load_options.max_output_bytes == 0 && options.max_message_bytes > 0) {
+    options.load_options.max_output_bytes = static_cast<uint64_t>(options.max_message_bytes);
+  }
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& o = server->options_;
 

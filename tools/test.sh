@@ -71,7 +71,7 @@ tests/fuzz/run_fuzzers.sh 20 || failed=1
 # The Python tests run the binaries under bazel-bin, which the sanitizer runs
 # pointed at their own builds: point it back at the plain one (cached).
 bazel build --noshow_progress //server:precompile_server //client:precompile_client \
-  //client:precompile_load //examples:artifacts //examples:blocks //proto:python || failed=1
+  //client:precompile_load //examples:artifacts //examples:blocks //gallery:gpt2 //proto:python || failed=1
 
 echo "[test] pytest capture/tests client/python tests/http tests/hostile tests/recapture tests/python_eager tools/tests"
 .venv/bin/python3 -m pytest capture/tests client/python tests/http tests/hostile tests/recapture tests/python_eager \

@@ -362,10 +362,11 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
             guards_proto(vp, v.guards, [p.final_kind() for p in frame.params])
             vp.tensor_inputs.extend(v.tensor_inputs)
             vp.num_outputs = len(v.leaf_kinds)
-            for dtype, shape in v.outputs:
+            for dtype, shape, symbols in v.outputs:
                 out = vp.outputs.add()
                 out.dtype = dtype_to_proto(dtype)
                 out.shape.extend(shape)
+                out.shape_symbols.extend(symbols)
             vp.captured_from = v.captured_from
         f.eager_fallback = frame.eager_fallback
         if frame.fallback_cause is not None:

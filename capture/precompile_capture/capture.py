@@ -606,7 +606,7 @@ class Capture:
             guards=guards,
             tensor_inputs=tensor_inputs,
             leaf_kinds=exported_leaf_kinds(ep),
-            outputs=output_specs(ep),
+            outputs=output_specs(ep, guards),
             captured_from=f"call {call_number}: {_describe_call(values, frame)}",
             compile_seconds=seconds,
         )

@@ -165,7 +165,9 @@ class Variant:
     tensor_inputs: List[int]
     # Per value run() returns: whether it is a tensor (a leaf of the outputs).
     leaf_kinds: Tuple[bool, ...]
-    outputs: List[Tuple[torch.dtype, List[int]]]  # Tensor leaves: (dtype, shape, -1 dynamic).
+    # Tensor leaves: (dtype, shape with -1 dynamic, the symbol id of each
+    # dynamic dimension or -1).
+    outputs: List[Tuple[torch.dtype, List[int], List[int]]]
     captured_from: str
     compile_seconds: float
 

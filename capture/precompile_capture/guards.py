@@ -432,21 +432,31 @@ def _related_symbols(ep: torch.export.ExportedProgram) -> Callable[[sympy.Symbol
     return find
 
 
-def output_specs(ep: torch.export.ExportedProgram) -> List[Tuple[torch.dtype, List[int]]]:
-    """(dtype, shape) of each output tensor; -1 for a dimension that is symbolic."""
+def output_specs(
+    ep: torch.export.ExportedProgram, guards: GuardSet
+) -> List[Tuple[torch.dtype, List[int], List[int]]]:
+    """(dtype, shape, symbols) of each output tensor: -1 in `shape` for a
+    dimension that is symbolic; in `symbols`, the guards' symbol id that such
+    a dimension equals, or -1 (static, or an expression of symbols)."""
+    # A guard symbol's name joins the export's names of the symbols it stands
+    # for ("s6=s27", see extract_guards).
+    ids = {name: r.symbol for r in guards.symbols for name in r.name.split("=")}
     nodes = {n.name: n for n in ep.graph.nodes}
-    specs: List[Tuple[torch.dtype, List[int]]] = []
+    specs: List[Tuple[torch.dtype, List[int], List[int]]] = []
     for s in ep.graph_signature.output_specs:
         if s.kind.name != "USER_OUTPUT" or not isinstance(s.arg, TensorArgument):
             continue
         fake = nodes[s.arg.name].meta["val"]
-        shape = []
+        shape, symbols = [], []
         for size in fake.shape:
             if isinstance(size, int):
                 shape.append(size)
+                symbols.append(-1)
             elif size.node.expr.is_Integer:
                 shape.append(int(size.node.expr))
+                symbols.append(-1)
             else:
                 shape.append(-1)
-        specs.append((fake.dtype, shape))
+                symbols.append(ids.get(str(size.node.expr), -1))
+        specs.append((fake.dtype, shape, symbols))
     return specs

@@ -86,6 +86,10 @@ def test_incomplete_artifact_records_truncation_and_symbols(mlp_artifact):
     # The batch of the dynamic variant's output is symbolic too.
     assert [list(o.shape) for o in v0.outputs] == [[8, 3]]
     assert [list(o.shape) for o in v1.outputs] == [[-1, 3]]
+    # The dynamic batch is the guards' symbol: the server knows an
+    # output's size before the variant runs.
+    assert [list(o.shape_symbols) for o in v1.outputs] == [[sym.symbol, -1]]
+    assert [list(o.shape_symbols) for o in v0.outputs] == [[-1, -1]]
     with open(os.path.join(mlp_artifact, "FRAMES")) as fh:
         rows = fh.read().splitlines()
     assert rows[1] == "forward: 2 variants # truncated (recompile limit 2 hit)"

@@ -7,7 +7,7 @@ normal request promptly. The module's server must also end the suite with
 its peak memory within a bound and drain with exit 0 on SIGTERM.
 
 Needs the Bazel build outputs: bazel build //server:precompile_server
-//examples:artifacts. Runs with the project's environment:
+//examples:artifacts //gallery:gpt2. Runs with the project's environment:
 .venv/bin/python -m pytest tests/hostile
 """
 
@@ -42,6 +42,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
     for name in ("mlp", "loop"):
         copy_tree(built(BIN / "examples" / name), root / "repository" / name / "1")
+    copy_tree(built(BIN / "gallery" / "gpt2"), root / "repository" / "gpt2" / "1")
     process = ServerProcess(
         built(BIN / "server" / "precompile_server"), root / "repository",
         [f"--max_message_bytes={MAX_BODY}", "--http_request_timeout_seconds=5",
@@ -191,4 +192,41 @@ def test_a_message_quoting_what_the_client_sent_is_cut_in_the_log(server):
              if "event=request_failed" in line and "model=loop" in line]
     assert lines, server.log()[-2000:]
     assert max(len(line) for line in lines) < 2000
+    assert_still_serving(server)
+
+
+def test_a_large_body_on_a_path_that_takes_a_few_bytes_is_refused_unread(server):
+    # Empty JSON arrays, within --max_message_bytes: parsed, a tree of about
+    # 20 times their size (a 57 MB body cost more than 1 GB).
+    body = b"[" + b"[]," * (300 << 10) + b"[]]"
+    answer = post(server, "/v2/repository/index", body)
+    assert status_of(answer) == 413, answer[:200]
+    assert "more than the 65536 bytes this path takes" in error_of(answer)
+    answer = post(server, "/v2/repository/index", b'{"ready": true}')
+    assert status_of(answer) == 200
+    assert_still_serving(server)
+
+
+def test_outputs_larger_than_a_response_may_carry_are_refused_before_the_model_runs(server):
+    # GPT-2's logits are 500 times its input_ids: 256 KB of token ids ask for
+    # 128 MB of logits, which no response of this server (1 MiB) can carry.
+    ids = np.zeros((256, 128), np.int64)
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = inference_pb2.ModelInferRequest(model_name="gpt2")
+        for name in ("input_ids", "attention_mask"):
+            request.inputs.add(name=name, datatype="INT64", shape=list(ids.shape))
+            request.raw_input_contents.append(ids.tobytes())
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(request, timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert ("output 'logits' of this call would be float32[256, 128, 1000], 131072000 bytes: "
+                f"more than the {MAX_BODY} bytes a response may carry") in refused.value.details()
+        small = np.ones((2, 8), np.int64)
+        request = inference_pb2.ModelInferRequest(model_name="gpt2")
+        for name in ("input_ids", "attention_mask"):
+            request.inputs.add(name=name, datatype="INT64", shape=[2, 8])
+            request.raw_input_contents.append(small.tobytes())
+        response = stub.ModelInfer(request, timeout=60)
+        assert list(response.outputs[0].shape) == [2, 8, 1000]
     assert_still_serving(server)

@@ -17,7 +17,7 @@ from typing import Mapping, Optional, Sequence
 import pytest
 
 BUILD_COMMAND = ("bazel build //server:precompile_server //client:precompile_client "
-                 "//client:precompile_load //examples:artifacts //examples:blocks")
+                 "//client:precompile_load //examples:artifacts //examples:blocks //gallery:gpt2")
 
 
 def built(path: pathlib.Path) -> pathlib.Path:
