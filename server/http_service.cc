@@ -304,6 +304,19 @@ bool HttpService::Screen(const httplib::Request& request, httplib::Response& res
   const bool optional_body = route.kind == HttpRoute::Kind::kRepositoryIndex ||
                              route.kind == HttpRoute::Kind::kModelLoad ||
                              route.kind == HttpRoute::Kind::kModelUnload;
+  // Only inference carries tensors. Every other body is a few bytes of JSON,
+  // which a parser turns into a tree many times its size: a 57 MB body of
+  // empty arrays cost the repository index more than 1 GB.
+  constexpr size_t kMaxOtherBody = 64 << 10;
+  size_t length = 0;
+  if (route.kind != HttpRoute::Kind::kInfer && request.has_header("Content-Length") &&
+      (!absl::SimpleAtoi(request.get_header_value("Content-Length"), &length) ||
+       length > kMaxOtherBody)) {
+    Send(response, 413, kJson,
+         ErrorBody(absl::StrCat("the body is more than the ", kMaxOtherBody,
+                                " bytes this path takes (only inference bodies may be larger)")));
+    return false;
+  }
   if (optional_body && !request.has_header("Content-Length")) {
     Handle(request, response);
     return false;
@@ -325,7 +338,7 @@ void HttpService::Handle(const httplib::Request& request, httplib::Response& res
                                        request.method)));
   }
   switch (route.kind) {
-    case K::kServerLive: return SendHealth(response, true);
+    case K::kServerLive: return SendHealth(response, api_.ServerLive());
     case K::kServerReady: return SendHealth(response, api_.ServerReady());
     case K::kModelReady: return SendHealth(response, api_.ModelReady(route.model, route.version));
     case K::kServerMetadata: {

@@ -76,6 +76,7 @@ class InferenceApi {
   // INTERNAL, naming the stage, never the exception's text.
   absl::Status Infer(Call& call, absl::Time received) ABSL_LOCKS_EXCLUDED(log_mu_);
 
+  bool ServerLive() const { return state_.live(); }
   bool ServerReady() const { return state_.ready(); }
   bool ModelReady(const std::string& name, const std::string& version) const;
   void ServerMetadata(inference::ServerMetadataResponse* response) const;

@@ -191,7 +191,7 @@ void InferenceService::Delete(InferCall* call) {
 grpc::Status InferenceService::ServerLive(grpc::ServerContext*,
                                           const inference::ServerLiveRequest*,
                                           inference::ServerLiveResponse* response) {
-  response->set_live(true);
+  response->set_live(api_.ServerLive());
   return grpc::Status::OK;
 }
 

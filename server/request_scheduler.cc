@@ -1,9 +1,11 @@
 #include "server/request_scheduler.h"
 
+#include <algorithm>
 #include <exception>
 #include <new>
 
 #include "absl/strings/escaping.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
@@ -20,6 +22,7 @@ absl::Status RequestScheduler::Refusal() const {
 
 bool RequestScheduler::Submit(Job* job) {
   const int now = in_flight_.fetch_add(1) + 1;
+  if (now == 1) last_progress_ns_.store(absl::ToUnixNanos(absl::Now()));
   if (max_in_flight_ > 0 && now > max_in_flight_) {
     Finished();
     return false;
@@ -125,12 +128,18 @@ void RequestScheduler::NotifyWaiters() {
 }
 
 void RequestScheduler::Finished() {
+  last_progress_ns_.store(absl::ToUnixNanos(absl::Now()));
   // Sequentially consistent with AwaitIdle: either it sees no job in flight,
   // or this sees its waiter and wakes it under the lock.
   if (in_flight_.fetch_sub(1) == 1 && idle_waiters_.load() > 0) {
     std::lock_guard<std::mutex> lock(idle_mu_);
     idle_.notify_all();
   }
+}
+
+absl::Duration RequestScheduler::StalledFor(absl::Time now) const {
+  if (in_flight_.load() == 0) return absl::ZeroDuration();
+  return std::max(absl::ZeroDuration(), now - absl::FromUnixNanos(last_progress_ns_.load()));
 }
 
 bool RequestScheduler::AwaitIdle(absl::Time deadline) {

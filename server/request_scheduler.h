@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 
@@ -81,6 +82,10 @@ class RequestScheduler {
   // Waits until no job is in flight, or until `deadline`: true if none is.
   bool AwaitIdle(absl::Time deadline);
 
+  // How long jobs have been in flight without any finishing (zero while
+  // none is in flight): a server whose jobs stop finishing is not live.
+  absl::Duration StalledFor(absl::Time now) const;
+
   // Jobs admitted whose Run() has not returned.
   int in_flight() const { return in_flight_.load(); }
   int queued() const { return queued_.load(); }
@@ -100,6 +105,9 @@ class RequestScheduler {
   const int run_slots_;
   const int max_in_flight_;
   std::atomic<int> in_flight_{0};
+  // When a job last finished, or the first of those in flight was admitted
+  // (absl::ToUnixNanos).
+  std::atomic<int64_t> last_progress_ns_{0};
   std::atomic<int> running_{0};
   std::atomic<int> queued_{0};
   std::mutex queue_mu_;

@@ -208,6 +208,21 @@ TEST(RequestScheduler, AJobThatThrowsGivesBackItsSlotAndIsStillCompleted) {
   EXPECT_EQ(after.ran.load(), 1);
 }
 
+TEST(RequestScheduler, StalledForIsTheTimeSinceAJobLastFinishedWhileSomeAreInFlight) {
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  EXPECT_EQ(scheduler.StalledFor(absl::Now() + absl::Hours(1)), absl::ZeroDuration());
+  Notification release;
+  RecordingJob blocking(&release);
+  std::thread runner([&] { scheduler.Submit(&blocking); });
+  blocking.started.WaitForNotification();
+  const absl::Time later = absl::Now() + absl::Seconds(60);
+  EXPECT_GE(scheduler.StalledFor(later), absl::Seconds(59));
+  EXPECT_LE(scheduler.StalledFor(later), absl::Seconds(61));
+  release.Notify();
+  runner.join();
+  EXPECT_EQ(scheduler.StalledFor(later), absl::ZeroDuration());
+}
+
 TEST(RequestScheduler, UnderContentionEachJobRunsOnceWithinTheSlots) {
   constexpr int kSlots = 3, kThreads = 8, kJobsPerThread = 500;
   RequestScheduler scheduler(kSlots, /*max_in_flight=*/0);

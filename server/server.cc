@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 namespace precompile::server {
 namespace {
@@ -76,6 +77,7 @@ Server::Server(ServerOptions options)
 Server::~Server() {
   if (!stop_polling_.HasBeenNotified()) stop_polling_.Notify();
   if (poller_.joinable()) poller_.join();
+  if (watchdog_.joinable()) watchdog_.join();
   if (http_) http_->Stop();
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now());
   // After gRPC's shutdown, so that no call arrives any more.
@@ -178,6 +180,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   spdlog::info("event={} models_ready={} models_failed={}",
                server->state_.ready() ? "ready" : "not_ready", ready, states.size() - ready);
 
+  if (o.max_request_time > absl::ZeroDuration()) {
+    Server* raw = server.get();
+    const absl::Duration bound = std::max(2 * o.max_request_time, absl::Seconds(10));
+    server->watchdog_ = std::thread([raw, bound] { raw->WatchProgress(bound); });
+  }
   if (o.repository_poll_interval > absl::ZeroDuration()) {
     Server* raw = server.get();
     server->poller_ = std::thread([raw] {
@@ -251,6 +258,24 @@ void Server::UpdateReadiness() {
   }
 }
 
+void Server::WatchProgress(absl::Duration bound) {
+  bool stalled = false;
+  while (!stop_polling_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    const absl::Duration stalled_for = scheduler_->StalledFor(absl::Now());
+    if ((stalled_for > bound) == stalled) continue;
+    stalled = !stalled;
+    state_.SetStalled(stalled);
+    if (stalled) {
+      spdlog::error("event=stalled in_flight_requests={} stalled_for={} message=\"no request has "
+                    "finished for longer than any may run: not live until one does\"",
+                    scheduler_->in_flight(), absl::FormatDuration(stalled_for));
+    } else {
+      spdlog::info("event=progress_resumed");
+    }
+    UpdateReadiness();
+  }
+}
+
 void Server::OnLoadFailure(const std::string& name, int64_t, const std::string&) {
   if (metrics_) metrics_->OnLoadFailure(name);
 }
@@ -270,6 +295,7 @@ absl::Status Server::Stop() {
   BeginDrain();
   if (!stop_polling_.HasBeenNotified()) stop_polling_.Notify();
   if (poller_.joinable()) poller_.join();
+  if (watchdog_.joinable()) watchdog_.join();
   const absl::Time deadline = absl::Now() + options_.drain_timeout;
   // Stop accepting; let running calls finish. Shutdown cancels whatever is
   // still pending at the deadline, but a model call cannot be interrupted, so

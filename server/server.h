@@ -139,6 +139,7 @@ class Server final : public RepositoryListener {
   absl::Status Listen();
   // Recomputes readiness from the repository and tells the health service.
   void UpdateReadiness();
+  void WatchProgress(absl::Duration bound);
 
   const ServerOptions options_;
   ServingState state_;
@@ -155,6 +156,10 @@ class Server final : public RepositoryListener {
   int grpc_port_ = 0;
   Notification stop_polling_;
   std::thread poller_;
+  // Watches that requests in flight make progress (RequestScheduler::
+  // StalledFor): past twice --max_request_seconds (at least 10 s) without
+  // one finishing, the server is neither live nor ready until one does.
+  std::thread watchdog_;
 };
 
 }  // namespace precompile::server

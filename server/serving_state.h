@@ -1,6 +1,7 @@
-// What the services share about the server as a whole: whether it is ready
-// (the repository's first load is done and it is not draining). Admission
-// is the request scheduler's (server/request_scheduler.h).
+// What the services share about the server as a whole: whether it is live
+// (its requests make progress) and ready (the repository's first load is
+// done and it is not draining). Admission is the request scheduler's
+// (server/request_scheduler.h).
 //
 // Thread safety: all methods may be called concurrently; they are lock-free.
 #ifndef PRECOMPILE_SERVER_SERVING_STATE_H_
@@ -15,8 +16,13 @@ class ServingState {
   // Ready: the repository's first scan is done, the server is not draining,
   // and (with strict readiness) no model is loading or failed to load.
   bool ready() const {
-    return ready_.load() && !draining_.load() && (!strict_ || models_ok_.load());
+    return ready_.load() && !draining_.load() && !stalled_.load() &&
+           (!strict_ || models_ok_.load());
   }
+  // Not live: requests are in flight and none has finished for longer than
+  // any should take; the orchestrator should restart the server.
+  bool live() const { return !stalled_.load(); }
+  void SetStalled(bool stalled) { stalled_.store(stalled); }
   bool draining() const { return draining_.load(); }
   void SetReady() { ready_.store(true); }
   void SetStrict(bool strict) { strict_ = strict; }
@@ -28,6 +34,7 @@ class ServingState {
   std::atomic<bool> ready_{false};
   std::atomic<bool> models_ok_{true};
   std::atomic<bool> draining_{false};
+  std::atomic<bool> stalled_{false};
 };
 
 }  // namespace precompile::server

@@ -394,6 +394,51 @@ TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
   }
 }
 
+// A request held inside compiled code (the gate) can outlast every limit:
+// with no request finishing for twice --max_request_seconds (at least
+// 10 s), the server is neither live nor ready, so that its orchestrator
+// restarts it; once a request finishes it is both again.
+TEST(ServerProcess, NoRequestFinishingForTooLongTurnsLivenessRed) {
+  const std::string repository = GatedRepository();
+  const std::string gate = testing::NewTempDirectory("gate");
+  setenv("PRECOMPILE_TEST_GATE_DIR", gate.c_str(), 1);
+  std::vector<std::string> flags = Flags(repository, 30, 0);
+  flags.back() = "--max_request_seconds=1";
+  flags.push_back("--op_library=" + Runfile("tests/gate/libgate_op.so"));
+  ServerProcess server(flags);
+  unsetenv("PRECOMPILE_TEST_GATE_DIR");
+  Clients clients(server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60)));
+  server.AwaitOutput("event=ready", absl::Seconds(60));
+  auto live = [&clients] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    inference::ServerLiveResponse response;
+    return clients.inference->ServerLive(&context, {}, &response).ok() && response.live();
+  };
+  ASSERT_TRUE(live());
+
+  grpc::Status held;
+  std::thread call([&] {
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    held = clients.inference->ModelInfer(&context, testing::ZerosRequest("gated", {4}), &response);
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (CallsAtTheGate(gate) < 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(CallsAtTheGate(gate), 1);
+  server.AwaitOutput("event=stalled in_flight_requests=1", absl::Seconds(30));
+  EXPECT_FALSE(live());
+  EXPECT_EQ(clients.Health(), HealthCheckResponse::NOT_SERVING);
+
+  std::ofstream(gate + "/open");
+  call.join();
+  server.AwaitOutput("event=progress_resumed", absl::Seconds(10));
+  EXPECT_TRUE(live());
+  EXPECT_EQ(clients.Health(), HealthCheckResponse::SERVING);
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0) << server.output();
+}
+
 // HTTP and gRPC requests are admitted by one scheduler: with the limit
 // taken by gRPC calls held at the gate, an HTTP request is refused (429),
 // and answered once they are through.
