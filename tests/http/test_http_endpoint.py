@@ -357,7 +357,7 @@ def test_lying_sizes_are_refused_and_change_nothing(server, http):
     # The binary data is shorter than binary_data_size.
     status, _, answer = curl(server, path="/v2/models/mlp/infer", data=header + data[:100],
                              headers=[f"Inference-Header-Content-Length: {len(header)}"])
-    assert status == 400 and "add up to 128 bytes but 100 bytes follow" in json.loads(answer)["error"]
+    assert status == 400 and "has binary_data_size 128, but only 100 bytes" in json.loads(answer)["error"]
     # Content-Length promises more than arrives before the client stops
     # sending: nothing runs, the connection is closed.
     before = http.get_inference_statistics("mlp")["model_stats"][0]["inference_stats"]
