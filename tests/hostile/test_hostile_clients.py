@@ -30,10 +30,10 @@ from server_process import ServerProcess, built, copy_tree  # noqa: E402
 BIN = ROOT / "bazel-bin"
 MAX_BODY = 1 << 20  # --max_message_bytes of the test server.
 MAX_REQUEST_SECONDS = 2
-# The server's resident peak after the whole suite: libtorch and two small
-# models take about 0.5 GiB; a request that made it allocate what it asked
+# The server's resident peak after the whole suite: libtorch and three small
+# models took 192 MiB here; a request that made it allocate what it asked
 # for (2^62 bytes, a gigabyte of JSON tree) would pass this or kill it.
-PEAK_BOUND_BYTES = 2 << 30
+PEAK_BOUND_BYTES = 1 << 30
 PROMPT_SECONDS = 5.0
 
 
@@ -49,6 +49,7 @@ def server(tmp_path_factory):
          f"--max_request_seconds={MAX_REQUEST_SECONDS}", "--inference_threads=2"])
     yield process
     peak = peak_memory_bytes(process)
+    print(f"\nhostile suite: the server's peak resident memory was {peak >> 20} MiB")
     code = process.stop()
     assert code == 0, process.log()
     assert peak < PEAK_BOUND_BYTES, f"peak resident memory {peak >> 20} MiB"
