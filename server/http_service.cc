@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -282,6 +283,16 @@ bool HttpService::Screen(const httplib::Request& request, httplib::Response& res
                             "this server needs a client certificate signed by its client CA "
                             "for every path but /v2/health/*"));
     return false;
+  }
+  // KServe bodies are JSON, or JSON and binary tensors, whatever a client
+  // labels them. cpp-httplib parses a body labelled a form (curl -d's
+  // default) as one and answers 413 past 8 KiB, and one labelled multipart
+  // as parts: the label is dropped before the body is read. (The request is
+  // const here only by the hook's signature: the server owns it.)
+  const std::string content_type = request.get_header_value("Content-Type");
+  if (absl::StartsWith(content_type, "application/x-www-form-urlencoded") ||
+      absl::StartsWith(content_type, "multipart/form-data")) {
+    const_cast<httplib::Request&>(request).headers.erase("Content-Type");
   }
   const std::string encoding = request.get_header_value("Content-Encoding");
   if (!encoding.empty() && encoding != "identity") {

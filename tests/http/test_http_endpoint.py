@@ -346,6 +346,19 @@ def test_curl_reads_health_and_binary_inference(server):
     assert len(body) == json_length + 8 * 3 * 4
 
 
+def test_a_body_labelled_as_a_form_is_read_as_json_whatever_its_size(server):
+    # curl -d (and --data-binary) label a body application/x-www-form-urlencoded;
+    # cpp-httplib refused such bodies past 8 KiB with a 413 that named
+    # --max_message_bytes.
+    x = np.arange(512 * 4, dtype=np.float32).reshape(512, 4) / 100
+    body = json.dumps({"inputs": [{"name": "x", "shape": [512, 4], "datatype": "FP32",
+                                   "data": x.ravel().tolist()}]})
+    assert len(body) > 8192
+    status, _, answer = curl(server, path="/v2/models/mlp/infer", data=body)
+    assert status == 200, answer
+    assert json.loads(answer)["outputs"][0]["shape"] == [512, 3]
+
+
 def test_lying_sizes_are_refused_and_change_nothing(server, http):
     header = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
                                      "parameters": {"binary_data_size": 128}}]}).encode()
