@@ -1,6 +1,7 @@
-// Registers precompile::call_frame and precompile::check_cancelled. Linked with alwayslink: nothing refers to
-// this file's symbols, but eager programs cannot be loaded without the
-// operator (torch::jit::load fails with "Unknown builtin op").
+// Registers precompile::call_frame and precompile::check_cancelled. Linked
+// with alwayslink: nothing refers to this file's symbols, but eager programs
+// cannot be loaded without the operators (torch::jit::load fails with
+// "Unknown builtin op").
 #include <torch/library.h>
 
 #include <optional>

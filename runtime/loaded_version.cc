@@ -408,24 +408,32 @@ absl::Status LoadedVersion::Impl::CheckOutputSizes(const FrameState& frame, int 
     std::optional<DType> dtype = DTypeFromProto(spec.dtype());
     // Older artifacts say nothing of their dynamic dimensions.
     if (!dtype || spec.shape_symbols_size() != spec.shape_size()) continue;
-    std::vector<int64_t> shape;
-    unsigned __int128 bytes = DTypeSize(*dtype);
-    bool known = true;
-    for (int d = 0; d < spec.shape_size() && known; ++d) {
-      int64_t size = spec.shape(d);
-      if (size < 0) {
-        auto source = sources.find(static_cast<uint32_t>(spec.shape_symbols(d)));
-        known = spec.shape_symbols(d) >= 0 && source != sources.end() &&
-                source->second.first < static_cast<int>(views.size()) &&
-                views[source->second.first].kind == ArgView::Kind::kTensor;
-        if (!known) break;
-        size = views[source->second.first].sizes[source->second.second];
+    // Dimension d's size for these arguments; -1 when it is not known.
+    auto size_of = [&](int d) -> int64_t {
+      if (spec.shape(d) >= 0) return spec.shape(d);
+      if (spec.shape_symbols(d) < 0) return -1;
+      auto source = sources.find(static_cast<uint32_t>(spec.shape_symbols(d)));
+      if (source == sources.end()) return -1;
+      const auto [parameter, dim] = source->second;
+      if (parameter >= static_cast<int>(views.size()) ||
+          views[parameter].kind != ArgView::Kind::kTensor) {
+        return -1;
       }
-      shape.push_back(size);
+      return views[parameter].sizes[dim];
+    };
+    unsigned __int128 bytes = DTypeSize(*dtype);
+    for (int d = 0; d < spec.shape_size(); ++d) {
+      const int64_t size = size_of(d);
+      if (size < 0) {
+        bytes = 0;  // Not known: not checked.
+        break;
+      }
       // Saturates instead of wrapping: sizes are below 2^63.
       bytes = std::min<unsigned __int128>(bytes * static_cast<uint64_t>(size), uint64_t{1} << 63);
     }
-    if (!known || bytes <= options.max_output_bytes) continue;
+    if (bytes <= options.max_output_bytes) continue;
+    std::vector<int64_t> shape;
+    for (int d = 0; d < spec.shape_size(); ++d) shape.push_back(size_of(d));
     const int leaf = i < static_cast<int>(frame.tensor_leaves.size()) ? frame.tensor_leaves[i] : -1;
     const std::string name =
         leaf >= 0 ? frame.proto->outputs().leaves(leaf).name() : absl::StrCat("output", i);

@@ -129,7 +129,6 @@ TEST(DecodeInferRequest, BinaryDataFollowsTheJsonInInputOrder) {
   EXPECT_EQ(request.raw_input_contents(2), "\x01\x02\x03");
 }
 
-// Each bad request is refused with a message naming the problem.
 // Four inputs of 2^62 bytes each add up to 2^64, which wraps to 0 in 64
 // bits: the sizes must be compared one by one against what is there, before
 // any storage is made for them.
@@ -152,6 +151,7 @@ TEST(DecodeInferRequest, RefusesBinarySizesWhoseSumWrapsPast2To64) {
   }
 }
 
+// Each bad request is refused with a message naming the problem.
 TEST(DecodeInferRequest, RefusesWhatDoesNotAgreeAndSaysWhat) {
   struct Case {
     std::string body;

@@ -5,16 +5,15 @@
 #include <spdlog/spdlog.h>
 
 #include <exception>
-#include <new>
 #include <optional>
 #include <string>
 #include <utility>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "base/log_text.h"
 #include "base/notification.h"
 #include "base/proto_json.h"
 #include "server/http_codec.h"
@@ -235,13 +234,14 @@ absl::StatusOr<std::unique_ptr<HttpService>> HttpService::Start(const HttpOption
             "log has it)");
         try {
           std::rethrow_exception(thrown);
-        } catch (const std::bad_alloc&) {
-          status = absl::ResourceExhaustedError("the server ran out of memory answering this request");
-        } catch (const std::exception& e) {
-          spdlog::error("event=http_handler_threw what=\"{}\"",
-                        absl::CHexEscape(absl::string_view(e.what()).substr(0, 512)));
         } catch (...) {
-          spdlog::error("event=http_handler_threw what=\"not a std::exception\"");
+          const CaughtException caught = DescribeCaughtException();
+          if (caught.out_of_memory) {
+            status =
+                absl::ResourceExhaustedError("the server ran out of memory answering this request");
+          } else {
+            spdlog::error("event=http_handler_threw what=\"{}\"", caught.what);
+          }
         }
         response.headers.clear();
         SendError(response, status);

@@ -3,9 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <exception>
 #include <functional>
-#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,10 +13,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/log_text.h"
 #include "runtime/dtype.h"
 #include "server/tensor_codec.h"
 
@@ -36,11 +34,6 @@ constexpr char kPlatform[] = "precompile_serve";
 // that quotes a shape can be as long as the request.
 constexpr size_t kMaxLoggedName = 128;
 constexpr size_t kMaxLoggedMessage = 1024;
-
-std::string Clipped(absl::string_view text, size_t limit) {
-  if (text.size() <= limit) return std::string(text);
-  return absl::StrCat(text.substr(0, limit), "... (", text.size() - limit, " more bytes)");
-}
 
 // Request parameters that Triton's clients may send and that mean nothing
 // here; they are accepted and ignored rather than refused.
@@ -294,19 +287,17 @@ absl::Status InferenceApi::Infer(Call& call, absl::Time received) {
   absl::Status status;
   try {
     status = Run(call, received, &request, &outcome, &handle, &timing, &stage);
-  } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError(
-        absl::StrCat("the server ran out of memory while ", stage));
-  } catch (const std::exception& e) {
-    // The exception's text is for the log, not for the client.
-    spdlog::error("event=request_threw stage=\"{}\" what=\"{}\"", stage,
-                  absl::CHexEscape(Clipped(e.what(), kMaxLoggedMessage)));
-    status = absl::InternalError(absl::StrCat("the server failed while ", stage,
-                                              " (an internal error; the server's log has it)"));
   } catch (...) {
-    spdlog::error("event=request_threw stage=\"{}\" what=\"not a std::exception\"", stage);
-    status = absl::InternalError(absl::StrCat("the server failed while ", stage,
-                                              " (an internal error; the server's log has it)"));
+    const CaughtException caught = DescribeCaughtException();
+    if (caught.out_of_memory) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("the server ran out of memory while ", stage));
+    } else {
+      // The exception's text is for the log, not for the client.
+      spdlog::error("event=request_threw stage=\"{}\" what=\"{}\"", stage, caught.what);
+      status = absl::InternalError(absl::StrCat("the server failed while ", stage,
+                                                " (an internal error; the server's log has it)"));
+    }
   }
   const absl::Time done = absl::Now();
   if (!status.ok()) {
@@ -508,8 +499,7 @@ void InferenceApi::LogFailure(const std::string& model, bool served,
   spdlog::warn(
       "event=request_failed model={} code={} message=\"{}\" note=\"logged once a minute per "
       "model and code; precompile_requests_total counts every one\"",
-      absl::CHexEscape(Clipped(model, kMaxLoggedName)), code,
-      absl::CHexEscape(Clipped(status.message(), kMaxLoggedMessage)));
+      LoggedText(model, kMaxLoggedName), code, LoggedText(status.message(), kMaxLoggedMessage));
 }
 
 

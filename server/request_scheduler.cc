@@ -1,12 +1,10 @@
 #include "server/request_scheduler.h"
 
 #include <algorithm>
-#include <exception>
-#include <new>
 
-#include "absl/strings/escaping.h"
-#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/log_text.h"
 #include "spdlog/spdlog.h"
 
 namespace precompile::server {
@@ -110,13 +108,8 @@ void RequestScheduler::RunJob(Job* job) {
   // or end the process on a thread that cannot unwind further.
   try {
     job->Run();
-  } catch (const std::bad_alloc&) {
-    spdlog::error("event=job_threw what=\"out of memory\"");
-  } catch (const std::exception& e) {
-    spdlog::error("event=job_threw what=\"{}\"",
-                  absl::CHexEscape(absl::string_view(e.what()).substr(0, 512)));
   } catch (...) {
-    spdlog::error("event=job_threw what=\"an exception that is not a std::exception\"");
+    spdlog::error("event=job_threw what=\"{}\"", DescribeCaughtException().what);
   }
   Finished();
   job->Complete();
