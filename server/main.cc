@@ -31,10 +31,16 @@ ABSL_FLAG(int, http_port, 8000,
           "KServe v2 HTTP/REST port (HTTPS with --tls_cert); 0 picks a free port, -1 "
           "disables it");
 ABSL_FLAG(int, http_threads, 64,
-          "Threads answering HTTP; each holds one kept-alive connection, more wait");
+          "Threads handling HTTP requests once they have arrived whole (a connection that "
+          "sends or idles holds none)");
+ABSL_FLAG(int, http_max_connections, 1024,
+          "HTTP connections open at once; past it, the one idle longest is closed");
+ABSL_FLAG(int64_t, http_max_body_buffer_bytes, int64_t{1} << 30,
+          "Bytes of HTTP request bodies held at once (arriving or being answered); a request "
+          "that would pass it gets 429 before its body is read");
 ABSL_FLAG(int, http_request_timeout_seconds, 30,
-          "An HTTP client silent this long while sending a request, or idle this long "
-          "between requests, is disconnected");
+          "An HTTP request must arrive whole within this (plus a second per MiB of body); a "
+          "client idle this long between requests is disconnected");
 ABSL_FLAG(std::string, device, "cpu",
           "Device models run on: cpu, cuda or cuda:N; artifacts for another "
           "device type are refused");
@@ -159,6 +165,8 @@ int main(int argc, char** argv) {
   const int http_port = absl::GetFlag(FLAGS_http_port);
   options.http_address = http_port < 0 ? "" : absl::StrCat(host, ":", http_port);
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
+  options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  options.http_max_body_buffer_bytes = absl::GetFlag(FLAGS_http_max_body_buffer_bytes);
   options.http_request_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_http_request_timeout_seconds));
   std::string device = absl::GetFlag(FLAGS_device);
@@ -198,6 +206,11 @@ int main(int argc, char** argv) {
     return Fail("--max_request_seconds must be at least 0");
   }
   options.max_request_time = absl::Seconds(absl::GetFlag(FLAGS_max_request_seconds));
+  if (options.http_max_connections < 1) return Fail("--http_max_connections must be at least 1");
+  // Below one body of the largest size, such a body would be refused for ever.
+  if (options.http_max_body_buffer_bytes < absl::GetFlag(FLAGS_max_message_bytes)) {
+    return Fail("--http_max_body_buffer_bytes must be at least --max_message_bytes");
+  }
   options.strict_readiness = absl::GetFlag(FLAGS_strict_readiness);
   options.max_connection_age =
       absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_seconds));

@@ -155,6 +155,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     HttpOptions http;
     http.address = o.http_address;
     http.threads = o.http_threads;
+    http.max_connections = o.http_max_connections;
+    http.max_body_buffer_bytes = static_cast<size_t>(o.http_max_body_buffer_bytes);
     http.max_body_bytes = static_cast<size_t>(o.max_message_bytes);
     http.request_timeout = o.http_request_timeout;
     http.tls_cert_file = o.tls_cert_file;

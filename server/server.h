@@ -45,11 +45,16 @@ struct ServerOptions {
   // [host]:port; port 0 picks a free port (see http_port()). Empty (the
   // default here; the server binary's is port 8000) disables it.
   std::string http_address;
-  // Threads answering HTTP; each holds one connection while it is kept
-  // alive. Default: 64.
+  // Threads handling HTTP requests once they have arrived whole (a
+  // connection holds none while it sends or idles). Default: 64.
   int http_threads = 64;
-  // An HTTP client silent this long while it sends a request, or idle this
-  // long between requests, loses its connection.
+  // HTTP connections open at once; past it, the one idle longest is closed.
+  int http_max_connections = 1024;
+  // Bytes of HTTP request bodies held at once, arriving or being answered;
+  // a request that would pass it is refused (429) before its body is read.
+  int64_t http_max_body_buffer_bytes = int64_t{1} << 30;
+  // An HTTP request must arrive whole within this (plus a second per MiB of
+  // body); a client idle this long between requests loses its connection.
   absl::Duration http_request_timeout = absl::Seconds(30);
   // Largest request or response message. Default: 256 MiB.
   int max_message_bytes = 256 << 20;

@@ -18,6 +18,7 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -31,6 +32,7 @@
 #include "base/half_float.h"
 #include "base/json_text.h"
 #include "server/http_codec.h"
+#include "server/http_head.h"
 #include "server/infer_response.h"
 #include "server/tensor_codec.h"
 
@@ -486,6 +488,33 @@ absl::Status CheckHttpRequest(const uint8_t* data, size_t size) {
   if (data[0] & 1) header_length = static_cast<size_t>(in.U64(2));
   const absl::string_view body = in.Bytes(size);
   if (header_length) *header_length %= body.size() + 1;
+
+  // The same bytes as an HTTP head: refused with a message, or parsed into
+  // what the transport relies on.
+  const absl::string_view head_bytes = body.substr(server::SkipEmptyLines(body));
+  if (std::optional<size_t> end = server::FindHeadEnd(head_bytes)) {
+    constexpr size_t kMaxFields = 8;
+    absl::StatusOr<server::HttpHead> head =
+        server::ParseHttpHead(head_bytes.substr(0, *end), kMaxFields);
+    if (!head.ok()) {
+      const absl::StatusCode code = head.status().code();
+      if (head.status().message().empty() ||
+          (code != absl::StatusCode::kInvalidArgument && code != absl::StatusCode::kUnimplemented &&
+           code != absl::StatusCode::kResourceExhausted)) {
+        return Violation(absl::StrCat("ParseHttpHead refused with ", head.status().ToString()));
+      }
+    } else {
+      if (head->method.empty() || head->fields.size() > kMaxFields) {
+        return Violation("ParseHttpHead gave no method or too many fields");
+      }
+      for (const auto& [name, value] : head->fields) {
+        if (name.empty() || name != absl::AsciiStrToLower(name) ||
+            value.find_first_of("\r\n") != std::string::npos) {
+          return Violation(absl::StrCat("ParseHttpHead gave the field '", name, "'"));
+        }
+      }
+    }
+  }
 
   for (const char* method : {"GET", "POST"}) {
     const server::HttpRoute route = server::RouteOf(method, body);

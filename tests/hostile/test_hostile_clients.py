@@ -12,6 +12,7 @@ Needs the Bazel build outputs: bazel build //server:precompile_server
 """
 
 import json
+import select
 import pathlib
 import socket
 import sys
@@ -230,4 +231,80 @@ def test_outputs_larger_than_a_response_may_carry_are_refused_before_the_model_r
             request.raw_input_contents.append(small.tobytes())
         response = stub.ModelInfer(request, timeout=60)
         assert list(response.outputs[0].shape) == [2, 8, 1000]
+    assert_still_serving(server)
+
+
+def test_a_header_line_that_never_ends_is_cut_off_at_the_head_limit(server):
+    # Up to 64 MiB of one header line; the server answers 431 once its head
+    # limit (32 KiB) is passed and reads no more of it.
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nX-Endless: ")
+        chunk = b"a" * (64 << 10)
+        answer = b""
+        for _ in range(1024):
+            readable, _, _ = select.select([s], [], [], 0)
+            if readable:
+                break
+            try:
+                s.sendall(chunk)
+            except OSError:
+                break
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except OSError:
+            pass
+    assert status_of(answer) == 431, answer[:200]
+    assert "more than the server's limit of 32768 bytes" in error_of(answer)
+    assert_still_serving(server)
+
+
+def test_half_sent_requests_on_many_connections_keep_no_probe_out(server):
+    # Each sends part of a head and waits: no thread is held for them, and
+    # the probes and requests of others are answered at once.
+    waiting = []
+    try:
+        for _ in range(200):
+            s = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+            s.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nContent-Le")
+            waiting.append(s)
+        started = time.monotonic()
+        assert status_of(http(server, b"GET /v2/health/live HTTP/1.1\r\n\r\n")) == 200
+        assert time.monotonic() - started < 1.0
+        assert_still_serving(server)
+    finally:
+        for s in waiting:
+            s.close()
+
+
+def test_a_body_refused_before_it_is_read_is_not_taken_for_a_request(server):
+    # The refused body is a whole request of its own: a server that kept the
+    # connection would answer it too.
+    smuggled = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+        s.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(smuggled) + smuggled)
+        answer = b""
+        while chunk := s.recv(65536):  # Until the server closes.
+            answer += chunk
+    assert status_of(answer) == 415, answer
+    assert "Content-Encoding 'gzip' is not supported" in error_of(answer)
+    assert answer.count(b"HTTP/1.1 ") == 1, answer
+    assert_still_serving(server)
+
+
+def test_a_client_that_hangs_up_ends_its_request(server):
+    # The same endless loop as above, but its client goes: the request ends
+    # as cancelled, not when --max_request_seconds runs out.
+    body = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
+                                   "data": [0.5] * 32}],
+                       "parameters": {"n": 10**12}}).encode()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+        s.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while "model=loop code=CANCELLED" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "model=loop code=CANCELLED" in server.log(), server.log()[-3000:]
     assert_still_serving(server)

@@ -61,10 +61,9 @@ const char* __tsan_default_suppressions() {
       // own threads.
       "race:libcrypto.so\n"
       "race:libssl.so\n"
-      // Nor is Debian's cpp-httplib (the HTTP endpoint): a connection's
-      // handling moves between its worker threads through synchronisation
-      // compiled into the library, so its own accesses from two workers look
-      // unsynchronised (seen: both stacks wholly inside the library).
+      // Nor is Debian's cpp-httplib (the HTTP client of the C++ tests), whose
+      // synchronisation is compiled into the library (seen when it served the
+      // endpoint: both stacks wholly inside the library).
       "race:libcpp-httplib.so\n";
 }
 
