@@ -61,7 +61,7 @@ class Flag:
 
     def parse(self, value: str):
         """The value as the server would take it; ValueError if absl would refuse it."""
-        if self.type == "int":
+        if self.type in ("int", "int64_t"):
             if not re.fullmatch(r"[+-]?\d+", value.strip()):
                 raise ValueError(f"--{self.name}={value}: not an integer")
             return int(value)
@@ -85,7 +85,8 @@ class Flag:
             return m.group(1)
         if self.type == "bool":
             return {"true": True, "false": False}[d]
-        if self.type == "int":
+        if self.type in ("int", "int64_t"):
+            d = re.sub(r"int64_t\{(\d+)\}", r"\1", d)  # int64_t{1} << 30
             if not re.fullmatch(r"[\d\s<>+*()-]+", d):
                 raise ValueError(f"--{self.name}: default {d} is not a constant")
             return int(eval(d, {"__builtins__": {}}))  # e.g. 256 << 20

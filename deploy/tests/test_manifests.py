@@ -678,6 +678,23 @@ def test_resources(overlay):
 
 
 @overlays
+def test_what_requests_may_hold_fits_half_the_memory_limit(overlay):
+    values = flags(overlay)
+    message = values["max_message_bytes"]
+    held = (values["http_max_body_buffer_bytes"]
+            + values["max_concurrent_requests"] * 2 * message)
+    limit = quantity(server_container(deployment(overlay))["resources"]["limits"]["memory"])
+    assert values["max_concurrent_requests"] > 0, (
+        f"{overlay}: --max_concurrent_requests=0 admits without limit: memory has no bound")
+    assert held <= limit / 2, (
+        f"{overlay}: HTTP bodies ({values['http_max_body_buffer_bytes']}) and "
+        f"{values['max_concurrent_requests']} requests and responses of {message} bytes may hold "
+        f"{held / 2**30:.2f} GiB, more than half the memory limit ({limit / 2**30:.2f} GiB)")
+    assert values["http_max_body_buffer_bytes"] >= message, (
+        f"{overlay}: --http_max_body_buffer_bytes is below --max_message_bytes")
+
+
+@overlays
 def test_anti_affinity_spreads_replicas(overlay):
     spec = pod_spec(overlay)
     labels = deployment(overlay)["spec"]["template"]["metadata"]["labels"]
