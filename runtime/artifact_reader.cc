@@ -1,6 +1,12 @@
 #include "runtime/artifact_reader.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -196,10 +202,10 @@ bool CpuSupportsIsa(absl::string_view isa) {
   return false;
 }
 
-absl::StatusOr<std::pair<std::string, uint64_t>> Sha256File(
-    const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::DataLossError(absl::StrCat("cannot open ", path));
+namespace {
+
+// Lowercase hex SHA-256 of what `fd` holds, read from its start, with its size.
+absl::StatusOr<std::pair<std::string, uint64_t>> Sha256Descriptor(int fd) {
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(),
                                                               EVP_MD_CTX_free);
   if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
@@ -207,15 +213,16 @@ absl::StatusOr<std::pair<std::string, uint64_t>> Sha256File(
   }
   std::vector<char> buffer(1 << 20);
   uint64_t size = 0;
-  while (in) {
-    in.read(buffer.data(), buffer.size());
-    const std::streamsize n = in.gcount();
-    if (n > 0) {
-      EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<size_t>(n));
-      size += static_cast<uint64_t>(n);
+  while (true) {
+    const ssize_t n = pread(fd, buffer.data(), buffer.size(), static_cast<off_t>(size));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::DataLossError(absl::StrCat("cannot read: ", std::strerror(errno)));
     }
+    if (n == 0) break;
+    EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<size_t>(n));
+    size += static_cast<uint64_t>(n);
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   EVP_DigestFinal_ex(ctx.get(), digest, &length);
@@ -227,6 +234,55 @@ absl::StatusOr<std::pair<std::string, uint64_t>> Sha256File(
     hex.push_back(kHex[digest[i] & 0xf]);
   }
   return std::make_pair(std::move(hex), size);
+}
+
+// Whether a file's contents may differ between two looks at it: every write
+// sets its modification time. (Not its change time, which moves too when a
+// deployment renames a new file over it: the open file is then unlinked, not
+// written.)
+bool Changed(const struct stat& before, const struct stat& after) {
+  return before.st_ino != after.st_ino || before.st_size != after.st_size ||
+         before.st_mtim.tv_sec != after.st_mtim.tv_sec ||
+         before.st_mtim.tv_nsec != after.st_mtim.tv_nsec;
+}
+
+}  // namespace
+
+CheckedFiles::~CheckedFiles() {
+  for (const File& file : files_) close(file.fd);
+}
+
+void CheckedFiles::Hold(std::string relative, int fd, const struct stat& checked) {
+  files_.push_back({std::move(relative), fd, checked});
+}
+
+std::string CheckedFiles::PathOf(const std::string& relative) const {
+  for (const File& file : files_) {
+    if (file.relative == relative) return absl::StrCat("/proc/self/fd/", file.fd);
+  }
+  return "";
+}
+
+absl::Status CheckedFiles::CheckUnchanged() const {
+  for (const File& file : files_) {
+    struct stat now {};
+    if (fstat(file.fd, &now) != 0 || Changed(file.checked, now)) {
+      return absl::DataLossError(absl::StrCat(
+          "file '", file.relative,
+          "' was written while the model loaded (a copy still under way?); it is not loaded: "
+          "load it again once the artifact is complete"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::string, uint64_t>> Sha256File(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::DataLossError(absl::StrCat("cannot open ", path));
+  auto digest = Sha256Descriptor(fd);
+  close(fd);
+  if (!digest.ok()) return absl::DataLossError(absl::StrCat(path, ": ", digest.status().message()));
+  return digest;
 }
 
 absl::StatusOr<Artifact> ReadArtifact(const std::string& directory,
@@ -288,11 +344,34 @@ absl::StatusOr<Artifact> ReadArtifact(const std::string& directory,
   }
 
   absl::flat_hash_set<std::string> listed;
+  artifact.files = std::make_shared<CheckedFiles>();
   for (const auto& file : m.files()) {
     absl::StatusOr<std::string> path = ConfinedPath(root, file.path());
     if (!path.ok()) return fail(path.status());
-    absl::StatusOr<std::pair<std::string, uint64_t>> digest = Sha256File(*path);
-    if (!digest.ok()) return fail(digest.status());
+    // Non-blocking: opening a FIFO for reading would wait for a writer.
+    const int fd = open(path->c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+      return fail(absl::DataLossError(absl::StrCat("file '", file.path(), "' cannot be opened: ",
+                                                   std::strerror(errno))));
+    }
+    struct stat before {};
+    if (fstat(fd, &before) != 0 || !S_ISREG(before.st_mode)) {
+      close(fd);
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("file '", file.path(), "' is not a regular file")));
+    }
+    artifact.files->Hold(file.path(), fd, before);
+    absl::StatusOr<std::pair<std::string, uint64_t>> digest = Sha256Descriptor(fd);
+    if (!digest.ok()) {
+      return fail(absl::DataLossError(
+          absl::StrCat("file '", file.path(), "': ", digest.status().message())));
+    }
+    struct stat after {};
+    if (fstat(fd, &after) != 0 || Changed(before, after)) {
+      return fail(absl::DataLossError(absl::StrCat(
+          "file '", file.path(), "' was written while its checksum was computed (a copy still "
+          "under way?)")));
+    }
     if (digest->second != file.size_bytes()) {
       return fail(absl::DataLossError(absl::StrCat(
           "file '", file.path(), "' has ", digest->second, " bytes, expected ",

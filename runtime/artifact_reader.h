@@ -6,20 +6,34 @@
 // runtime's libtorch, this CPU supports the instruction set its code was
 // compiled for, every file it lists lies inside the directory (no absolute
 // path, no "..", no symbolic link leading out) with the recorded size and
-// SHA-256, every path a frame or variant names is one of those files, and its
+// SHA-256 (regular files only: a FIFO would block the reader), every path a
+// frame or variant names is one of those files, and its
 // frames are consistent (an entry frame that exists, unique names, an eager
 // program for every flagged frame, no entry frame without anything to
 // dispatch to).
+//
+// What is loaded is what was checked: each file is held open from its
+// checksum until the loaders have read it, through that descriptor
+// (Artifact::PathOf). A file replaced meanwhile (renamed over, as deployments
+// do) is still read as it was checked; one written in place is caught by
+// Artifact::ReleaseFiles. So a copy into the repository that is still under
+// way is never loaded half-written.
 //
 // Thread safety: ReadArtifact is a free function with no shared state.
 #ifndef PRECOMPILE_RUNTIME_ARTIFACT_READER_H_
 #define PRECOMPILE_RUNTIME_ARTIFACT_READER_H_
 
+#include <sys/stat.h>
+
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/artifact.pb.h"
 
 namespace precompile {
@@ -33,16 +47,56 @@ struct ArtifactReaderOptions {
   std::function<bool(absl::string_view)> cpu_supports_isa;
 };
 
+// The files of an artifact, open since their checksums were computed.
+class CheckedFiles {
+ public:
+  CheckedFiles() = default;
+  ~CheckedFiles();
+  CheckedFiles(const CheckedFiles&) = delete;
+  CheckedFiles& operator=(const CheckedFiles&) = delete;
+
+  // Takes `fd`, open on `relative`, as it was when its checksum was
+  // computed (`checked`).
+  void Hold(std::string relative, int fd, const struct stat& checked);
+  // A path that opens the checked file itself ("/proc/self/fd/N"), or "" for
+  // a file not among them.
+  std::string PathOf(const std::string& relative) const;
+  // DATA_LOSS naming the first file written since its check.
+  absl::Status CheckUnchanged() const;
+
+ private:
+  struct File {
+    std::string relative;
+    int fd;
+    struct stat checked;
+  };
+  std::vector<File> files_;
+};
+
 struct Artifact {
   // The artifact's directory, made absolute and free of symbolic links.
   std::string directory;
   artifact::v1::Manifest manifest;
   // The readable FRAMES list.
   std::string frames_text;
+  // Until ReleaseFiles.
+  std::shared_ptr<CheckedFiles> files;
 
-  // The absolute path of a file the manifest lists (already validated).
+  // A path to read a file the manifest lists (already validated): the
+  // checked file while it is held, else the file in the directory.
   std::string PathOf(const std::string& relative) const {
+    if (files != nullptr) {
+      if (std::string checked = files->PathOf(relative); !checked.empty()) return checked;
+    }
     return directory + "/" + relative;
+  }
+  // Once everything is loaded: closes the files, DATA_LOSS if one was
+  // written since its check (what was loaded may not be what was checked).
+  absl::Status ReleaseFiles() {
+    if (files == nullptr) return absl::OkStatus();
+    absl::Status unchanged = files->CheckUnchanged();
+    files.reset();
+    return unchanged;
   }
 };
 

@@ -3,6 +3,7 @@
 #include "runtime/artifact_reader.h"
 
 #include <gmock/gmock.h>
+#include <sys/stat.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -235,6 +236,55 @@ TEST(ArtifactReader, AModelThatFailsToLoadLeavesNothingBehind) {
               AllOf(HasSubstr("model 'mlp'"), HasSubstr("loading variant forward#1")));
   // The intact artifact still loads and serves.
   EXPECT_TRUE(LoadedVersion::Load(ExampleArtifact("mlp"), {}).ok());
+}
+
+// The bytes read through PathOf, as Sha256File sees them.
+std::string Sha256Of(const std::string& path) {
+  auto digest = Sha256File(path);
+  EXPECT_TRUE(digest.ok()) << digest.status();
+  return digest.ok() ? digest->first : "";
+}
+
+TEST(ArtifactReader, LoadsTheBytesItCheckedWhenAFileIsReplacedAfterTheCheck) {
+  const std::string dir = FreshCopy("mlp");
+  const artifact::v1::Manifest manifest = ReadManifest(dir);
+  const auto& file = manifest.files(0);
+  absl::StatusOr<Artifact> artifact = ReadArtifact(dir, Options());
+  ASSERT_TRUE(artifact.ok()) << artifact.status();
+  // A deployment renames a new file over the old one after the check.
+  {
+    std::ofstream replacement(dir + "/replacement", std::ios::binary);
+    replacement << std::string(file.size_bytes(), 'x');
+  }
+  fs::rename(dir + "/replacement", dir + "/" + file.path());
+  EXPECT_NE(Sha256Of(dir + "/" + file.path()), file.sha256());
+  EXPECT_EQ(Sha256Of(artifact->PathOf(file.path())), file.sha256());
+  EXPECT_TRUE(artifact->ReleaseFiles().ok());
+  // Once released, the directory's file is what a path names.
+  EXPECT_EQ(artifact->PathOf(file.path()), dir + "/" + file.path());
+}
+
+TEST(ArtifactReader, CatchesAFileWrittenInPlaceAfterItsCheck) {
+  const std::string dir = FreshCopy("mlp");
+  const std::string package = ReadManifest(dir).frames(0).variants(0).package_path();
+  absl::StatusOr<Artifact> artifact = ReadArtifact(dir, Options());
+  ASSERT_TRUE(artifact.ok()) << artifact.status();
+  {
+    std::fstream f(dir + "/" + package, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  const absl::Status released = artifact->ReleaseFiles();
+  EXPECT_EQ(released.code(), absl::StatusCode::kDataLoss) << released;
+  EXPECT_THAT(released.message(), AllOf(HasSubstr(package), HasSubstr("written while")));
+}
+
+TEST(ArtifactReader, RefusesAFileThatIsNotARegularFileWithoutWaitingOnIt) {
+  const std::string dir = FreshCopy("mlp");
+  const std::string frames = dir + "/FRAMES";
+  fs::remove(frames);
+  ASSERT_EQ(mkfifo(frames.c_str(), 0600), 0);
+  ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'FRAMES' is not a regular file");
 }
 
 }  // namespace

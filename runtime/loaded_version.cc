@@ -760,6 +760,9 @@ absl::StatusOr<std::shared_ptr<LoadedVersion>> LoadedVersion::Load(const std::st
     }
   }
   if (absl::Status s = impl->LoadFrames(); !s.ok()) return fail(s);
+  // The loaders read the files through the descriptors checked; a write
+  // since would mean something else was loaded.
+  if (absl::Status s = impl->artifact.ReleaseFiles(); !s.ok()) return fail(s);
   spdlog::info("loaded model '{}' from {}: {} frames, entry '{}', complete={}",
                impl->options.name, impl->artifact.directory, m.frames_size(),
                m.entry_frame(), m.summary().complete());
