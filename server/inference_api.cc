@@ -327,13 +327,21 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
     return found.status();
   }
   *handle = *std::move(found);
-  const absl::Time deadline = max_request_time_ > absl::ZeroDuration()
-                                  ? received + max_request_time_
+  // The model's own limit, if its config.pbtxt sets one, else the server's.
+  const absl::Duration limit = handle->max_request_time.value_or(max_request_time_);
+  const absl::Time deadline = limit > absl::ZeroDuration() && limit < absl::InfiniteDuration()
+                                  ? received + limit
                                   : absl::InfiniteFuture();
   const auto past_deadline = [&](const absl::Status& status) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "the request ran past the server's limit of ", absl::FormatDuration(max_request_time_),
-        " per request (--max_request_seconds): ", status.message()));
+        "the request ran past ",
+        handle->max_request_time
+            ? absl::StrCat("model '", request.model_name(), "''s limit of ")
+            : std::string("the server's limit of "),
+        absl::FormatDuration(limit), " per request",
+        handle->max_request_time ? " (max_request_seconds in its config.pbtxt): "
+                                 : " (--max_request_seconds): ",
+        status.message()));
   };
   if (call.Cancelled()) {
     return absl::CancelledError(

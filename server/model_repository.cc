@@ -96,16 +96,40 @@ class FirstError : public google::protobuf::io::ErrorCollector {
   std::string first;
 };
 
-// The version policy of the model's optional config.pbtxt (Triton's
-// ModelConfig in text format); the default when there is none. Fields this
-// server does not know are ignored, as long as they are written without list
-// brackets (protobuf's parser cannot skip `f [ {...} ]` of an unknown
-// field). It may name the model, as its directory does.
-absl::StatusOr<VersionPolicy> ReadVersionPolicy(const std::string& name,
+// What the server reads of a model's config.pbtxt.
+struct ModelConfigFile {
+  VersionPolicy policy;
+  std::optional<absl::Duration> max_request_time;
+};
+
+// The parameter max_request_seconds: seconds (a decimal number) or "0" for
+// no limit.
+absl::StatusOr<std::optional<absl::Duration>> ReadMaxRequestTime(
+    const inference::ModelConfig& config) {
+  auto it = config.parameters().find("max_request_seconds");
+  if (it == config.parameters().end()) return std::nullopt;
+  const std::string& text = it->second.string_value();
+  double seconds = 0;
+  // Past a million seconds is as good as none, and keeps the arithmetic finite.
+  if (!absl::SimpleAtod(text, &seconds) || !(seconds >= 0) || seconds > 1e6) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.pbtxt: parameters max_request_seconds is '", text,
+        "', not a number of seconds from 0 (no limit) to 1000000"));
+  }
+  if (seconds == 0) return absl::InfiniteDuration();
+  return absl::Seconds(seconds);
+}
+
+// The version policy and request time limit of the model's optional
+// config.pbtxt (Triton's ModelConfig in text format); the defaults when there
+// is none. Fields this server does not know are ignored, as long as they are
+// written without list brackets (protobuf's parser cannot skip `f [ {...} ]`
+// of an unknown field). It may name the model, as its directory does.
+absl::StatusOr<ModelConfigFile> ReadModelConfig(const std::string& name,
                                                 const fs::path& model_dir) {
   const fs::path path = model_dir / "config.pbtxt";
   std::error_code ec;
-  if (!fs::exists(path, ec)) return VersionPolicy{};
+  if (!fs::exists(path, ec)) return ModelConfigFile{};
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -153,7 +177,9 @@ absl::StatusOr<VersionPolicy> ReadVersionPolicy(const std::string& name,
     case inference::ModelVersionPolicy::POLICY_CHOICE_NOT_SET:
       break;
   }
-  return policy;
+  absl::StatusOr<std::optional<absl::Duration>> max_request_time = ReadMaxRequestTime(config);
+  if (!max_request_time.ok()) return max_request_time.status();
+  return ModelConfigFile{std::move(policy), *max_request_time};
 }
 
 std::string VersionList(const std::vector<int64_t>& versions) {
@@ -191,6 +217,7 @@ void ModelRepository::Changed() {
   auto answers = std::make_shared<Answers>();
   for (const auto& [name, entry] : models_) {
     Answer& answer = (*answers)[name];
+    answer.max_request_time = entry.state.max_request_time;
     if (!entry.versions.empty()) {
       for (const Loaded& loaded : entry.versions) {
         answer.versions.push_back(
@@ -314,16 +341,17 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
   };
   // A config the server refuses leaves nothing to try: what is served stays.
   VersionPlan plan;
-  absl::StatusOr<VersionPolicy> policy = ReadVersionPolicy(name, model_dir);
-  if (!policy.ok()) {
-    failed(versions.front().first, std::string(policy.status().message()));
+  absl::StatusOr<ModelConfigFile> config = ReadModelConfig(name, model_dir);
+  if (!config.ok()) {
+    failed(versions.front().first, std::string(config.status().message()));
   } else {
     std::vector<ServedVersion> served;
     for (const Loaded& loaded : previous_versions) {
       served.push_back({loaded.handle.version, loaded.fingerprint});
     }
-    plan = PlanVersions(*policy, on_disk, served, reload);
-    state.policy = *policy;
+    plan = PlanVersions(config->policy, on_disk, served, reload);
+    state.policy = config->policy;
+    state.max_request_time = config->max_request_time;
   }
   auto served_copy = [&](int64_t version) -> const Loaded* {
     for (const Loaded& loaded : previous_versions) {
@@ -494,7 +522,8 @@ absl::StatusOr<std::vector<ModelRepository::Handle>> ModelRepository::GetVersion
   if (!it->second.unavailable.ok()) return it->second.unavailable;
   std::vector<Handle> handles;
   for (const Answer::Version& v : it->second.versions) {
-    handles.push_back(Handle{v.model.lock(), v.version, v.metrics.lock()});
+    handles.push_back(
+        Handle{v.model.lock(), v.version, v.metrics.lock(), it->second.max_request_time});
   }
   return handles;
 }
@@ -526,7 +555,8 @@ std::optional<absl::StatusOr<ModelRepository::Handle>> ModelRepository::Find(
   }
   std::shared_ptr<LoadedVersion> model = chosen->model.lock();
   if (!model) return std::nullopt;
-  return Handle{std::move(model), chosen->version, chosen->metrics.lock()};
+  return Handle{std::move(model), chosen->version, chosen->metrics.lock(),
+                answer.max_request_time};
 }
 
 std::vector<ModelState> ModelRepository::List() const {

@@ -69,6 +69,9 @@ class ModelRepository {
     std::shared_ptr<LoadedVersion> model;
     int64_t version = 0;
     std::shared_ptr<ModelMetrics> metrics;  // May be null.
+    // The model's limit on a request's time, if its config.pbtxt sets one
+    // (filled in by Get and GetVersions).
+    std::optional<absl::Duration> max_request_time;
   };
 
   // `listener` may be null; it must outlive the repository.
@@ -134,6 +137,7 @@ class ModelRepository {
   // Weak references, so that a thread's copy keeps no model alive.
   struct Answer {
     absl::Status unavailable;  // OK when a version is served.
+    std::optional<absl::Duration> max_request_time;
     struct Version {
       std::weak_ptr<LoadedVersion> model;
       int64_t version = 0;

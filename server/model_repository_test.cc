@@ -243,5 +243,32 @@ TEST_F(RepositoryTest, AConfigThatDoesNotParseOrNamesAnotherModelIsRefusedNaming
   EXPECT_THAT(loader_.loaded, ::testing::IsEmpty());
 }
 
+TEST_F(RepositoryTest, AConfigMaySetTheModelsOwnRequestTimeLimit) {
+  auto limit_served = [this] {
+    auto handle = repository_->Get("mlp", "");
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    return handle.ok() ? handle->max_request_time : std::nullopt;
+  };
+  ASSERT_TRUE(repository_->Load("mlp").ok());
+  EXPECT_EQ(limit_served(), std::nullopt);  // The server's applies.
+  // As Triton's parameters are written: a string value.
+  WriteConfig(root_, R"(parameters { key: "max_request_seconds" value { string_value: "2.5" } })");
+  ASSERT_TRUE(repository_->Load("mlp").ok());
+  EXPECT_EQ(limit_served(), absl::Milliseconds(2500));
+  EXPECT_EQ(repository_->GetVersions("mlp")->front().max_request_time, absl::Milliseconds(2500));
+  WriteConfig(root_, R"(parameters { key: "max_request_seconds" value { string_value: "0" } })");
+  ASSERT_TRUE(repository_->Load("mlp").ok());
+  EXPECT_EQ(limit_served(), absl::InfiniteDuration());
+  for (const char* bad : {"-1", "soon", "nan", "1e9"}) {
+    WriteConfig(root_, absl::StrCat(R"(parameters { key: "max_request_seconds" value { string_value: ")",
+                                    bad, R"(" } })"));
+    EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
+                HasSubstr(absl::StrCat("max_request_seconds is '", bad, "', not a number")))
+        << bad;
+  }
+  // A refused config leaves what was served, with its limit.
+  EXPECT_EQ(limit_served(), absl::InfiniteDuration());
+}
+
 }  // namespace
 }  // namespace precompile::server

@@ -4,9 +4,11 @@
 #define PRECOMPILE_SERVER_MODEL_STATE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "server/repository_policy.h"
 
 namespace precompile::server {
@@ -23,6 +25,9 @@ struct ModelState {
   std::string reason;  // Why the last load failed, or why it is not served.
   std::string directory;  // The newest served version's.
   VersionPolicy policy;
+  // The model's own limit on a request's time (config.pbtxt's parameter
+  // max_request_seconds; infinite for "0"), in place of the server's.
+  std::optional<absl::Duration> max_request_time;
   // Its last load failed and no version of it is served.
   bool failed = false;
 };

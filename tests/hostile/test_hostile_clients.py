@@ -44,6 +44,10 @@ def server(tmp_path_factory):
     for name in ("mlp", "loop"):
         copy_tree(built(BIN / "examples" / name), root / "repository" / name / "1")
     copy_tree(built(BIN / "gallery" / "gpt2"), root / "repository" / "gpt2" / "1")
+    # The same program with a shorter limit of its own.
+    copy_tree(built(BIN / "examples" / "loop"), root / "repository" / "loop_quick" / "1")
+    (root / "repository" / "loop_quick" / "config.pbtxt").write_text(
+        'parameters { key: "max_request_seconds" value { string_value: "0.5" } }\n')
     process = ServerProcess(
         built(BIN / "server" / "precompile_server"), root / "repository",
         [f"--max_message_bytes={MAX_BODY}", "--http_request_timeout_seconds=5",
@@ -166,6 +170,20 @@ def test_a_parameter_that_loops_for_ever_ends_at_the_request_limit(server):
         with pytest.raises(grpc.RpcError) as ended:
             stub.ModelInfer(request, timeout=60)
         assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert_still_serving(server)
+
+
+def test_a_model_s_own_limit_in_its_config_replaces_the_server_s(server):
+    body = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
+                                   "data": [0.5] * 32}],
+                       "parameters": {"n": 10**12}}).encode()
+    started = time.monotonic()
+    answer = post(server, "/v2/models/loop_quick/infer", body)
+    took = time.monotonic() - started
+    assert status_of(answer) == 504, answer
+    assert ("ran past model 'loop_quick''s limit of 500ms per request (max_request_seconds in "
+            "its config.pbtxt)") in error_of(answer)
+    assert 0.5 <= took < MAX_REQUEST_SECONDS
     assert_still_serving(server)
 
 
