@@ -10,13 +10,10 @@
 #include "absl/strings/strip.h"
 
 namespace precompile {
-namespace {
-
-constexpr int kMaxDepth = 200;
 
 // nlohmann's message without its "[json.exception.parse_error.101] parse
 // error at " prefix: what is left starts with the line and column.
-std::string ParseErrorText(const nlohmann::json::exception& e) {
+std::string JsonParseErrorText(const nlohmann::json::exception& e) {
   absl::string_view text = e.what();
   if (const size_t bracket = text.find("] "); bracket != absl::string_view::npos) {
     text.remove_prefix(bracket + 2);
@@ -25,8 +22,6 @@ std::string ParseErrorText(const nlohmann::json::exception& e) {
   absl::ConsumePrefix(&text, "parse error: ");
   return absl::StrCat("invalid JSON: ", text);
 }
-
-}  // namespace
 
 absl::StatusOr<Json> ParseJson(absl::string_view text) {
   // The keys of each object being read, innermost last. Every value is kept
@@ -39,8 +34,8 @@ absl::StatusOr<Json> ParseJson(absl::string_view text) {
     switch (event) {
       case Json::parse_event_t::object_start:
       case Json::parse_event_t::array_start:
-        if (depth >= kMaxDepth) {
-          refused = absl::StrCat("invalid JSON: nested more than ", kMaxDepth, " deep");
+        if (depth >= kMaxJsonDepth) {
+          refused = absl::StrCat("invalid JSON: nested more than ", kMaxJsonDepth, " deep");
         }
         if (event == Json::parse_event_t::object_start) keys.emplace_back();
         break;
@@ -60,7 +55,7 @@ absl::StatusOr<Json> ParseJson(absl::string_view text) {
     if (!refused.empty()) return absl::InvalidArgumentError(refused);
     return json;
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(ParseErrorText(e));
+    return absl::InvalidArgumentError(JsonParseErrorText(e));
   }
 }
 

@@ -29,6 +29,13 @@ using Json = nlohmann::ordered_json;
 // values recursively).
 absl::StatusOr<Json> ParseJson(absl::string_view text);
 
+// The deepest nesting ParseJson accepts.
+inline constexpr int kMaxJsonDepth = 200;
+
+// What ParseJson answers for nlohmann's parse error `e` ("invalid JSON at
+// line 2, column 8: ..."): for parsers of its kind elsewhere.
+std::string JsonParseErrorText(const nlohmann::json::exception& e);
+
 // The member `key` of `object`, or null when it has none (or is no object).
 const Json* JsonMember(const Json& object, const std::string& key);
 

@@ -6,7 +6,12 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -82,11 +87,11 @@ uint64_t LeafCount(const Json& data) {
   return n;
 }
 
-// Writes each leaf of `data` as a value of `dtype` at `*out`, advancing it.
+// Appends each leaf of `data` to `*out` as a value of `dtype`.
 class LeafWriter {
  public:
-  LeafWriter(DType dtype, const std::string& input, char* out)
-      : dtype_(dtype), input_(input), out_(out) {}
+  LeafWriter(DType dtype, std::string input, std::string* out)
+      : dtype_(dtype), input_(std::move(input)), out_(out) {}
 
   absl::Status Write(const Json& data) {
     if (data.is_array()) {
@@ -103,8 +108,7 @@ class LeafWriter {
  private:
   template <typename T>
   void Put(T value) {
-    std::memcpy(out_, &value, sizeof(T));
-    out_ += sizeof(T);
+    out_->append(reinterpret_cast<const char*>(&value), sizeof(T));
   }
 
   absl::Status Bad(const Json& v, absl::string_view why) const {
@@ -187,8 +191,8 @@ class LeafWriter {
   }
 
   const DType dtype_;
-  const std::string& input_;
-  char* out_;
+  const std::string input_;
+  std::string* out_;
   uint64_t index_ = 0;
 };
 
@@ -228,16 +232,295 @@ absl::StatusOr<std::vector<int64_t>> ShapeOf(const Json& json, const std::string
   return shape;
 }
 
+// Values of the request's JSON outside the inputs' "data": names, shapes,
+// parameters, outputs. A parsed value costs many times its text (a tree node
+// of 16 bytes and more for "1,"), so they are counted.
+constexpr int64_t kMaxValuesOutsideData = 100000;
+// Values of one input's "data" kept as JSON because its "datatype" or
+// "shape" came after it (every client library sends them first).
+constexpr uint64_t kMaxKeptValues = uint64_t{1} << 20;
+
+// An input's "data" array as the parse met it.
+struct DataValues {
+  uint64_t count = 0;
+  // Written as it streamed by: its datatype and shape came first.
+  bool typed = false;
+  DType dtype = DType::kFloat32;
+  uint64_t numel = 0;
+  std::string bytes;  // typed: the first `numel` values, raw
+  std::unique_ptr<LeafWriter> writer;
+  Json kept = Json::array();  // otherwise: the values, flattened
+};
+
+// nlohmann keeps the text read since the last number, string or literal,
+// for its error messages: a run of nothing but brackets, commas and blanks
+// costs up to three times its length while that buffer grows. No request
+// needs a long one.
+constexpr size_t kMaxStructuralRun = 64 << 10;
+
+absl::Status CheckStructuralRuns(absl::string_view json) {
+  size_t run = 0;
+  for (const char c : json) {
+    switch (c) {
+      case '[': case ']': case '{': case '}': case ',': case ':':
+      case ' ': case '\t': case '\r': case '\n':
+        if (++run > kMaxStructuralRun) {
+          return Invalid(absl::StrCat("the request's JSON has more than ", kMaxStructuralRun,
+                                      " bytes of brackets, commas and blanks in a row"));
+        }
+        break;
+      default: run = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Parses an inference request's JSON into a tree, except for the inputs'
+// "data" arrays: each value there is written into its tensor's bytes as it
+// streams by, so that a request costs the memory of its tensors, not of a
+// tree many times its text. An array of arrays adds nothing either. The same
+// checks as ParseJson (duplicate keys, nesting), and the counts above.
+// Members are appended without nlohmann's search for the key, which costs
+// time in the square of an object's size: duplicates are refused already.
+class InferJsonParser final : public nlohmann::json_sax<Json> {
+ public:
+  absl::StatusOr<Json> Parse(absl::string_view text) {
+    bool parsed = false;
+    try {
+      parsed = Json::sax_parse(text.begin(), text.end(), this);
+    } catch (const nlohmann::json::exception& e) {
+      if (refused_.ok()) refused_ = Invalid(JsonParseErrorText(e));
+    }
+    if (!refused_.ok()) return refused_;
+    if (!parsed) return Invalid("invalid JSON");
+    return std::move(root_);
+  }
+
+  // The "data" array of input `index`, if it had one.
+  DataValues* data(size_t index) {
+    auto it = data_.find(static_cast<int>(index));
+    return it == data_.end() ? nullptr : &it->second;
+  }
+
+  bool null() override { return Value(Json(nullptr)); }
+  bool boolean(bool value) override { return Value(Json(value)); }
+  bool number_integer(number_integer_t value) override { return Value(Json(value)); }
+  bool number_unsigned(number_unsigned_t value) override { return Value(Json(value)); }
+  bool number_float(number_float_t value, const string_t&) override { return Value(Json(value)); }
+  bool string(string_t& value) override { return Value(Json(std::move(value))); }
+  bool binary(binary_t&) override { return Refuse(Invalid("invalid JSON: binary values")); }
+  bool start_object(std::size_t) override { return Start(/*object=*/true); }
+  bool end_object() override { return End(); }
+  bool start_array(std::size_t) override { return Start(/*object=*/false); }
+  bool end_array() override { return End(); }
+  bool key(string_t& key) override {
+    Frame& frame = stack_.back();
+    frame.key = key;
+    if (!frame.keys.insert(key).second) {
+      return Refuse(Invalid(absl::StrCat("invalid JSON: the key \"", key,
+                                         "\" is given twice in one object")));
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&,
+                   const nlohmann::detail::exception& e) override {
+    return Refuse(Invalid(JsonParseErrorText(e)));
+  }
+
+ private:
+  enum class Role { kRoot, kInputs, kInput, kShape, kData, kDataNested, kOther };
+  struct Frame {
+    Role role;
+    int input = -1;
+    Json* container = nullptr;   // null in "data"
+    std::string key;             // an object's: the member being read
+    std::set<std::string> keys;  // an object's: those read
+    int children = 0;            // the inputs array's: inputs so far
+  };
+  // What the parse knows of an input when its "data" starts.
+  struct InputSoFar {
+    std::string name;
+    std::optional<std::string> datatype;
+    std::vector<int64_t> shape;
+    bool shape_ok = false;
+  };
+
+  bool Refuse(absl::Status status) {
+    if (refused_.ok()) refused_ = std::move(status);
+    return false;
+  }
+
+  bool InData() const {
+    return !stack_.empty() &&
+           (stack_.back().role == Role::kData || stack_.back().role == Role::kDataNested);
+  }
+
+  bool CountOutsideData() {
+    if (++outside_data_ <= kMaxValuesOutsideData) return true;
+    return Refuse(Invalid(absl::StrCat(
+        "the request's JSON has more than ", kMaxValuesOutsideData,
+        " values outside the inputs' \"data\" (names, shapes, parameters, outputs)")));
+  }
+
+  // Adds `value` to the innermost container (which is not in "data").
+  Json* Insert(Json value) {
+    Frame& frame = stack_.back();
+    if (frame.container->is_array()) {
+      auto& array = frame.container->get_ref<Json::array_t&>();
+      array.push_back(std::move(value));
+      return &array.back();
+    }
+    // ordered_map is a vector of pairs: append, as the key is new.
+    auto& members = static_cast<std::vector<std::pair<const std::string, Json>>&>(
+        frame.container->get_ref<Json::object_t&>());
+    members.emplace_back(frame.key, std::move(value));
+    return &members.back().second;
+  }
+
+  // The role of a container starting now, from where it is.
+  Role RoleOfNew(bool object) {
+    if (stack_.empty()) return object ? Role::kRoot : Role::kOther;
+    const Frame& parent = stack_.back();
+    switch (parent.role) {
+      case Role::kRoot: return !object && parent.key == "inputs" ? Role::kInputs : Role::kOther;
+      case Role::kInputs: return object ? Role::kInput : Role::kOther;
+      case Role::kInput:
+        if (!object && parent.key == "shape") return Role::kShape;
+        if (!object && parent.key == "data") return Role::kData;
+        return Role::kOther;
+      case Role::kShape: inputs_[parent.input].shape_ok = false; return Role::kOther;
+      case Role::kData:
+      case Role::kDataNested: return Role::kDataNested;
+      case Role::kOther: return Role::kOther;
+    }
+    return Role::kOther;
+  }
+
+  std::string InputName(int input) {
+    const std::string& name = inputs_[input].name;
+    return name.empty() ? absl::StrCat("inputs[", input, "]") : name;
+  }
+
+  bool Start(bool object) {
+    if (stack_.size() >= static_cast<size_t>(kMaxJsonDepth)) {
+      return Refuse(Invalid(absl::StrCat("invalid JSON: nested more than ", kMaxJsonDepth, " deep")));
+    }
+    if (object && InData()) {
+      const int input = stack_.back().input;
+      return Refuse(Invalid(absl::StrCat("input '", InputName(input), "': value at index ",
+                                         data_[input].count,
+                                         " is an object; \"data\" holds values and arrays of them")));
+    }
+    Frame frame{RoleOfNew(object)};
+    frame.input = stack_.empty() ? -1 : stack_.back().input;
+    if (frame.role == Role::kInput) frame.input = stack_.back().children++;
+    if (frame.role == Role::kShape) {
+      inputs_[frame.input].shape.clear();
+      inputs_[frame.input].shape_ok = true;
+    }
+    if (frame.role == Role::kData) StartData(frame.input);
+    if (frame.role != Role::kData && frame.role != Role::kDataNested) {
+      if (!CountOutsideData()) return false;
+      Json container = object ? Json::object() : Json::array();
+      if (stack_.empty()) {
+        root_ = std::move(container);
+        frame.container = &root_;
+      } else {
+        frame.container = Insert(std::move(container));
+      }
+    } else if (frame.role == Role::kData) {
+      // Where the values were: present, and decoded from data_.
+      Insert(Json::array());
+    }
+    stack_.push_back(std::move(frame));
+    return true;
+  }
+
+  bool End() {
+    stack_.pop_back();
+    return true;
+  }
+
+  bool Value(Json value) {
+    if (stack_.empty()) {
+      root_ = std::move(value);
+      return true;
+    }
+    if (InData()) return AddDataValue(stack_.back().input, value);
+    if (!CountOutsideData()) return false;
+    const Frame& frame = stack_.back();
+    if (frame.role == Role::kInput && value.is_string()) {
+      if (frame.key == "name") inputs_[frame.input].name = value.get<std::string>();
+      if (frame.key == "datatype") inputs_[frame.input].datatype = value.get<std::string>();
+    } else if (frame.role == Role::kShape) {
+      InputSoFar& input = inputs_[frame.input];
+      if (value.is_number_integer() &&
+          !(value.is_number_unsigned() &&
+            value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+        input.shape.push_back(value.get<int64_t>());
+      } else {
+        input.shape_ok = false;
+      }
+    }
+    Insert(std::move(value));
+    return true;
+  }
+
+  // Typed when the input's datatype and shape are known and good; kept as
+  // JSON otherwise (decoding refuses it later, naming why, or writes it).
+  void StartData(int input) {
+    DataValues& data = data_[input];
+    const InputSoFar& so_far = inputs_[input];
+    std::optional<DType> dtype;
+    if (so_far.datatype) dtype = DTypeFromDatatype(*so_far.datatype);
+    if (!dtype || !so_far.shape_ok) return;
+    const std::string name = InputName(input);
+    absl::StatusOr<uint64_t> numel = ElementCount(so_far.shape, DTypeSize(*dtype), name);
+    if (!numel.ok()) return;
+    data.typed = true;
+    data.dtype = *dtype;
+    data.numel = *numel;
+    data.writer = std::make_unique<LeafWriter>(*dtype, name, &data.bytes);
+  }
+
+  bool AddDataValue(int input, const Json& value) {
+    DataValues& data = data_[input];
+    ++data.count;
+    if (data.typed) {
+      // Past the shape's count, values are only counted: the error says how
+      // many there were.
+      if (data.count > data.numel) return true;
+      if (absl::Status s = data.writer->Write(value); !s.ok()) return Refuse(s);
+      return true;
+    }
+    if (data.kept.size() >= kMaxKeptValues) {
+      return Refuse(Invalid(absl::StrCat(
+          "input '", InputName(input), "' has more than ", kMaxKeptValues,
+          " values in \"data\" before its \"datatype\" and \"shape\": send those first")));
+    }
+    data.kept.push_back(value);
+    return true;
+  }
+
+  Json root_;
+  std::vector<Frame> stack_;
+  std::map<int, InputSoFar> inputs_;
+  std::map<int, DataValues> data_;
+  int64_t outside_data_ = 0;
+  absl::Status refused_;
+};
+
 // One input's fields, checked; its values are written after every input's
 // byte count is known.
 struct PendingInput {
-  const Json* data = nullptr;      // JSON values, or
+  const Json* data = nullptr;      // JSON values (a value, or an array read
+  DataValues* values = nullptr;    // into these), or
   std::optional<uint64_t> binary;  // this many bytes of binary data.
   DType dtype = DType::kFloat32;
   uint64_t numel = 0;
 };
 
-absl::StatusOr<PendingInput> DecodeInputHeader(const Json& json, int index,
+absl::StatusOr<PendingInput> DecodeInputHeader(const Json& json, int index, DataValues* values,
                                                inference::ModelInferRequest* request) {
   const std::string where = absl::StrCat("inputs[", index, "]");
   if (!json.is_object()) return Invalid(absl::StrCat(where, " must be an object"));
@@ -300,7 +583,8 @@ absl::StatusOr<PendingInput> DecodeInputHeader(const Json& json, int index,
                                 "' has no \"data\" and no binary_data_size parameter"));
   }
   if (pending.data) {
-    const uint64_t count = LeafCount(*pending.data);
+    if (pending.data->is_array()) pending.values = values;
+    const uint64_t count = pending.values ? pending.values->count : LeafCount(*pending.data);
     if (count != pending.numel) {
       return Invalid(absl::StrCat("input '", input_name, "' has ", count, " values but shape [",
                                   absl::StrJoin(*shape, ", "), "] needs ", pending.numel));
@@ -526,7 +810,9 @@ absl::Status DecodeInferRequest(absl::string_view body, std::optional<size_t> he
   const absl::string_view header = header_length ? body.substr(0, *header_length) : body;
   const absl::string_view binary =
       header_length ? body.substr(*header_length) : absl::string_view();
-  absl::StatusOr<Json> parsed = ParseJson(header);
+  if (absl::Status s = CheckStructuralRuns(header); !s.ok()) return s;
+  InferJsonParser parser;
+  absl::StatusOr<Json> parsed = parser.Parse(header);
   if (!parsed.ok()) return parsed.status();
   const Json& json = *parsed;
   if (!json.is_object()) return Invalid("the request must be a JSON object");
@@ -553,7 +839,8 @@ absl::Status DecodeInferRequest(absl::string_view body, std::optional<size_t> he
   std::vector<PendingInput> pending;
   uint64_t binary_total = 0;
   for (size_t i = 0; i < inputs->size(); ++i) {
-    absl::StatusOr<PendingInput> input = DecodeInputHeader((*inputs)[i], static_cast<int>(i), request);
+    absl::StatusOr<PendingInput> input =
+        DecodeInputHeader((*inputs)[i], static_cast<int>(i), parser.data(i), request);
     if (!input.ok()) return input.status();
     // Compared before it is added: sizes near 2^64 would wrap the sum.
     if (input->binary && *input->binary > binary.size() - binary_total) {
@@ -583,9 +870,14 @@ absl::Status DecodeInferRequest(absl::string_view body, std::optional<size_t> he
       offset += *pending[i].binary;
       continue;
     }
-    raw->resize(pending[i].numel * DTypeSize(pending[i].dtype));
-    LeafWriter writer(pending[i].dtype, request->inputs(static_cast<int>(i)).name(), raw->data());
-    if (absl::Status s = writer.Write(*pending[i].data); !s.ok()) return s;
+    DataValues* values = pending[i].values;
+    if (values != nullptr && values->typed) {
+      *raw = std::move(values->bytes);
+      continue;
+    }
+    raw->reserve(pending[i].numel * DTypeSize(pending[i].dtype));
+    LeafWriter writer(pending[i].dtype, request->inputs(static_cast<int>(i)).name(), raw);
+    if (absl::Status s = writer.Write(values ? values->kept : *pending[i].data); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

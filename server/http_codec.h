@@ -11,6 +11,12 @@
 // or "binary_data_output": true on the request); the response then has an
 // Inference-Header-Content-Length of its own.
 //
+// An input's "data" is written into its tensor as the JSON streams by, not
+// parsed into a tree first (which costs many times the text): values before
+// the input's "datatype" and "shape" are kept as JSON up to 2^20, values
+// outside the inputs' data are capped at 100000, and a run of brackets,
+// commas and blanks at 64 KiB.
+//
 // JSON numbers become each datatype's values with their range checked: an
 // integer for an integer type, true/false for BOOL; FP16 and BF16 are
 // rounded to nearest even from the number. Output floats are printed with

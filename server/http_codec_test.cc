@@ -203,6 +203,56 @@ TEST(DecodeInferRequest, RefusesWhatDoesNotAgreeAndSaysWhat) {
   }
 }
 
+// The values of "data" are written as they stream by; nesting is only
+// row-major order, and the order of an input's members does not matter.
+TEST(DecodeInferRequest, DataInAnyNestingAndMemberOrderBecomesTheSameBytes) {
+  const std::string body = R"({"inputs": [
+      {"name": "a", "shape": [4], "datatype": "INT32", "data": [[], [1, [2]], [[3, 4]], []]},
+      {"data": [[5], 6], "name": "b", "datatype": "INT16", "shape": [2]},
+      {"name": "c", "data": [7.5], "shape": [1], "datatype": "FP64"}]})";
+  inference::ModelInferRequest request;
+  const absl::Status status = DecodeInferRequest(body, std::nullopt, "m", "", &request);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(Values<int32_t>(request.raw_input_contents(0)), (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(Values<int16_t>(request.raw_input_contents(1)), (std::vector<int16_t>{5, 6}));
+  EXPECT_EQ(Values<double>(request.raw_input_contents(2)), (std::vector<double>{7.5}));
+}
+
+TEST(DecodeInferRequest, RefusesJsonThatWouldCostMoreThanItsTensors) {
+  auto refusal = [](const std::string& body) {
+    inference::ModelInferRequest request;
+    return DecodeInferRequest(body, std::nullopt, "m", "", &request);
+  };
+  // Values that are no tensor's: a parameter of 100001 numbers.
+  std::string outputs;
+  for (int i = 0; i < 100001; ++i) absl::StrAppend(&outputs, i ? "," : "", "1");
+  absl::Status status = refusal(absl::StrCat(R"({"inputs": [], "parameters": {"p": [)", outputs, "]}}"));
+  EXPECT_THAT(status.message(), HasSubstr("more than 100000 values outside the inputs' \"data\""));
+  // Values before the datatype and shape that say what they are.
+  std::string values;
+  for (int i = 0; i < (1 << 20) + 1; ++i) absl::StrAppend(&values, i ? "," : "", "0");
+  status = refusal(absl::StrCat(R"({"inputs": [{"name": "x", "data": [)", values,
+                                R"(], "shape": [1048577], "datatype": "UINT8"}]})"));
+  EXPECT_THAT(status.message(), HasSubstr("input 'x' has more than 1048576 values in \"data\" "
+                                          "before its \"datatype\" and \"shape\""));
+  // The same values after them are written as they come.
+  status = refusal(absl::StrCat(R"({"inputs": [{"name": "x", "shape": [1048577], "datatype": "UINT8",
+                                "data": [)", values, "]}]}"));
+  EXPECT_TRUE(status.ok()) << status;
+  // Brackets without values: nlohmann's parser would keep every one.
+  std::string empties;
+  for (int i = 0; i < 30000; ++i) empties += "[],";
+  status = refusal(absl::StrCat(R"({"inputs": [{"name": "x", "shape": [0], "datatype": "FP32", "data": [)",
+                                empties, "[]]}]}"));
+  EXPECT_THAT(status.message(), HasSubstr("more than 65536 bytes of brackets, commas and blanks"));
+  status = refusal(R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [{}]}]})");
+  EXPECT_THAT(status.message(), HasSubstr("input 'x': value at index 0 is an object"));
+  status = refusal(R"({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3, 4, 5]}]})");
+  EXPECT_THAT(status.message(), HasSubstr("has 5 values but shape [3] needs 3"));
+  status = refusal(R"({"inputs": [{"name": "x", "name": "y", "shape": [1], "datatype": "FP32", "data": [1]}]})");
+  EXPECT_THAT(status.message(), HasSubstr("the key \"name\" is given twice"));
+}
+
 OutputTensor Tensor(DType dtype, std::vector<int64_t> shape, const void* data, size_t nbytes) {
   OutputTensor t;
   t.dtype = dtype;

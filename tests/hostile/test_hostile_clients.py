@@ -326,3 +326,27 @@ def test_a_client_that_hangs_up_ends_its_request(server):
         time.sleep(0.1)
     assert "model=loop code=CANCELLED" in server.log(), server.log()[-3000:]
     assert_still_serving(server)
+
+
+def test_a_json_body_costs_the_memory_of_its_tensors_not_of_a_tree(tmp_path):
+    # 16 MiB of [1] in one input's "data": parsed into a tree, about 20 times
+    # that. The server of this test takes 32 MiB bodies, and starts fresh so
+    # that its peak memory is this request's.
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            [f"--max_message_bytes={32 << 20}",
+                             f"--http_max_body_buffer_bytes={32 << 20}"])
+    try:
+        assert_still_serving(process)
+        before = peak_memory_bytes(process)
+        body = (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ['
+                + b"[1]," * ((16 << 20) // 4) + b"[1]]}]}")
+        answer = post(process, "/v2/models/mlp/infer", body)
+        assert status_of(answer) == 400, answer[:300]
+        assert "has 4194305 values but shape [1, 4] needs 4" in error_of(answer)
+        growth = peak_memory_bytes(process) - before
+        print(f"\n16 MiB of nested values: the peak grew by {growth >> 20} MiB")
+        assert growth < 2 * len(body), f"the peak grew by {growth >> 20} MiB"
+        assert_still_serving(process)
+    finally:
+        assert process.stop() == 0, process.log()
