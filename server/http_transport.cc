@@ -595,10 +595,17 @@ void HttpTransportLoop::ReadRequest(Connection& c) {
       ready_.push_back(c.id);
       break;
     }
+    // No more than the body still needs: bytes past it (a pipelined request)
+    // wait in the socket, not in this process, until the answer is sent.
+    size_t want = sizeof buffer;
+    if (c.state == State::kBody) {
+      want = std::min<size_t>(want, c.body_length - c.exchange->request_.body.size());
+      if (want == 0) break;
+    }
     size_t n = 0;
     if (c.ssl != nullptr) {
       ERR_clear_error();
-      const int got = SSL_read(c.ssl.get(), buffer, sizeof buffer);
+      const int got = SSL_read(c.ssl.get(), buffer, static_cast<int>(want));
       if (got <= 0) {
         const int error = SSL_get_error(c.ssl.get(), got);
         if (error != SSL_ERROR_WANT_READ && error != SSL_ERROR_WANT_WRITE) return Drop(c);
@@ -607,7 +614,7 @@ void HttpTransportLoop::ReadRequest(Connection& c) {
       }
       n = static_cast<size_t>(got);
     } else {
-      const ssize_t got = recv(c.fd, buffer, sizeof buffer, 0);
+      const ssize_t got = recv(c.fd, buffer, want, 0);
       if (got == 0) return Drop(c);
       if (got < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;

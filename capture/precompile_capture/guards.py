@@ -300,40 +300,85 @@ def _index_source(node: Any) -> Optional[Tuple[str, Any, int]]:
     return None
 
 
+# Ops that index a dimension of their first argument with index tensors,
+# whose compiled code checks the indices and, past the dimension, throws
+# inside an OpenMP region (which ends the process) or, on CUDA, fails a
+# device-side assert (which poisons the context).
+_SCATTER_GATHER = {
+    _aten.gather.default, _aten.scatter.src, _aten.scatter.value, _aten.scatter.reduce,
+    _aten.scatter.value_reduce, _aten.scatter_add.default, _aten.scatter_reduce.two,
+}
+_INDEX_LISTS = {
+    _aten.index.Tensor, _aten._unsafe_index.Tensor, _aten.index_put.default,
+    _aten._unsafe_index_put.default,
+}
+
+
+def _indexed_dimensions(node: Any) -> List[Tuple[Any, Any, bool]]:
+    """(size of the dimension indexed, index node, whether indices may be
+    negative) for each index tensor of an indexing op."""
+
+    def size(table: Any, dim: Any) -> Any:
+        t = table.meta.get("val") if isinstance(table, torch.fx.Node) else None
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or not isinstance(dim, int):
+            return None
+        return t.shape[dim % t.dim()]
+
+    target, args = node.target, node.args
+    if target is _aten.embedding.default:
+        return [(size(args[0], 0), args[1], False)]
+    if target is _aten.index_select.default or target in _SCATTER_GATHER:
+        return [(size(args[0], args[1]), args[2], False)]
+    if target in _INDEX_LISTS:
+        # Negative indices count from the end, as in Python.
+        return [(size(args[0], d), index, True) for d, index in enumerate(args[1])
+                if isinstance(index, torch.fx.Node)]
+    return []
+
+
+def _is_integer_input(node: Any) -> bool:
+    t = node.meta.get("val")
+    return (isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex()
+            and t.dtype is not torch.bool)
+
+
 def _index_limits(
     ep: torch.export.ExportedProgram, inputs: Dict[str, int]
 ) -> Tuple[Dict[int, Tuple[int, int]], Dict[sympy.Symbol, int]]:
-    """What indexing a table (an embedding) requires of the inputs.
+    """What indexing a table requires of the inputs.
 
     Returns the value range [min, max) of each integer input (by parameter)
-    used as embedding indices, and the largest size of each symbol that is
-    the length of an arange used so (position ids): compiled code that reads
-    past a table ends the process, so these become refusals instead.
+    used as indices into a dimension of static size (an embedding's rows;
+    index, index_select, gather, scatter, index_put), and the largest size of
+    each symbol that is the length of an arange used so (position ids):
+    compiled code that reads past a table ends the process, so these become
+    refusals instead. Indices into a dimension of dynamic size, and indices
+    computed from an input's values (not a view of it or a constant added),
+    are not covered.
     """
     ranges: Dict[int, Tuple[int, int]] = {}
     limits: Dict[sympy.Symbol, int] = {}
     for node in ep.graph.nodes:
-        if node.op != "call_function" or node.target is not _aten.embedding.default:
+        if node.op != "call_function":
             continue
-        weight = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-        if weight is None or not isinstance(weight.shape[0], int):
-            continue
-        rows = weight.shape[0]
-        source = _index_source(node.args[1])
-        if source is None:
-            continue
-        kind, origin, offset = source
-        if kind == "input" and origin.name in inputs:
-            i = inputs[origin.name]
-            lo, hi = -offset, rows - offset
-            if i in ranges:
-                lo, hi = max(lo, ranges[i][0]), min(hi, ranges[i][1])
-            ranges[i] = (lo, hi)
-        elif kind == "arange" and isinstance(origin, torch.fx.Node):
-            end = origin.meta.get("val")
-            expr = end.node.expr if isinstance(end, torch.SymInt) else None
-            if isinstance(expr, sympy.Symbol):
-                limits[expr] = min(limits.get(expr, rows - offset), rows - offset)
+        for rows, index, negative in _indexed_dimensions(node):
+            if not isinstance(rows, int):
+                continue
+            source = _index_source(index)
+            if source is None:
+                continue
+            kind, origin, offset = source
+            if kind == "input" and origin.name in inputs and _is_integer_input(origin):
+                i = inputs[origin.name]
+                lo, hi = (-rows if negative else 0) - offset, rows - offset
+                if i in ranges:
+                    lo, hi = max(lo, ranges[i][0]), min(hi, ranges[i][1])
+                ranges[i] = (lo, hi)
+            elif kind == "arange" and isinstance(origin, torch.fx.Node):
+                end = origin.meta.get("val")
+                expr = end.node.expr if isinstance(end, torch.SymInt) else None
+                if isinstance(expr, sympy.Symbol):
+                    limits[expr] = min(limits.get(expr, rows - offset), rows - offset)
     return ranges, limits
 
 

@@ -69,3 +69,30 @@ def test_indices_with_an_offset_relate_nothing():
                        ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
     ids, mask = guards.args
     assert ids.tensor.dims[0].symbol != mask.tensor.dims[0].symbol
+
+
+class IndexesWithItsInputs(torch.nn.Module):
+    """A table of 10 rows read by gather, index_select, indexing and a
+    scatter, each with an integer input of its own (one with an offset)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(10, 4))
+
+    def forward(self, rows, cols, picked, shifted, hot):
+        gathered = self.table.gather(0, rows)
+        selected = self.table.index_select(0, picked)
+        indexed = self.table[shifted + 2]
+        scattered = torch.zeros(10, 4).scatter_add(0, hot, torch.ones_like(hot, dtype=torch.float))
+        return gathered.sum() + selected.sum() + indexed.sum() + scattered.sum() + cols.sum()
+
+
+def test_integer_inputs_that_index_a_table_get_the_tables_range():
+    ints = lambda *shape: torch.zeros(*shape, dtype=torch.int64)  # noqa: E731
+    args = (ints(3, 4), torch.randn(5), ints(3), ints(2), ints(3, 4))
+    guards = guards_of(IndexesWithItsInputs(), args, None)
+    ranges = {i: (lo, hi) for i, lo, hi in guards.index_ranges}
+    # gather, index_select, scatter: [0, rows); indexing counts from the end
+    # too, less the constant added.
+    assert ranges == {0: (0, 10), 2: (0, 10), 3: (-12, 8), 4: (0, 10)}, ranges
+    assert guards.holds(list(args))
