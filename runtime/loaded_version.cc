@@ -23,6 +23,7 @@
 #include "base/status_macros.h"
 #include "runtime/artifact_reader.h"
 #include "runtime/cuda_support.h"
+#include "runtime/device_health.h"
 #include "runtime/eager_program.h"
 #include "runtime/frame_caller.h"
 #include "runtime/frame_dispatcher.h"
@@ -769,6 +770,24 @@ absl::StatusOr<std::shared_ptr<LoadedVersion>> LoadedVersion::Load(const std::st
   return std::shared_ptr<LoadedVersion>(new LoadedVersion(std::move(impl)));
 }
 
+namespace {
+
+// After a call on CUDA failed inside torch (INTERNAL): whether the device
+// still works. A sticky error fails this probe too, and every later call.
+void ProbeDeviceAfterFailure(DeviceType device, int index, const absl::Status& failure) {
+  if (device != DeviceType::kCuda || failure.code() != absl::StatusCode::kInternal ||
+      DeviceLostReason()) {
+    return;
+  }
+  const absl::Status probe = CallTorch("then probing the CUDA device", [index] {
+    const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+    at::ones({1}, at::TensorOptions().device(cuda)).sum().item<float>();
+  });
+  if (!probe.ok()) ReportDeviceLost(absl::StrCat(failure.message(), "; ", probe.message()));
+}
+
+}  // namespace
+
 absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args) {
   return Call(args, CallContext{});
 }
@@ -844,7 +863,11 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   absl::StatusOr<Impl::FrameResult> dispatched =
       impl.Dispatch(*impl.entry, std::move(positional), true);
   Impl::context = previous_context;
-  ASSIGN_OR_RETURN(Impl::FrameResult result, std::move(dispatched));
+  if (!dispatched.ok()) {
+    ProbeDeviceAfterFailure(impl.device, impl.options.cuda_device_index, dispatched.status());
+    return dispatched.status();
+  }
+  Impl::FrameResult result = *std::move(dispatched);
 
   CallResult call_result;
   call_result.outcome = result.outcome;
@@ -877,7 +900,11 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
       call_result.outputs.push_back(std::move(out));
     }
   });
-  if (!converted.ok()) return converted;
+  if (!converted.ok()) {
+    // Copying a CUDA output to the host is where an asynchronous error shows.
+    ProbeDeviceAfterFailure(impl.device, impl.options.cuda_device_index, converted);
+    return converted;
+  }
   return call_result;
 }
 

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/log_text.h"
+#include "runtime/device_health.h"
 
 namespace precompile::server {
 namespace {
@@ -182,9 +184,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   spdlog::info("event={} models_ready={} models_failed={}",
                server->state_.ready() ? "ready" : "not_ready", ready, states.size() - ready);
 
-  if (o.max_request_time > absl::ZeroDuration()) {
+  {
+    // Without a request limit, no stall bound: the watchdog still watches
+    // the device.
     Server* raw = server.get();
-    const absl::Duration bound = std::max(2 * o.max_request_time, absl::Seconds(10));
+    const absl::Duration bound = o.max_request_time > absl::ZeroDuration()
+                                     ? std::max(2 * o.max_request_time, absl::Seconds(10))
+                                     : absl::InfiniteDuration();
     server->watchdog_ = std::thread([raw, bound] { raw->WatchProgress(bound); });
   }
   if (o.repository_poll_interval > absl::ZeroDuration()) {
@@ -262,7 +268,18 @@ void Server::UpdateReadiness() {
 
 void Server::WatchProgress(absl::Duration bound) {
   bool stalled = false;
+  bool device_lost = false;
   while (!stop_polling_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    if (!device_lost) {
+      if (std::optional<std::string> reason = DeviceLostReason()) {
+        device_lost = true;
+        state_.SetDeviceLost();
+        spdlog::error("event=device_lost reason=\"{}\" message=\"every later call on the device "
+                      "fails: not live, so that the server is restarted\"",
+                      LoggedText(*reason, 1024));
+        UpdateReadiness();
+      }
+    }
     const absl::Duration stalled_for = scheduler_->StalledFor(absl::Now());
     if ((stalled_for > bound) == stalled) continue;
     stalled = !stalled;

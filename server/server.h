@@ -144,6 +144,9 @@ class Server final : public RepositoryListener {
   absl::Status Listen();
   // Recomputes readiness from the repository and tells the health service.
   void UpdateReadiness();
+  // Once a second until Stop: not live while the device is lost
+  // (runtime/device_health.h), or while requests in flight have made no
+  // progress for longer than `bound`.
   void WatchProgress(absl::Duration bound);
 
   const ServerOptions options_;

@@ -16,13 +16,14 @@ class ServingState {
   // Ready: the repository's first scan is done, the server is not draining,
   // and (with strict readiness) no model is loading or failed to load.
   bool ready() const {
-    return ready_.load() && !draining_.load() && !stalled_.load() &&
-           (!strict_ || models_ok_.load());
+    return ready_.load() && !draining_.load() && live() && (!strict_ || models_ok_.load());
   }
   // Not live: requests are in flight and none has finished for longer than
-  // any should take; the orchestrator should restart the server.
-  bool live() const { return !stalled_.load(); }
+  // any should take, or the accelerator is lost (runtime/device_health.h);
+  // the orchestrator should restart the server.
+  bool live() const { return !stalled_.load() && !device_lost_.load(); }
   void SetStalled(bool stalled) { stalled_.store(stalled); }
+  void SetDeviceLost() { device_lost_.store(true); }
   bool draining() const { return draining_.load(); }
   void SetReady() { ready_.store(true); }
   void SetStrict(bool strict) { strict_ = strict; }
@@ -35,6 +36,7 @@ class ServingState {
   std::atomic<bool> models_ok_{true};
   std::atomic<bool> draining_{false};
   std::atomic<bool> stalled_{false};
+  std::atomic<bool> device_lost_{false};
 };
 
 }  // namespace precompile::server
