@@ -1,16 +1,12 @@
 #include "server/http_service.h"
 
-#include <spdlog/spdlog.h>
-
-#include <exception>
 #include <optional>
 #include <string>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "base/log_text.h"
+#include "base/json_text.h"
 #include "base/proto_json.h"
 #include "server/http_codec.h"
 

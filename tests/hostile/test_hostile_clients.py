@@ -97,6 +97,12 @@ def error_of(answer: bytes) -> str:
     return json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
 
 
+# The `loop` example asked for 10^12 iterations of its eager program: hours.
+ENDLESS_LOOP = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
+                                       "data": [0.5] * 32}],
+                           "parameters": {"n": 10**12}}).encode()
+
+
 def mlp_request(batch=8) -> bytes:
     return json.dumps({"inputs": [{"name": "x", "shape": [batch, 4], "datatype": "FP32",
                                    "data": [0.5] * (batch * 4)}]}).encode()
@@ -151,9 +157,7 @@ def test_a_grpc_shape_whose_product_passes_2_64_is_refused(server):
 def test_a_parameter_that_loops_for_ever_ends_at_the_request_limit(server):
     # `loop` runs its eager program n times: 10^12 iterations would take
     # hours. Over both transports, side by side with normal requests.
-    body = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
-                                   "data": [0.5] * 32}],
-                       "parameters": {"n": 10**12}}).encode()
+    body = ENDLESS_LOOP
     started = time.monotonic()
     answer = post(server, "/v2/models/loop/infer", body)
     took = time.monotonic() - started
@@ -174,9 +178,7 @@ def test_a_parameter_that_loops_for_ever_ends_at_the_request_limit(server):
 
 
 def test_a_model_s_own_limit_in_its_config_replaces_the_server_s(server):
-    body = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
-                                   "data": [0.5] * 32}],
-                       "parameters": {"n": 10**12}}).encode()
+    body = ENDLESS_LOOP
     started = time.monotonic()
     answer = post(server, "/v2/models/loop_quick/infer", body)
     took = time.monotonic() - started
@@ -314,9 +316,7 @@ def test_a_body_refused_before_it_is_read_is_not_taken_for_a_request(server):
 def test_a_client_that_hangs_up_ends_its_request(server):
     # The same endless loop as above, but its client goes: the request ends
     # as cancelled, not when --max_request_seconds runs out.
-    body = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
-                                   "data": [0.5] * 32}],
-                       "parameters": {"n": 10**12}}).encode()
+    body = ENDLESS_LOOP
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
         s.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
