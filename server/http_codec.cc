@@ -243,13 +243,13 @@ constexpr uint64_t kMaxKeptValues = uint64_t{1} << 20;
 // An input's "data" array as the parse met it.
 struct DataValues {
   uint64_t count = 0;
-  // Written as it streamed by: its datatype and shape came first.
-  bool typed = false;
-  DType dtype = DType::kFloat32;
-  uint64_t numel = 0;
-  std::string bytes;  // typed: the first `numel` values, raw
+  // With a writer, the values were written as they streamed by (the
+  // input's datatype and shape came first): the first `numel` of them, raw,
+  // in `bytes`. Without one, they are kept as JSON, flattened.
   std::unique_ptr<LeafWriter> writer;
-  Json kept = Json::array();  // otherwise: the values, flattened
+  uint64_t numel = 0;
+  std::string bytes;
+  Json kept = Json::array();
 };
 
 // nlohmann keeps the text read since the last number, string or literal,
@@ -477,8 +477,6 @@ class InferJsonParser final : public nlohmann::json_sax<Json> {
     const std::string name = InputName(input);
     absl::StatusOr<uint64_t> numel = ElementCount(so_far.shape, DTypeSize(*dtype), name);
     if (!numel.ok()) return;
-    data.typed = true;
-    data.dtype = *dtype;
     data.numel = *numel;
     data.writer = std::make_unique<LeafWriter>(*dtype, name, &data.bytes);
   }
@@ -486,7 +484,7 @@ class InferJsonParser final : public nlohmann::json_sax<Json> {
   bool AddDataValue(int input, const Json& value) {
     DataValues& data = data_[input];
     ++data.count;
-    if (data.typed) {
+    if (data.writer != nullptr) {
       // Past the shape's count, values are only counted: the error says how
       // many there were.
       if (data.count > data.numel) return true;
@@ -871,7 +869,7 @@ absl::Status DecodeInferRequest(absl::string_view body, std::optional<size_t> he
       continue;
     }
     DataValues* values = pending[i].values;
-    if (values != nullptr && values->typed) {
+    if (values != nullptr && values->writer != nullptr) {
       *raw = std::move(values->bytes);
       continue;
     }

@@ -266,7 +266,16 @@ class HttpTransportLoop {
   void StartLinger(Connection& c);
   void Linger(Connection& c);
   void Drop(Connection& c);
-  void ReleaseBody(Connection& c);
+  // Ends the request a connection holds: its body's share of the budget
+  // goes back, and the exchange with it.
+  void EndRequest(Connection& c);
+  // Marks a closed connection for erasure at the end of the loop's turn.
+  void Bury(Connection& c);
+  // epoll_ctl with `op` for `fd`, reported as `id` on `events`.
+  bool Watch(int op, int fd, uint64_t id, uint32_t events);
+  static bool Reading(const Connection& c) {
+    return c.state == State::kHead || c.state == State::kBody;
+  }
   void UpdateEvents(Connection& c);
   void TakeAnswers();
   void RunReady();
@@ -336,14 +345,8 @@ absl::Status HttpTransportLoop::Open() {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_fd_ < 0 || wake_fd_ < 0) return absl::InternalError("cannot make the HTTP event loop");
-  epoll_event listener{};
-  listener.events = EPOLLIN;
-  listener.data.u64 = kListenerId;
-  epoll_event wake{};
-  wake.events = EPOLLIN;
-  wake.data.u64 = kWakeId;
-  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &listener) != 0 ||
-      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &wake) != 0) {
+  if (!Watch(EPOLL_CTL_ADD, listen_fd_, kListenerId, EPOLLIN) ||
+      !Watch(EPOLL_CTL_ADD, wake_fd_, kWakeId, EPOLLIN)) {
     return absl::InternalError("cannot make the HTTP event loop");
   }
   for (int i = 0; i < std::max(options_.workers, 1); ++i) workers_.emplace_back([this] { Work(); });
@@ -486,15 +489,12 @@ void HttpTransportLoop::Accept() {
       c->ssl.reset(ssl);
       c->state = State::kHandshake;
     }
-    epoll_event event{};
-    event.events = EPOLLIN | EPOLLRDHUP;
-    event.data.u64 = c->id;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+    c->events = EPOLLIN | EPOLLRDHUP;
+    if (!Watch(EPOLL_CTL_ADD, fd, c->id, c->events)) {
       c->ssl.reset();
       close(fd);
       continue;
     }
-    c->events = event.events;
     connections_.emplace(c->id, std::move(c));
   }
 }
@@ -590,7 +590,7 @@ void HttpTransportLoop::Handshake(Connection& c) {
 void HttpTransportLoop::ReadRequest(Connection& c) {
   char buffer[kReadChunk];
   size_t total = 0;
-  while (c.fd >= 0 && (c.state == State::kHead || c.state == State::kBody)) {
+  while (c.fd >= 0 && Reading(c)) {
     if (total >= kReadPerTurn) {
       ready_.push_back(c.id);
       break;
@@ -623,13 +623,7 @@ void HttpTransportLoop::ReadRequest(Connection& c) {
       n = static_cast<size_t>(got);
     }
     total += n;
-    size_t taken = 0;
-    if (c.state == State::kBody) {
-      std::string& body = c.exchange->request_.body;
-      taken = std::min<size_t>(n, c.body_length - body.size());
-      body.append(buffer, taken);
-    }
-    c.in.append(buffer + taken, n - taken);
+    (c.state == State::kBody ? c.exchange->request_.body : c.in).append(buffer, n);
     Advance(c);
   }
   if (c.fd >= 0) UpdateEvents(c);
@@ -677,7 +671,6 @@ void HttpTransportLoop::Advance(Connection& c) {
 
 void HttpTransportLoop::StartRequest(Connection& c, HttpHead head) {
   c.exchange.reset(new HttpExchange(*this, c.id));
-  c.head_only = false;
   HttpRequest& request = c.exchange->request_;
   request.head = std::move(head);
   request.client_certificate =
@@ -744,8 +737,7 @@ void HttpTransportLoop::Refuse(Connection& c, int status, absl::string_view mess
   // The request is malformed, over a limit, or late: what follows on the
   // connection cannot be trusted to start a request.
   c.close_after_write = true;
-  ReleaseBody(c);
-  c.exchange.reset();
+  EndRequest(c);
   Send(c, handler_.Refusal(status, message));
 }
 
@@ -802,8 +794,7 @@ void HttpTransportLoop::Flush(Connection& c) {
 }
 
 void HttpTransportLoop::FinishAnswer(Connection& c) {
-  ReleaseBody(c);
-  c.exchange.reset();
+  EndRequest(c);
   if (c.close_after_write) return StartLinger(c);
   c.state = State::kHead;
   c.request_started = false;
@@ -856,15 +847,26 @@ void HttpTransportLoop::Drop(Connection& c) {
     c.exchange->cancelled_ = true;
     return;
   }
-  ReleaseBody(c);
+  EndRequest(c);
+  Bury(c);
+}
+
+void HttpTransportLoop::EndRequest(Connection& c) {
+  body_bytes_ -= c.reserved;
+  c.reserved = 0;
   c.exchange.reset();
+}
+
+void HttpTransportLoop::Bury(Connection& c) {
   c.dead = true;
   dead_.push_back(c.id);
 }
 
-void HttpTransportLoop::ReleaseBody(Connection& c) {
-  body_bytes_ -= c.reserved;
-  c.reserved = 0;
+bool HttpTransportLoop::Watch(int op, int fd, uint64_t id, uint32_t events) {
+  epoll_event event{};
+  event.events = events;
+  event.data.u64 = id;
+  return epoll_ctl(epoll_fd_, op, fd, &event) == 0;
 }
 
 void HttpTransportLoop::UpdateEvents(Connection& c) {
@@ -882,10 +884,7 @@ void HttpTransportLoop::UpdateEvents(Connection& c) {
     case State::kLingering: want = EPOLLIN | EPOLLRDHUP; break;
   }
   if (want == c.events) return;
-  epoll_event event{};
-  event.events = want;
-  event.data.u64 = c.id;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &event);
+  Watch(EPOLL_CTL_MOD, c.fd, c.id, want);
   c.events = want;
 }
 
@@ -908,11 +907,9 @@ void HttpTransportLoop::TakeAnswers() {
       continue;
     }
     HttpAnswer answer = std::move(exchange->answer_);
-    ReleaseBody(c);
-    c.exchange.reset();
+    EndRequest(c);
     if (c.fd < 0) {
-      c.dead = true;
-      dead_.push_back(c.id);
+      Bury(c);
       continue;
     }
     Send(c, std::move(answer));
@@ -924,20 +921,16 @@ void HttpTransportLoop::RunReady() {
   ready.swap(ready_);
   for (uint64_t id : ready) {
     Connection* c = Find(id);
-    if (c == nullptr || c->fd < 0 || (c->state != State::kHead && c->state != State::kBody)) {
-      continue;
-    }
+    if (c == nullptr || c->fd < 0 || !Reading(*c)) continue;
     Advance(*c);
-    if (c->fd >= 0 && (c->state == State::kHead || c->state == State::kBody)) ReadRequest(*c);
+    if (c->fd >= 0 && Reading(*c)) ReadRequest(*c);
   }
 }
 
 void HttpTransportLoop::Sweep(absl::Time now) {
-  if (listener_paused_ && listen_fd_ >= 0) {
-    epoll_event listener{};
-    listener.events = EPOLLIN;
-    listener.data.u64 = kListenerId;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &listener) == 0) listener_paused_ = false;
+  if (listener_paused_ && listen_fd_ >= 0 &&
+      Watch(EPOLL_CTL_ADD, listen_fd_, kListenerId, EPOLLIN)) {
+    listener_paused_ = false;
   }
   for (auto& [id, c] : connections_) {
     if (!c->dead && c->fd >= 0 && now >= c->deadline) OnTimeout(*c);
