@@ -798,6 +798,8 @@ void HttpTransportLoop::FinishAnswer(Connection& c) {
   if (c.close_after_write) return StartLinger(c);
   c.state = State::kHead;
   c.request_started = false;
+  // A refusal of the next head comes before StartRequest sets it again.
+  c.head_only = false;
   const absl::Time now = absl::Now();
   c.idle_since = now;
   c.deadline = now + options_.request_timeout;

@@ -206,6 +206,10 @@ TEST_F(HttpTransportTest, HeadIsAnsweredAsGetWithoutTheBody) {
   const std::string answer = client.Answer();
   EXPECT_THAT(answer, HasSubstr("Content-Length: 7\r\n"));  // of "GET /x ", not sent
   EXPECT_THAT(answer, testing::EndsWith("\r\n\r\n"));
+  // The next request's answer has its body again, a refusal's too.
+  client.set_head_only(false);
+  ASSERT_TRUE(client.Send("GET /x HTTP/1.1\r\nBad Name: 1\r\n\r\n"));
+  EXPECT_THAT(client.Answer(), AllOf(StartsWith("HTTP/1.1 400"), HasSubstr("token for a name")));
 }
 
 TEST_F(HttpTransportTest, HeadsOverTheLimitsAreRefusedAndTheConnectionClosed) {
