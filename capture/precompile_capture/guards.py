@@ -320,9 +320,11 @@ def _indexed_dimensions(node: Any) -> List[Tuple[Any, Any, bool]]:
 
     def size(table: Any, dim: Any) -> Any:
         t = table.meta.get("val") if isinstance(table, torch.fx.Node) else None
-        if not isinstance(t, torch.Tensor) or t.dim() == 0 or not isinstance(dim, int):
+        if not isinstance(t, torch.Tensor) or not isinstance(dim, int):
             return None
-        return t.shape[dim % t.dim()]
+        if not -t.dim() <= dim < t.dim():
+            return None
+        return t.shape[dim]
 
     target, args = node.target, node.args
     if target is _aten.embedding.default:
@@ -446,24 +448,13 @@ def _related_symbols(ep: torch.export.ExportedProgram) -> Callable[[sympy.Symbol
             continue
         target = node.target
         if target in _INDEXING:
-            src = val(node.args[0])
-            if not isinstance(src, torch.Tensor):
-                continue
-            if target is _aten.index_select.default:
-                dim = node.args[1] % src.dim() if src.dim() else 0
-                indices = [None] * dim + [node.args[2]]
-            else:
-                indices = list(node.args[1])
-            for d, index in enumerate(indices):
-                if index is None or d >= src.dim():
-                    continue
+            for size, index, _ in _indexed_dimensions(node):
                 source = _index_source(index)
                 # Only arange(end) from 0: with an offset, equality would
                 # not be what the indices need.
                 if source is None or source[0] != "arange" or source[2] != 0:
                     continue
-                end = source[1].meta.get("val") if isinstance(source[1], torch.fx.Node) else None
-                union(_plain_symbol(src.shape[d]), _plain_symbol(end))
+                union(_plain_symbol(size), _plain_symbol(val(source[1])))
         elif target in _BROADCASTING or torch.Tag.pointwise in target.tags:
             out = val(node)
             if not isinstance(out, torch.Tensor):

@@ -157,9 +157,8 @@ def test_a_grpc_shape_whose_product_passes_2_64_is_refused(server):
 def test_a_parameter_that_loops_for_ever_ends_at_the_request_limit(server):
     # `loop` runs its eager program n times: 10^12 iterations would take
     # hours. Over both transports, side by side with normal requests.
-    body = ENDLESS_LOOP
     started = time.monotonic()
-    answer = post(server, "/v2/models/loop/infer", body)
+    answer = post(server, "/v2/models/loop/infer", ENDLESS_LOOP)
     took = time.monotonic() - started
     assert status_of(answer) == 504, answer
     assert (f"ran past the server's limit of {MAX_REQUEST_SECONDS}s per request "
@@ -178,9 +177,8 @@ def test_a_parameter_that_loops_for_ever_ends_at_the_request_limit(server):
 
 
 def test_a_model_s_own_limit_in_its_config_replaces_the_server_s(server):
-    body = ENDLESS_LOOP
     started = time.monotonic()
-    answer = post(server, "/v2/models/loop_quick/infer", body)
+    answer = post(server, "/v2/models/loop_quick/infer", ENDLESS_LOOP)
     took = time.monotonic() - started
     assert status_of(answer) == 504, answer
     assert ("ran past model 'loop_quick''s limit of 500ms per request (max_request_seconds in "
