@@ -36,6 +36,7 @@ else
 fi
 
 python=${PYTHON:-python3}
+uv_version=0.13.9
 if [[ ! -x .venv/bin/python3 ]]; then
   say "creating the virtual environment .venv with $($python --version)"
   "$python" -m venv .venv
@@ -44,9 +45,12 @@ stamp=.venv/.requirements.lock.sha256
 want=$(sha256sum requirements.lock | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   say "installing Python packages from requirements.lock into .venv"
-  say "torch 2.11.0 is a CUDA build of several GB: the download can take 2 to 10 minutes"
-  .venv/bin/python3 -m pip install -q --upgrade pip
-  .venv/bin/python3 -m pip install -q -r requirements.lock
+  say "torch 2.11.0 is a CUDA build of several GB: the first download can take 2 to 10 minutes"
+  # uv (from PyPI, like everything here) keeps unpacked wheels in its cache
+  # (~/.cache/uv) and links them into an environment: a second environment
+  # takes seconds where pip unpacks the GBs of torch again for minutes.
+  .venv/bin/python3 -m pip install -q --disable-pip-version-check "uv==$uv_version"
+  .venv/bin/uv pip install -q --python .venv/bin/python3 -r requirements.lock
   echo "$want" > "$stamp"
 else
   say "Python packages: up to date"
