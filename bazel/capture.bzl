@@ -14,6 +14,12 @@ running on the project's virtual environment (`@torch//:python`):
         deps = [":models"],                   # the Python sources of the model
     )
 
+A capture does not depend on how C++ is built: it runs in the execution
+configuration, once, and every configuration (plain, --config=asan,
+--config=tsan) sees the same directory, bazel-bin/<package>/<name>. The
+capture itself is the target `<name>.captured` (tagged manual: `//...` does not
+build it on its own).
+
 AOTInductor compiles C++ for every variant; its cache and precompiled headers
 live in a stable directory under /tmp (TORCHINDUCTOR_CACHE_DIR, TMPDIR) so that
 actions and rebuilds reuse them. That directory is outside Bazel's view by
@@ -22,7 +28,7 @@ design: it only makes compiles faster, never changes what they produce.
 
 _INDUCTOR_DIR = "/tmp/precompile-serve-inductor"
 
-def _precompile_artifact_impl(ctx):
+def _capture_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
     capture_lib = ctx.attr._capture
     transitive = [capture_lib[DefaultInfo].files, capture_lib[DefaultInfo].default_runfiles.files]
@@ -36,7 +42,7 @@ def _precompile_artifact_impl(ctx):
     args.add_all(["-m", "precompile_capture"])
     args.add("--model", ctx.attr.model)
     args.add("--calls", ctx.file.calls)
-    args.add("--name", ctx.attr.model_name or ctx.label.name)
+    args.add("--name", ctx.attr.model_name)
     args.add("--out", out.path)
     args.add("--device", ctx.attr.device)
     args.add("--recompile-limit", str(ctx.attr.recompile_limit))
@@ -58,6 +64,11 @@ def _precompile_artifact_impl(ctx):
         "export PYTHONDONTWRITEBYTECODE=1",
         "export TORCHINDUCTOR_CACHE_DIR={}/cache".format(_INDUCTOR_DIR),
         "export TMPDIR={}/tmp".format(_INDUCTOR_DIR),
+        # Inductor proves each vector ISA the CPU reports by compiling a probe
+        # and loading it in a new Python that imports torch: 10 to 30 s of
+        # every capture. The g++ that tools/setup.sh installs builds them all.
+        "export TORCHINDUCTOR_VEC_ISA_OK=1",
+        "export AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL={}".format(ctx.attr.wrapper_opt_level),
         "mkdir -p \"$TORCHINDUCTOR_CACHE_DIR\" \"$TMPDIR\"",
         "exec \"$@\"",
     ])
@@ -77,14 +88,14 @@ def _precompile_artifact_impl(ctx):
     )
     return [DefaultInfo(files = depset([out]), runfiles = ctx.runfiles(files = [out]))]
 
-precompile_artifact = rule(
-    implementation = _precompile_artifact_impl,
+_capture = rule(
+    implementation = _capture_impl,
     doc = "A precompile artifact directory captured from a model on example calls.",
     attrs = {
         "model": attr.string(mandatory = True, doc = "module:factory of the model, e.g. examples.models:make_mlp"),
         "calls": attr.label(mandatory = True, allow_single_file = [".json"], doc = "JSON list of example calls"),
         "frames": attr.string_list(doc = "Sub-frames: sub-module paths or function names"),
-        "model_name": attr.string(doc = "The model's name in the artifact; default: the target name"),
+        "model_name": attr.string(mandatory = True, doc = "The model's name in the artifact"),
         "device": attr.string(default = "cpu", values = ["cpu", "cuda"]),
         "recompile_limit": attr.int(default = 8),
         "eager": attr.string(
@@ -93,9 +104,64 @@ precompile_artifact = rule(
             doc = "Eager programs of flagged frames (the capture's --eager)",
         ),
         "allow_incomplete": attr.bool(default = False, doc = "Save a capture that is not complete"),
+        "wrapper_opt_level": attr.string(
+            default = "O0",
+            values = ["O0", "O1", "O2", "O3"],
+            doc = "How AOTInductor optimizes each variant's wrapper, the host code that " +
+                  "calls its kernels (the kernels are -O3 always). O0 halves a small " +
+                  "model's compile; O1, torch's default, for benchmarks.",
+        ),
         "deps": attr.label_list(doc = "Python libraries holding the model's code"),
         "srcs": attr.label_list(allow_files = True, doc = "Other files the model's code reads"),
         "_capture": attr.label(default = Label("//capture:precompile_capture")),
         "_python": attr.label(default = Label("@torch//:python"), executable = True, cfg = "exec"),
     },
 )
+
+def _artifact_impl(ctx):
+    out = ctx.actions.declare_directory(ctx.label.name)
+    # A copy (artifacts are a few MB): Bazel 4.2 cannot symlink a directory.
+    ctx.actions.run_shell(
+        command = "cp -RL \"$1\"/. \"$2\"",
+        arguments = [ctx.file.captured.path, out.path],
+        inputs = [ctx.file.captured],
+        outputs = [out],
+        mnemonic = "CopyArtifact",
+        progress_message = "Copying precompile artifact %s" % ctx.label,
+    )
+    return [DefaultInfo(files = depset([out]), runfiles = ctx.runfiles(files = [out]))]
+
+# The captured directory, from the execution configuration, under the
+# target's own name in the configuration that asks for it.
+_artifact = rule(
+    implementation = _artifact_impl,
+    attrs = {
+        "captured": attr.label(mandatory = True, allow_single_file = True, cfg = "exec"),
+    },
+)
+
+def precompile_artifact(name, model_name = None, visibility = None, testonly = None, **kwargs):
+    """A precompile artifact directory, bazel-bin/<package>/<name>.
+
+    Args:
+      name: the directory, and the model's name unless model_name says otherwise.
+      model_name: the model's name in the artifact.
+      visibility: of the artifact.
+      testonly: of both targets.
+      **kwargs: the capture's attributes (model, calls, frames, deps, srcs,
+        device, recompile_limit, eager, allow_incomplete, wrapper_opt_level).
+    """
+    _capture(
+        name = name + ".captured",
+        model_name = model_name or name,
+        tags = ["manual"],
+        visibility = ["//visibility:private"],
+        testonly = testonly,
+        **kwargs
+    )
+    _artifact(
+        name = name,
+        captured = ":" + name + ".captured",
+        visibility = visibility,
+        testonly = testonly,
+    )
