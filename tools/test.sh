@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Sets up the machine (tools/setup.sh), builds everything and runs every test:
-#   1. bazel test //...      C++ unit, end-to-end and process tests, client
-#                            tests, deploy tests, fuzz regressions
-#   2. the runtime, server and end-to-end tests again under AddressSanitizer
-#      (with leak checking) and ThreadSanitizer
+# Sets up the machine (tools/setup.sh), builds everything and runs every test,
+# each test target once, in the strictest configuration that can run it:
+#   1. plain: the gallery (Hugging Face and torchvision models through the
+#      real server), the deployment images and manifests, the capture rules;
+#      and the binaries and artifacts pytest uses
+#   2. AddressSanitizer (with leak checking): the runtime's, server's and
+#      client's unit tests, the end-to-end and process tests, fuzz
+#      regressions; ThreadSanitizer: those that exercise threads
 #   3. the libFuzzer fuzzers (request decoding, guards, manifests, HTTP
 #      requests), each for a bounded time
 #   4. pytest: the capture tool, the Python client example, the HTTP/REST
 #      endpoint with Triton's client and curl, hostile clients (sizes near
 #      2^64, loops without end, names without end), the recapture loop (misses
-#      exported, recaptured and hot-swapped under load) and Python eager
-#      programs served by the embedded interpreter
+#      exported, recaptured and hot-swapped under load), Python eager
+#      programs served by the embedded interpreter, and the README's serving
+#      commands as written
 # Each stage ends with its own summary line ("bazel: N passed, N failed, ..."),
-# pytest's last.
+# and the last line says how long each stage took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh || exit 1
+setup_seconds=$SECONDS
 failed=0
 
 # Each bazel test run writes its build events here; the summary counts only
@@ -35,24 +40,40 @@ summarize() {
     "$testlogs" "$@" || failed=1
 }
 
-echo "[test] bazel test //... (the first run builds libtorch-heavy code and captures the example artifacts: several minutes)"
-bazel test //... --keep_going --build_event_json_file="$events/bazel.json" || failed=1
-summarize bazel "" $(bazel query 'tests(//...)' 2>/dev/null)
+# Each target's tests run once, in the strictest configuration that can run
+# them: the runtime's, the server's, the client's and the end-to-end tests
+# under AddressSanitizer (and the threaded ones under ThreadSanitizer too);
+# the rest (gallery, deployment, capture rules, benchmarks' inputs) plain.
+sanitized=(//runtime/... //server/... //client/... //tests/...)
+# What pytest runs, from bazel-bin: the plain build.
+for_pytest=(//server:precompile_server //client:precompile_client //client:precompile_load
+            //examples:artifacts //examples:blocks //gallery:artifacts //proto:python)
+stage_times=()
+timed() {  # timed LABEL COMMAND...: runs it and notes how long it took
+  local label=$1 start=$SECONDS
+  shift
+  "$@" || failed=1
+  stage_times+=("$label $((SECONDS - start)) s")
+}
+
+plain=(//... "${sanitized[@]/#/-}" "${for_pytest[@]}")
+echo "[test] bazel test ${plain[*]} (the first run builds libtorch-heavy code and captures the example artifacts: several minutes)"
+timed bazel bazel test --keep_going --build_event_json_file="$events/bazel.json" -- "${plain[@]}"
+summarize bazel "" $(bazel query "tests(//...) except tests(set(${sanitized[*]}))" 2>/dev/null)
 
 # Not python_eager_test here: LeakSanitizer's check at exit walks the embedded
 # interpreter's memory, which is never freed (CPython is not finalized), and
 # on a fresh environment took over five minutes. ThreadSanitizer runs it.
-sanitized=(//runtime/... //server/... //client/... //tests/...)
 echo "[test] AddressSanitizer: bazel test --config=asan ${sanitized[*]} -//tests:python_eager_test"
-bazel test --config=asan --keep_going --build_event_json_file="$events/asan.json" -- \
-  "${sanitized[@]}" -//tests:python_eager_test || failed=1
+timed asan bazel test --config=asan --keep_going --build_event_json_file="$events/asan.json" -- \
+  "${sanitized[@]}" -//tests:python_eager_test
 summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]})) except //tests:python_eager_test" 2>/dev/null)
 # It runs under AddressSanitizer on its own, without the leak check;
 # PYTHONMALLOC=malloc puts Python's objects under AddressSanitizer too.
 if bazel query //tests:python_eager_test >/dev/null 2>&1; then
   echo "[test] AddressSanitizer without LeakSanitizer: //tests:python_eager_test"
-  bazel test --config=asan --build_event_json_file="$events/asan_python.json" //tests:python_eager_test \
-    --test_env=ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0 --test_env=PYTHONMALLOC=malloc || failed=1
+  timed asan_python bazel test --config=asan --build_event_json_file="$events/asan_python.json" //tests:python_eager_test \
+    --test_env=ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0 --test_env=PYTHONMALLOC=malloc
   summarize asan_python --config=asan //tests:python_eager_test
 fi
 
@@ -61,20 +82,20 @@ fi
 tsan=(//runtime/... //server/... //client/... //tests:server_e2e_test //tests:server_repository_test
       //tests:torch_grpc_coexistence_test //tests:python_eager_test)
 echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
-bazel test --config=tsan "${tsan[@]}" --keep_going --build_event_json_file="$events/tsan.json" ||
-  failed=1
+timed tsan bazel test --config=tsan "${tsan[@]}" --keep_going --build_event_json_file="$events/tsan.json"
 summarize tsan --config=tsan $(bazel query "tests(set(${tsan[*]}))" 2>/dev/null)
 
 echo "[test] fuzzing: 4 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
-tests/fuzz/run_fuzzers.sh 20 || failed=1
+timed fuzz tests/fuzz/run_fuzzers.sh 20
 
 # The Python tests run the binaries under bazel-bin, which the sanitizer runs
 # pointed at their own builds: point it back at the plain one (cached).
-bazel build --noshow_progress //server:precompile_server //client:precompile_client \
-  //client:precompile_load //examples:artifacts //examples:blocks //gallery:gpt2 //proto:python || failed=1
+bazel build --noshow_progress "${for_pytest[@]}" || failed=1
 
 echo "[test] pytest capture/tests client/python tests/http tests/hostile tests/recapture tests/python_eager tools/tests"
-.venv/bin/python3 -m pytest capture/tests client/python tests/http tests/hostile tests/recapture tests/python_eager \
-  tools/tests -q -p no:cacheprovider || failed=1
+timed pytest .venv/bin/python3 -m pytest capture/tests client/python tests/http tests/hostile tests/recapture \
+  tests/python_eager tools/tests -q -p no:cacheprovider --durations=10
+
+echo "[test] time per stage (setup $setup_seconds s): ${stage_times[*]/%/,}"
 
 exit $failed

@@ -106,42 +106,61 @@ for f in "${fuzzers[@]}"; do
 done
 say "built ${#fuzzers[@]} fuzzers in $((SECONDS - start)) s"
 
-passed=0
-failed=0
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/fuzz.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
-for f in "${fuzzers[@]}"; do
+
+# Runs fuzzer $1 for $seconds; prints what it found, and exits non-zero if it
+# failed.
+fuzz_one() {
+  local f=$1 log="$build/$1.log" rc
   mkdir -p "$scratch/$f"
-  log="$build/$f.log"
-  dict=()
+  local dict=()
   [[ -f tests/fuzz/$f.dict ]] && dict=(-dict="tests/fuzz/$f.dict")
   # The first directory receives new inputs; the committed seeds and saved
   # crashes are only read (a saved crash that is not fixed fails at once).
-  inputs=("tests/fuzz/corpus/$f")
+  local inputs=("tests/fuzz/corpus/$f")
   [[ -d tests/fuzz/regressions/$f ]] && inputs+=("tests/fuzz/regressions/$f")
   TMPDIR="$scratch" timeout $((seconds + 120)) "$build/bin/$f" \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$build/crashes/$f-" "${dict[@]}" \
     "$scratch/$f" "${inputs[@]}" >"$log" 2>&1
   rc=$?
+  local execs cov units
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
   units=$(find "$scratch/$f" -type f | wc -l)
   if ((rc == 0)); then
-    ((passed++))
     say "$f: passed, ${execs:-?} execs in $seconds s, ${cov:-cov: ?}, $units new inputs"
-  else
-    ((failed++))
-    crash=$(grep -o "Test unit written to .*" "$log" | tail -1 | sed 's/^Test unit written to //')
-    say "$f: FAILED (exit $rc) after ${execs:-?} execs, crash input: ${crash:-none written}, log: $log"
-    for saved in tests/fuzz/regressions/"$f"/*; do
-      [[ -n $crash && -f $saved ]] && cmp -s "$crash" "$saved" &&
-        say "    that is the saved regression $saved: its bug is not fixed yet"
-    done
-    grep -E "^(==[0-9]+==ERROR|SUMMARY|.*runtime error|$f: )" "$log" | head -5 | sed 's/^/    /'
+    return 0
   fi
+  local crash saved
+  crash=$(grep -o "Test unit written to .*" "$log" | tail -1 | sed 's/^Test unit written to //')
+  say "$f: FAILED (exit $rc) after ${execs:-?} execs, crash input: ${crash:-none written}, log: $log"
+  for saved in tests/fuzz/regressions/"$f"/*; do
+    [[ -n $crash && -f $saved ]] && cmp -s "$crash" "$saved" &&
+      say "    that is the saved regression $saved: its bug is not fixed yet"
+  done
+  grep -E "^(==[0-9]+==ERROR|SUMMARY|.*runtime error|$f: )" "$log" | head -5 | sed 's/^/    /'
+  return 1
+}
+
+# One fuzzer per core at a time: each is single-threaded.
+jobs=${FUZZ_JOBS:-$(nproc)}
+declare -A running=()
+passed=0
+failed=0
+reap() {  # waits for one fuzzer to end and counts it
+  local done_pid
+  wait -n -p done_pid "${!running[@]}" && ((++passed)) || ((++failed))
+  unset "running[$done_pid]"
+}
+for f in "${fuzzers[@]}"; do
+  ((${#running[@]} < jobs)) || reap
+  fuzz_one "$f" &
+  running[$!]=$f
 done
+while ((${#running[@]})); do reap; done
 echo "fuzz: $passed passed, $failed failed"
 ((failed == 0))
