@@ -1,38 +1,94 @@
 #!/usr/bin/env bash
-# Sets up the machine (tools/setup.sh), builds the server, the bundled example
-# artifacts and the gallery's (BERT, GPT-2, resnet18, BERT behind a flagged
-# wrapper), and serves them: gRPC (KServe v2, admin, health,
-# reflection) on port 8001, Prometheus metrics on http://localhost:8002/metrics.
+# Sets up the machine (tools/setup.sh), builds the server, the client tools
+# and the bundled example artifacts, and serves them: gRPC (KServe v2, admin,
+# health, reflection) on port 8001, HTTP/REST on 8000, Prometheus metrics on
+# http://localhost:8002/metrics. The gallery's models (BERT, GPT-2, resnet18,
+# BERT behind a flagged wrapper) are captured while the server already
+# serves, and join it one by one: each finished artifact is moved into the
+# repository, which the server rescans every 2 seconds.
+#
 # It listens on 127.0.0.1 only and lets any local client load, unload and
 # rescan models without a token (--allow_unauthenticated_control): a
 # development setup. Extra arguments go to the server and win over these
 # (see `precompile_server --help`); e.g. --listen_address=0.0.0.0
 # --allow_unauthenticated_control=false --admin_token_file=FILE to serve
-# others. Ctrl-C or SIGTERM drains and stops it.
+# others. Ctrl-C or SIGTERM drains and stops it; the exit status is the
+# server's.
+#
+# Environment: SERVE_REPOSITORY, the model repository it fills (default
+# .serve/repository; emptied first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tools/setup.sh
-echo "[serve] bazel build //server:precompile_server //examples:artifacts //gallery:artifacts"
-bazel build //server:precompile_server //examples:artifacts //gallery:artifacts
+say() { echo "[serve] $*"; }
 
-# A model repository of plain copies: <repository>/<model>/1/.
-repository=.serve/repository
-rm -rf "$repository"
-mkdir -p "$repository"
-for artifact in bazel-bin/examples/*/ bazel-bin/gallery/*/; do
-  [[ -f $artifact/MANIFEST.pb ]] || continue
+tools/setup.sh
+# The client tools too, so that the README's calls run while the gallery
+# builds (Bazel runs one command at a time).
+targets=(//server:precompile_server //client:precompile_client //client:precompile_load //examples:artifacts)
+say "bazel build ${targets[*]}"
+bazel build "${targets[@]}"
+
+# A model repository of plain copies: <repository>/<model>/1/. An artifact
+# arrives whole: it is copied next to the repository, then renamed into it.
+repository=${SERVE_REPOSITORY:-.serve/repository}
+staging=$repository.staging
+rm -rf "$repository" "$staging"
+mkdir -p "$repository" "$staging"
+publish() {
+  local artifact=$1 name
   name=$(basename "$artifact")
-  mkdir -p "$repository/$name"
-  cp -rL "$artifact" "$repository/$name/1"
+  [[ -f $artifact/MANIFEST.pb ]] || return 0
+  rm -rf "${staging:?}/$name"
+  mkdir -p "$staging/$name"
+  cp -rL "$artifact" "$staging/$name/1"
+  mv "$staging/$name" "$repository/$name"
+}
+for artifact in bazel-bin/examples/{branch,dtypes,loop,mlp,nested,passthrough}; do
+  publish "$artifact"
 done
-if [[ -z $(ls "$repository") ]]; then
-  echo "[serve] no example artifacts yet"
-fi
-echo "[serve] serving $(ls "$repository" | tr '\n' ' ')from $repository"
-# Python eager programs (the gallery's bert_recentering, examples' blocks)
-# are code: they load only with --allow_python_programs, and import the
-# models' own code (gallery.models, examples.models) from --python_path.
-exec bazel-bin/server/precompile_server --model_repository="$repository" \
+say "serving $(ls "$repository" | tr '\n' ' ')from $repository"
+
+# Job control: the server and the gallery's builds run in process groups of
+# their own, so that Ctrl-C reaches this script alone, which then drains the
+# server (SIGTERM) and stops the builds.
+set -m
+
+# Python eager programs (the gallery's bert_recentering) are code: they load
+# only with --allow_python_programs, and import the models' own code
+# (gallery.models) from --python_path.
+bazel-bin/server/precompile_server --model_repository="$repository" \
   --listen_address=127.0.0.1 --allow_unauthenticated_control \
-  --allow_python_programs --python_path="$PWD" "$@"
+  --allow_python_programs --python_path="$PWD" --repository_poll_seconds=2 "$@" &
+server=$!
+
+# The gallery, smallest capture first; each joins at the next rescan.
+gallery=(resnet18 bert gpt2 bert_recentering)
+(
+  for i in "${!gallery[@]}"; do
+    model=${gallery[$i]}
+    left=("${gallery[@]:$((i + 1))}")
+    say "gallery: capturing $model (AOTInductor compiles take a while); then ${left[*]:-nothing}"
+    if ! bazel build --noshow_progress "//gallery:$model" 2>"$staging/$model.log"; then
+      say "gallery: capturing $model failed; its log: $staging/$model.log"
+      continue
+    fi
+    publish "bazel-bin/gallery/$model"
+    say "gallery: $model is in the repository and loads at the next rescan; still to capture: ${left[*]:-none}"
+  done
+) &
+gallery_builder=$!
+
+stop() {
+  kill -TERM "$server" 2>/dev/null || true
+  kill -INT -- "-$gallery_builder" 2>/dev/null || true
+}
+trap stop INT TERM
+# wait returns early when a trapped signal arrives: wait again for the drain.
+status=0
+while kill -0 "$server" 2>/dev/null; do
+  wait "$server" && status=0 || status=$?
+done
+kill -INT -- "-$gallery_builder" 2>/dev/null || true
+wait "$gallery_builder" 2>/dev/null || true
+exit "$status"
