@@ -80,8 +80,9 @@ def _capture_impl(ctx):
         outputs = [out],
         use_default_shell_env = True,
         execution_requirements = {
-            # The compiler cache under /tmp is shared on purpose; keep it local.
-            "no-remote": "1",
+            # The compiler cache under /tmp is shared on purpose: run it here
+            # (its result may still come from Bazel's disk cache).
+            "no-remote-exec": "1",
         },
         mnemonic = "PrecompileCapture",
         progress_message = "Capturing precompile artifact %s (AOTInductor compiles take a while)" % ctx.label,

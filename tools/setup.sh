@@ -56,6 +56,16 @@ else
   say "Python packages: up to date"
 fi
 
+# Bazel's disk cache (.bazelrc) grows with every change built: past 20 GiB,
+# the files read longest ago go until 15 GiB are left.
+disk_cache=$HOME/.cache/precompile-serve/bazel
+if [[ -d $disk_cache ]] && (($(du -sk "$disk_cache" | cut -f1) > 20 * 1024 * 1024)); then
+  say "pruning Bazel's disk cache $disk_cache to 15 GiB"
+  find "$disk_cache" -type f -printf '%A@ %s %p\n' | sort -n |
+    awk -v excess=$(($(du -sb "$disk_cache" | cut -f1) - 15 * 1024 * 1024 * 1024)) \
+      '{ if (freed < excess) { print $3; freed += $2 } }' | xargs -r rm -f
+fi
+
 say "generating the Python protos (bazel build //proto:python)"
 bazel build --noshow_progress //proto:python
 bin=$(bazel info bazel-bin 2>/dev/null)

@@ -58,21 +58,21 @@ timed() {  # timed LABEL COMMAND...: runs it and notes how long it took
 
 plain=(//... "${sanitized[@]/#/-}" "${for_pytest[@]}")
 echo "[test] bazel test ${plain[*]} (the first run builds libtorch-heavy code and captures the example artifacts: several minutes)"
-timed bazel bazel test --keep_going --build_event_json_file="$events/bazel.json" -- "${plain[@]}"
+timed bazel bazel test --nocache_test_results --keep_going --build_event_json_file="$events/bazel.json" -- "${plain[@]}"
 summarize bazel "" $(bazel query "tests(//...) except tests(set(${sanitized[*]}))" 2>/dev/null)
 
 # Not python_eager_test here: LeakSanitizer's check at exit walks the embedded
 # interpreter's memory, which is never freed (CPython is not finalized), and
 # on a fresh environment took over five minutes. ThreadSanitizer runs it.
 echo "[test] AddressSanitizer: bazel test --config=asan ${sanitized[*]} -//tests:python_eager_test"
-timed asan bazel test --config=asan --keep_going --build_event_json_file="$events/asan.json" -- \
+timed asan bazel test --config=asan --nocache_test_results --keep_going --build_event_json_file="$events/asan.json" -- \
   "${sanitized[@]}" -//tests:python_eager_test
 summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]})) except //tests:python_eager_test" 2>/dev/null)
 # It runs under AddressSanitizer on its own, without the leak check;
 # PYTHONMALLOC=malloc puts Python's objects under AddressSanitizer too.
 if bazel query //tests:python_eager_test >/dev/null 2>&1; then
   echo "[test] AddressSanitizer without LeakSanitizer: //tests:python_eager_test"
-  timed asan_python bazel test --config=asan --build_event_json_file="$events/asan_python.json" //tests:python_eager_test \
+  timed asan_python bazel test --config=asan --nocache_test_results --build_event_json_file="$events/asan_python.json" //tests:python_eager_test \
     --test_env=ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0 --test_env=PYTHONMALLOC=malloc
   summarize asan_python --config=asan //tests:python_eager_test
 fi
@@ -82,7 +82,7 @@ fi
 tsan=(//runtime/... //server/... //client/... //tests:server_e2e_test //tests:server_repository_test
       //tests:torch_grpc_coexistence_test //tests:python_eager_test)
 echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
-timed tsan bazel test --config=tsan "${tsan[@]}" --keep_going --build_event_json_file="$events/tsan.json"
+timed tsan bazel test --config=tsan "${tsan[@]}" --nocache_test_results --keep_going --build_event_json_file="$events/tsan.json"
 summarize tsan --config=tsan $(bazel query "tests(set(${tsan[*]}))" 2>/dev/null)
 
 echo "[test] fuzzing: 4 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
