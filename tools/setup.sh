@@ -49,8 +49,11 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   # uv (from PyPI, like everything here) keeps unpacked wheels in its cache
   # (~/.cache/uv) and links them into an environment: a second environment
   # takes seconds where pip unpacks the GBs of torch again for minutes.
+  # Bytecode is compiled now, as pip does: captures run with
+  # PYTHONDONTWRITEBYTECODE, and the embedded interpreter under
+  # ThreadSanitizer took minutes compiling torch's modules.
   .venv/bin/python3 -m pip install -q --disable-pip-version-check "uv==$uv_version"
-  .venv/bin/uv pip install -q --python .venv/bin/python3 -r requirements.lock
+  .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python3 -r requirements.lock
   echo "$want" > "$stamp"
 else
   say "Python packages: up to date"
