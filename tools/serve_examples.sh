@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Sets up the machine (tools/setup.sh), builds the server, the client tools
-# and the bundled example artifacts, and serves them: gRPC (KServe v2, admin,
-# health, reflection) on port 8001, HTTP/REST on 8000, Prometheus metrics on
-# http://localhost:8002/metrics. The gallery's models (BERT, GPT-2, resnet18,
-# BERT behind a flagged wrapper) are captured while the server already
-# serves, and join it one by one: each finished artifact is moved into the
-# repository, which the server rescans every 2 seconds.
+# Sets up the machine (tools/setup.sh), builds the server and the bundled
+# example artifacts, and serves them: gRPC (KServe v2, admin, health,
+# reflection) on port 8001, HTTP/REST on 8000, Prometheus metrics on
+# http://localhost:8002/metrics. While it serves, it builds the client tools
+# (precompile_client, precompile_load), then captures the gallery's models
+# (BERT, GPT-2, resnet18, BERT behind a flagged wrapper), which join the
+# server one by one: each finished artifact is moved into the repository,
+# which the server rescans every 2 seconds.
 #
 # It listens on 127.0.0.1 only and lets any local client load, unload and
 # rescan models without a token (--allow_unauthenticated_control): a
@@ -23,9 +24,7 @@ cd "$(dirname "$0")/.."
 say() { echo "[serve] $*"; }
 
 tools/setup.sh
-# The client tools too, so that the README's calls run while the gallery
-# builds (Bazel runs one command at a time).
-targets=(//server:precompile_server //client:precompile_client //client:precompile_load //examples:artifacts)
+targets=(//server:precompile_server //examples:artifacts)
 say "bazel build ${targets[*]}"
 bazel build "${targets[@]}"
 
@@ -62,9 +61,16 @@ bazel-bin/server/precompile_server --model_repository="$repository" \
   --allow_python_programs --python_path="$PWD" --repository_poll_seconds=2 "$@" &
 server=$!
 
-# The gallery, smallest capture first; each joins at the next rescan.
+# While it serves: the client tools, then the gallery, smallest capture
+# first; each model joins at the next rescan.
+clients=(//client:precompile_client //client:precompile_load)
 gallery=(resnet18 bert gpt2 bert_recentering)
 (
+  if bazel build --noshow_progress "${clients[@]}" 2>"$staging/clients.log"; then
+    say "client tools ready: bazel-bin/client/precompile_client, bazel-bin/client/precompile_load"
+  else
+    say "building the client tools failed; its log: $staging/clients.log"
+  fi
   for i in "${!gallery[@]}"; do
     model=${gallery[$i]}
     left=("${gallery[@]:$((i + 1))}")
