@@ -8,6 +8,8 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -387,6 +389,44 @@ TEST_P(ModelConcurrency, ManyThreadsShareOneModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, ModelConcurrency, ::testing::Values(1, 4, 16));
+
+// A freshly loaded variant's first calls, more at once than it has runners:
+// the burst a server sees right after a model loads. Each round loads anew,
+// because only a variant's first run is at stake.
+TEST(LoadedVersion, AFreshVariantsFirstCallsFromMoreThreadsThanRunnersAllFinish) {
+  constexpr int kRounds = 20;
+  constexpr int kThreads = 6;
+  ReferenceCall ref = Reference("mlp", "batch8");
+  LoadOptions options;
+  options.runners_per_variant = 1;
+  for (int round = 0; round < kRounds; ++round) {
+    absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+        LoadedVersion::Load(ExampleArtifact("mlp"), options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    std::atomic<int> ready{0};
+    std::atomic<int> served{0};
+    std::atomic<int> finished{0};
+    Notification all_done;
+    std::vector<std::thread> callers;
+    for (int t = 0; t < kThreads; ++t) {
+      callers.emplace_back([&] {
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) {
+        }
+        if ((*model)->Call(ref.args).ok()) served.fetch_add(1);
+        if (finished.fetch_add(1) + 1 == kThreads) all_done.Notify();
+      });
+    }
+    if (!all_done.WaitForNotificationWithTimeout(absl::Seconds(20))) {
+      // The callers are stuck for good: nothing can join them.
+      ADD_FAILURE() << "round " << round << ": " << finished.load() << " of " << kThreads
+                    << " first calls finished within 20 s; the others never return";
+      std::_Exit(1);
+    }
+    for (std::thread& caller : callers) caller.join();
+    EXPECT_EQ(served.load(), kThreads) << "round " << round;
+  }
+}
 
 // Holds the first frame call inside the model until released.
 class BlockingObserver : public CallObserver {

@@ -43,6 +43,26 @@ absl::StatusOr<std::unique_ptr<Variant>> Variant::Load(
 
 absl::StatusOr<std::vector<at::Tensor>> Variant::Run(
     std::vector<at::Tensor> inputs) const {
+  // The package's first run finishes setting up its constants, and for that
+  // it waits for every other run to leave while holding one of its runners;
+  // runs that wait for a free runner meanwhile never leave, and the variant
+  // deadlocks for good once its first calls outnumber its runners
+  // (AOTInductorModelContainer::run in torch 2.11). So the first runs go one
+  // at a time; after one has finished, runs take no lock here.
+  if (!ran_once_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(first_run_mu_);
+    if (!ran_once_.load(std::memory_order_relaxed)) {
+      absl::StatusOr<std::vector<at::Tensor>> out = RunLoader(std::move(inputs));
+      // A run that failed may have failed before the set-up finished.
+      if (out.ok()) ran_once_.store(true, std::memory_order_release);
+      return out;
+    }
+  }
+  return RunLoader(std::move(inputs));
+}
+
+absl::StatusOr<std::vector<at::Tensor>> Variant::RunLoader(
+    std::vector<at::Tensor> inputs) const {
   return CallTorch(run_what_, [&] {
     for (at::Tensor& t : inputs) {
       if (device_ == DeviceType::kCuda && !t.is_cuda()) {

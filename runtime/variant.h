@@ -5,12 +5,15 @@
 //
 // Thread safety: Run() may be called concurrently. Loading takes a process-
 // wide lock because the AOTInductor loader's constructor is not thread-safe.
+// A variant's first run goes alone (see Run).
 #ifndef PRECOMPILE_RUNTIME_VARIANT_H_
 #define PRECOMPILE_RUNTIME_VARIANT_H_
 
 #include <ATen/Tensor.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -52,11 +55,15 @@ class Variant {
  private:
   Variant(std::string id, DeviceType device,
           std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader);
+  absl::StatusOr<std::vector<at::Tensor>> RunLoader(std::vector<at::Tensor> inputs) const;
 
   std::string id_;
   std::string run_what_;  // "running variant <id>", for errors; built once.
   DeviceType device_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  // Whether a run has finished; until one has, runs take `first_run_mu_`.
+  mutable std::atomic<bool> ran_once_{false};
+  mutable std::mutex first_run_mu_;
 };
 
 }  // namespace precompile
