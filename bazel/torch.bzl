@@ -20,9 +20,12 @@ in the workspace.
 _SHADOWING_INCLUDE_DIRS = ["google", "fmt"]
 
 _QUERY = """
-import json, os, sys, sysconfig
+import hashlib, importlib.metadata, json, os, sys, sysconfig
 import torch
+installed = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
 print(json.dumps({
+    "python_version": sys.version.split()[0],
+    "installed_hash": hashlib.sha256("\\n".join(installed).encode()).hexdigest(),
     "python_include": sysconfig.get_paths()["include"],
     "python_libdir": sysconfig.get_config_var("LIBDIR") or "",
     "python_library": sysconfig.get_config_var("LDLIBRARY") or "",
@@ -96,7 +99,26 @@ def _torch_repository_impl(rctx):
     cpu_only_dir = str(rctx.path("cpu_only"))
 
     rctx.file("WORKSPACE", 'workspace(name = "{}")\n'.format(rctx.name))
-    rctx.file("python.sh", "#!/bin/sh\nexec {} \"$@\"\n".format(python), executable = True)
+    # The interpreter, reached through a link beside the script: the script's
+    # text, part of the key of every build step that runs Python (the
+    # captures above all), names no path of this checkout, so a capture
+    # built in one clone is found in Bazel's disk cache by the next. What the
+    # environment holds is named instead, so that a changed one captures anew.
+    # The link is to the directory above the interpreter's (the environment),
+    # not to the interpreter: Python finds its environment from the path it
+    # is started by.
+    python_dir = rctx.path(python).dirname
+    rctx.symlink(python_dir.dirname, "environment")
+    rctx.file("python.sh", """#!/bin/sh
+# Python {python_version}, torch {torch_version}; installed distributions {installed_hash}
+exec "$(dirname "$(readlink -f "$0")")/environment/{bin}/{name}" "$@"
+""".format(
+        python_version = info["python_version"],
+        torch_version = info["version"],
+        installed_hash = info["installed_hash"],
+        bin = python_dir.basename,
+        name = rctx.path(python).basename,
+    ), executable = True)
     rctx.file("version.bzl", 'TORCH_VERSION = "{}"\nTORCH_CUDA_VERSION = "{}"\nPYTHON_ENVIRONMENT = "{}"\nPYTHON_EMBEDDABLE = {}\n'.format(
         info["version"],
         info["cuda"],
