@@ -37,14 +37,17 @@ mkdir -p "$repository" "$staging"
 publish() {
   local artifact=$1 name
   name=$(basename "$artifact")
-  [[ -f $artifact/MANIFEST.pb ]] || return 0
+  if [[ ! -f $artifact/MANIFEST.pb ]]; then
+    say "$artifact has no MANIFEST.pb: not an artifact, not served"
+    return 1
+  fi
   rm -rf "${staging:?}/$name"
   mkdir -p "$staging/$name"
   cp -rL "$artifact" "$staging/$name/1"
   mv "$staging/$name" "$repository/$name"
 }
 for artifact in bazel-bin/examples/{branch,dtypes,loop,mlp,nested,passthrough}; do
-  publish "$artifact"
+  publish "$artifact" || true
 done
 say "serving $(ls "$repository" | tr '\n' ' ')from $repository"
 
@@ -79,15 +82,17 @@ gallery=(resnet18 bert gpt2 bert_recentering)
       say "gallery: capturing $model failed; its log: $staging/$model.log"
       continue
     fi
-    publish "bazel-bin/gallery/$model"
-    say "gallery: $model is in the repository and loads at the next rescan; still to capture: ${left[*]:-none}"
+    if publish "bazel-bin/gallery/$model"; then
+      say "gallery: $model is in the repository and loads at the next rescan; still to capture: ${left[*]:-none}"
+    fi
   done
 ) &
 gallery_builder=$!
 
+stop_gallery() { kill -INT -- "-$gallery_builder" 2>/dev/null || true; }
 stop() {
   kill -TERM "$server" 2>/dev/null || true
-  kill -INT -- "-$gallery_builder" 2>/dev/null || true
+  stop_gallery
 }
 trap stop INT TERM
 # wait returns early when a trapped signal arrives: wait again for the drain.
@@ -95,6 +100,6 @@ status=0
 while kill -0 "$server" 2>/dev/null; do
   wait "$server" && status=0 || status=$?
 done
-kill -INT -- "-$gallery_builder" 2>/dev/null || true
+stop_gallery
 wait "$gallery_builder" 2>/dev/null || true
 exit "$status"

@@ -45,9 +45,9 @@ summarize() {
 # under AddressSanitizer (and the threaded ones under ThreadSanitizer too);
 # the rest (gallery, deployment, capture rules, benchmarks' inputs) plain.
 sanitized=(//runtime/... //server/... //client/... //tests/...)
-# What pytest runs, from bazel-bin: the plain build.
-for_pytest=(//server:precompile_server //client:precompile_client //client:precompile_load
-            //examples:artifacts //examples:blocks //gallery:artifacts //proto:python)
+# What pytest runs, from bazel-bin: the plain build (one list, which the
+# Python tests name when something is missing).
+mapfile -t for_pytest < tests/testing/pytest_targets.txt
 stage_times=()
 timed() {  # timed LABEL COMMAND...: runs it and notes how long it took
   local label=$1 start=$SECONDS

@@ -16,8 +16,9 @@ from typing import Mapping, Optional, Sequence
 
 import pytest
 
-BUILD_COMMAND = ("bazel build //server:precompile_server //client:precompile_client "
-                 "//client:precompile_load //examples:artifacts //examples:blocks //gallery:gpt2")
+# What the Python tests run from bazel-bin (tools/test.sh builds the same list).
+BUILD_COMMAND = "bazel build " + " ".join(
+    (pathlib.Path(__file__).parent / "pytest_targets.txt").read_text().split())
 
 
 def built(path: pathlib.Path) -> pathlib.Path:
@@ -27,7 +28,64 @@ def built(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-class ServerProcess:
+class LoggedProcess:
+    """A child process whose output (stdout and stderr) is kept as it comes,
+    for tests to wait for what it prints."""
+
+    def __init__(self, command: Sequence[str], name: str, **popen_args):
+        self.name = name
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, **popen_args)
+        self.lines = []
+        self._ended = False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def log(self) -> str:
+        with self._changed:
+            return "".join(self.lines)
+
+    def await_match(self, pattern: str, timeout: float = 60.0) -> re.Match:
+        """The first line of its output (from the start) that matches
+        `pattern`, waiting up to `timeout` seconds for it to come."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._changed:
+            while True:
+                for line in self.lines[seen:]:
+                    found = re.search(pattern, line)
+                    if found:
+                        return found
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if self._ended or left <= 0:
+                    why = "ended" if self._ended else f"printed nothing like it within {timeout} s"
+                    raise AssertionError(
+                        f"no {pattern!r} from {self.name}: it {why}:\n{''.join(self.lines)[-6000:]}")
+                self._changed.wait(left)
+
+    def await_output(self, pattern: str, timeout: float = 60.0) -> str:
+        """await_match's first group, or the whole match when it has none."""
+        match = self.await_match(pattern, timeout)
+        return match.group(1) if match.groups() else match.group(0)
+
+    def wait(self, timeout: float) -> int:
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+
+class ServerProcess(LoggedProcess):
     """precompile_server serving `repository` on 127.0.0.1."""
 
     def __init__(self, binary: pathlib.Path, repository: pathlib.Path, flags: Sequence[str] = (),
@@ -35,13 +93,10 @@ class ServerProcess:
                  ready_pattern: str = r"event=ready"):
         """`ready_pattern`: the log line that ends the start (event=not_ready
         when a model is expected to fail to load)."""
-        self.process = subprocess.Popen(
+        super().__init__(
             [str(binary), f"--model_repository={repository}", "--listen_address=127.0.0.1",
              "--grpc_port=0", "--metrics_port=-1", "--http_port=0", *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.output = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+            "the server", env=env)
         self.port = int(self.await_output(r"event=listening grpc_port=(\d+)"))
         # 0 when a flag turned HTTP off.
         self.http_port = int(self.await_output(r"event=listening .*http_port=(\d+)"))
@@ -49,30 +104,10 @@ class ServerProcess:
         self.address = f"127.0.0.1:{self.port}"
         self.http_address = f"127.0.0.1:{self.http_port}"
 
-    def _read(self):
-        for line in self.process.stdout:
-            self.output.append(line)
-
-    def log(self) -> str:
-        return "".join(self.output)
-
-    def await_output(self, pattern: str, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = re.search(pattern, self.log())
-            if match:
-                return match.group(1) if match.groups() else match.group(0)
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.02)
-        raise AssertionError(f"no {pattern!r} from the server:\n{self.log()}")
-
     def stop(self) -> int:
         """SIGTERM, then the exit code (0 after a clean drain)."""
         self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=30)
-        self._reader.join(timeout=5)
-        return code
+        return self.wait(timeout=30)
 
 
 def copy_tree(source: pathlib.Path, destination: pathlib.Path) -> None:

@@ -13,7 +13,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -21,6 +20,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+sys.path.insert(0, str(ROOT / "tests" / "testing"))
+from server_process import LoggedProcess  # noqa: E402
 
 
 def readme_block(after: str, language: str) -> str:
@@ -50,46 +51,13 @@ def shell_commands(block: str):
     return commands
 
 
-class ServeExamples:
+class ServeExamples(LoggedProcess):
     """tools/serve_examples.sh on ports of its server's choice."""
 
     def __init__(self, repository: pathlib.Path):
-        env = dict(os.environ, SERVE_REPOSITORY=str(repository))
-        self.process = subprocess.Popen(
+        super().__init__(
             ["tools/serve_examples.sh", "--grpc_port=0", "--http_port=0", "--metrics_port=0"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines = []
-        self._changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            with self._changed:
-                self.lines.append(line)
-                self._changed.notify_all()
-        with self._changed:
-            self.lines.append(None)  # end of output
-            self._changed.notify_all()
-
-    def output(self) -> str:
-        return "".join(line for line in self.lines if line)
-
-    def await_line(self, pattern: str, timeout: float) -> re.Match:
-        deadline = time.monotonic() + timeout
-        seen = 0
-        with self._changed:
-            while True:
-                for line in self.lines[seen:]:
-                    if line is None:
-                        pytest.fail(f"serve_examples.sh ended before {pattern!r}:\n{self.output()}")
-                    found = re.search(pattern, line)
-                    if found:
-                        return found
-                seen = len(self.lines)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    pytest.fail(f"no {pattern!r} within {timeout} s:\n{self.output()[-4000:]}")
-                self._changed.wait(left)
+            "serve_examples.sh", cwd=ROOT, env=dict(os.environ, SERVE_REPOSITORY=str(repository)))
 
 
 def http_status(url: str) -> int:
@@ -106,10 +74,10 @@ def http_status(url: str) -> int:
 def served(tmp_path_factory):
     serve = ServeExamples(tmp_path_factory.mktemp("serve") / "repository")
     # The set-up and the builds are done (or cached) before the server starts.
-    ports = serve.await_line(
+    ports = serve.await_match(
         r"event=listening grpc_port=(\d+) metrics_port=(\d+) http_port=(\d+)", timeout=900)
     serve.grpc, serve.metrics, serve.http = (int(p) for p in ports.groups())
-    serve.await_line(r"event=ready", timeout=120)
+    serve.await_match(r"event=ready", timeout=120)
     yield serve
     if serve.process.poll() is None:
         serve.process.send_signal(signal.SIGTERM)
@@ -121,7 +89,7 @@ def await_ready(serve, model: str, timeout: float):
     deadline = time.monotonic() + timeout
     while http_status(url) != 200:
         if time.monotonic() > deadline or serve.process.poll() is not None:
-            pytest.fail(f"{model} not ready within {timeout} s:\n{serve.output()[-4000:]}")
+            pytest.fail(f"{model} not ready within {timeout} s:\n{serve.log()[-4000:]}")
         time.sleep(0.5)
 
 
@@ -138,7 +106,7 @@ def test_the_examples_are_served_first_and_the_gallery_joins(served):
     for model in ("mlp", "loop", "branch", "nested", "dtypes", "passthrough"):
         assert http_status(f"http://127.0.0.1:{served.http}/v2/models/{model}/ready") == 200, model
     for model in ("resnet18", "bert", "gpt2", "bert_recentering"):
-        served.await_line(rf"\[serve\] gallery: {model} is in the repository", timeout=1800)
+        served.await_match(rf"\[serve\] gallery: {model} is in the repository", timeout=1800)
         await_ready(served, model, timeout=120)
 
 
@@ -168,6 +136,6 @@ def test_the_readme_python_client_prints_what_the_readme_says(served):
 
 def test_sigterm_drains_the_server_and_ends_the_script(served):
     served.process.send_signal(signal.SIGTERM)
-    assert served.process.wait(timeout=120) == 0, served.output()[-4000:]
-    output = served.output()
+    assert served.process.wait(timeout=120) == 0, served.log()[-4000:]
+    output = served.log()
     assert "event=draining" in output and "event=stopped" in output, output[-4000:]
