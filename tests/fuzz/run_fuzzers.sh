@@ -6,7 +6,8 @@
 #
 # Needs clang and libFuzzer (Debian: clang libclang-rt-14-dev; llvm-14 for
 # symbolized reports) and the generated C++ protos, which it builds with
-# Bazel. Builds into .fuzz/ (gitignored); new inputs the fuzzers find go to a
+# Bazel. Builds into .fuzz/ (gitignored; compiled objects are cached for every
+# clone in ~/.cache/precompile-serve/fuzz); new inputs the fuzzers find go to a
 # temporary directory, so the committed corpus never grows by itself.
 #
 # Prints one line per fuzzer with its executions, then
@@ -45,6 +46,11 @@ bazel build --noshow_progress //proto:artifact_cc_proto //proto:inference_cc_pro
   //proto:model_config_cc_proto || give_up "bazel build of the protos failed"
 # Not the bazel-bin symlink: it follows whichever configuration built last.
 gen=$(bazel info bazel-bin 2>/dev/null) || give_up "bazel info bazel-bin failed"
+build=.fuzz
+mkdir -p "$build/obj" "$build/bin" "$build/crashes"
+# The generated protos by a path inside the checkout, so that what the
+# compiler sees (and the object cache's key) is the same in every clone.
+ln -sfn "$gen" "$build/gen"
 
 pkgs=(grpc++ protobuf absl_strings absl_str_format absl_status absl_statusor
       absl_flat_hash_map absl_synchronization)
@@ -53,41 +59,42 @@ read -ra pkg_libs <<<"$(pkg-config --libs "${pkgs[@]}")"
 # shellcheck disable=SC2054  # the commas are -fsanitize's
 cxxflags=(-std=c++20 -g -O1 -fno-omit-frame-pointer
           -fsanitize=address,undefined -fno-sanitize-recover=all
-          -I. -I"$gen" "${pkg_cflags[@]}")
+          -I. -I"$build/gen" "${pkg_cflags[@]}")
 sources=(
   server/tensor_codec.cc server/infer_response.cc server/http_codec.cc server/http_head.cc
   base/json_text.cc base/half_float.cc
   runtime/guard_program.cc runtime/frame_dispatcher.cc
   runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc
   tests/fuzz/fuzz_checks.cc
-  "$gen/proto/artifact.pb.cc" "$gen/proto/inference.pb.cc" "$gen/proto/model_config.pb.cc"
+  "$build/gen/proto/artifact.pb.cc" "$build/gen/proto/inference.pb.cc"
+  "$build/gen/proto/model_config.pb.cc"
 )
 
-build=.fuzz
 export FUZZ_CXX_CMD="$cxx ${cxxflags[*]} -fsanitize=fuzzer-no-link"
-export FUZZ_OBJ="$build/obj" FUZZ_GEN="$gen"
-# Other compiler flags than last time: start afresh.
-if [[ ! -f $build/flags || $(cat "$build/flags") != "$FUZZ_CXX_CMD" ]]; then
-  rm -rf "$build/obj"
-fi
-mkdir -p "$build/obj" "$build/bin" "$build/crashes"
-echo "$FUZZ_CXX_CMD" >"$build/flags"
+export FUZZ_OBJ="$build/obj"
+# Objects are kept by what the compiler sees (the command and the
+# preprocessed source), shared by every clone on this machine; those unused
+# for two weeks go.
+export FUZZ_CACHE=${FUZZ_CACHE:-$HOME/.cache/precompile-serve/fuzz}
+mkdir -p "$FUZZ_CACHE"
+find "$FUZZ_CACHE" -name '*.o' -mtime +14 -delete
 
-# Compiles $1 unless its object is newer than it and every header it
-# includes (from the .d file); prints the object's path.
+# Compiles $1 into $FUZZ_OBJ, or takes the object from the cache; prints the
+# object's path.
 compile_one() {
-  local src=$1 rel=${1#"$FUZZ_GEN"/}
+  local src=$1 rel=${1#.fuzz/gen/} key
   local obj="$FUZZ_OBJ/${rel//\//_}.o"
-  if [[ -f $obj && -f $obj.d ]]; then
-    local stale=0 dep
-    # shellcheck disable=SC2013  # a .d file is words, not lines
-    for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$obj.d"); do
-      [[ $dep -nt $obj ]] && { stale=1; break; }
-    done
-    ((stale)) || { echo "$obj"; return 0; }
-  fi
   # shellcheck disable=SC2086  # the command is words
-  $FUZZ_CXX_CMD -MMD -MF "$obj.d" -c "$src" -o "$obj" >&2 || return 1
+  key=$({ echo "$FUZZ_CXX_CMD"; $FUZZ_CXX_CMD -E -P "$src"; } | sha256sum | cut -c1-40) ||
+    return 1
+  local cached="$FUZZ_CACHE/$key.o"
+  if [[ ! -f $cached ]]; then
+    # shellcheck disable=SC2086
+    $FUZZ_CXX_CMD -c "$src" -o "$obj.tmp" >&2 || return 1
+    mv "$obj.tmp" "$cached.$$" && mv "$cached.$$" "$cached"
+  fi
+  touch "$cached"
+  cp "$cached" "$obj"
   echo "$obj"
 }
 export -f compile_one
