@@ -1,6 +1,9 @@
 #include "server/metrics.h"
 
+#include <unistd.h>
+
 #include <exception>
+#include <fstream>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -26,6 +29,58 @@ std::vector<absl::Duration> RequestBuckets() {
 std::vector<absl::Duration> DispatchBuckets() {
   return Seconds({1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3});
 }
+
+// Gauges read when Prometheus scrapes: the server's load and the
+// process's memory (the names and meanings of Prometheus's client libraries,
+// so that dashboards made for other servers read them).
+class LoadCollectable final : public prometheus::Collectable {
+ public:
+  LoadCollectable() : start_seconds_(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())) {}
+
+  void SetProbe(std::function<ServerLoad()> probe) { probe_ = std::move(probe); }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families;
+    auto gauge = [&](const char* name, const char* help, double value) {
+      prometheus::MetricFamily family{name, help, prometheus::MetricType::Gauge, {}};
+      family.metric.emplace_back();
+      family.metric.back().gauge.value = value;
+      families.push_back(std::move(family));
+    };
+    if (probe_) {
+      const ServerLoad load = probe_();
+      gauge("precompile_draining",
+            "1 once the server has begun to drain (SIGTERM): it finishes what is in flight "
+            "and admits nothing new",
+            load.draining ? 1 : 0);
+      gauge("precompile_inference_in_flight",
+            "Inference requests admitted and not finished (running or queued)", load.in_flight);
+      gauge("precompile_inference_queued", "Inference requests admitted and waiting for a run slot",
+            load.queued);
+      gauge("precompile_inference_run_slots", "Inference requests that run at once "
+            "(--inference_threads)", load.run_slots);
+      gauge("precompile_inference_max_in_flight",
+            "Inference requests admitted at once before RESOURCE_EXHAUSTED "
+            "(--max_concurrent_requests; 0: no limit)", load.max_in_flight);
+    }
+    // /proc/self/statm: the virtual and the resident size, in pages.
+    std::ifstream statm("/proc/self/statm");
+    double pages_virtual = 0, pages_resident = 0;
+    if (statm >> pages_virtual >> pages_resident) {
+      const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+      gauge("process_resident_memory_bytes", "Resident memory size in bytes.",
+            pages_resident * page);
+      gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", pages_virtual * page);
+    }
+    gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+          start_seconds_);
+    return families;
+  }
+
+ private:
+  const double start_seconds_;
+  std::function<ServerLoad()> probe_;
+};
 
 }  // namespace
 
@@ -97,6 +152,12 @@ ServerMetrics::ServerMetrics()
                          .Name("precompile_models_loaded")
                          .Help("Models being served")
                          .Register(*registry_)),
+      model_ready_(prometheus::BuildGauge()
+                       .Name("precompile_model_ready")
+                       .Help("1 while a model of the repository is served; 0 while it loads, "
+                             "unloads or after its load failed")
+                       .Register(*registry_)),
+      load_(std::make_shared<LoadCollectable>()),
       load_failures_(prometheus::BuildCounter()
                          .Name("precompile_model_load_failures_total")
                          .Help("Model loads that failed, by model")
@@ -122,6 +183,7 @@ absl::Status ServerMetrics::StartHttp(const std::string& address) {
         "cannot serve metrics on ", address, ": ", e.what()));
   }
   exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(load_);
   for (const auto& family : {request_duration_, dispatch_duration_, execution_duration_}) {
     exposer_->RegisterCollectable(family);
   }
@@ -145,14 +207,33 @@ std::shared_ptr<ModelMetrics> ServerMetrics::ForModel(const std::string& model,
   return metrics;
 }
 
+void ServerMetrics::ExportServerLoad(std::function<ServerLoad()> probe) {
+  static_cast<LoadCollectable&>(*load_).SetProbe(std::move(probe));
+}
+
 void ServerMetrics::OnModelState(const ModelState& state) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state.phase == ModelState::Phase::kReady) {
+  const bool ready = state.phase == ModelState::Phase::kReady;
+  if (ready) {
     ready_models_.insert(state.name);
   } else {
     ready_models_.erase(state.name);
   }
   loaded_gauge_.Set(static_cast<double>(ready_models_.size()));
+  // Unavailable without a failure: the repository no longer has it.
+  const bool gone = state.phase == ModelState::Phase::kUnavailable && !state.failed;
+  auto it = model_ready_gauges_.find(state.name);
+  if (gone) {
+    if (it != model_ready_gauges_.end()) {
+      model_ready_.Remove(it->second);
+      model_ready_gauges_.erase(it);
+    }
+    return;
+  }
+  if (it == model_ready_gauges_.end()) {
+    it = model_ready_gauges_.emplace(state.name, &model_ready_.Add({{"model", state.name}})).first;
+  }
+  it->second->Set(ready ? 1 : 0);
 }
 
 void ServerMetrics::OnLoadFailure(const std::string& model) {

@@ -4,7 +4,9 @@
 // eager_fallback, refused, error), variant hits, eager-fallback warnings by
 // frame, distinct miss signatures by frame, the capture's summary as gauges (complete, uncovered and flagged
 // frames, variants), and latency histograms for the whole request, guard
-// dispatch and execution. Server-wide: loaded models and load failures.
+// dispatch and execution. Server-wide: loaded models, each model's readiness
+// and load failures, the request scheduler's load (in flight, queued, run
+// slots, the admission limit), whether it drains, and the process's memory.
 //
 // A ModelMetrics owns the series of one model version; they disappear when
 // it is destroyed, which happens when the last request using that version
@@ -16,6 +18,7 @@
 #ifndef PRECOMPILE_SERVER_METRICS_H_
 #define PRECOMPILE_SERVER_METRICS_H_
 
+#include <prometheus/collectable.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/family.h>
@@ -25,6 +28,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,6 +60,16 @@ constexpr int kNumRequestOutcomes = 7;
 const char* RequestOutcomeName(RequestOutcome outcome);
 
 class ServerMetrics;
+
+// What the request scheduler holds, and whether the server drains, read at
+// each scrape.
+struct ServerLoad {
+  bool draining = false;
+  int in_flight = 0;
+  int queued = 0;
+  int run_slots = 0;
+  int max_in_flight = 0;  // 0: no limit.
+};
 
 // Where a request's time went, for Triton's statistics: waiting for
 // admission, decoding inputs, running the model, encoding outputs.
@@ -140,7 +154,12 @@ class ServerMetrics {
   // series are identified by their labels, so two owners could not coexist).
   std::shared_ptr<ModelMetrics> ForModel(const std::string& model, int64_t version,
                                          const LoadedVersion& loaded);
-  // Tracks the models being served.
+  // Exports the server's load as gauges, read from `probe` at each scrape. REQUIRES: called once, before StartHttp; whatever `probe` reads
+  // outlives this object.
+  void ExportServerLoad(std::function<ServerLoad()> probe);
+  // Tracks the models being served: precompile_model_ready is 1 for a model
+  // being served, 0 for one loading, unloading or whose load failed, and
+  // absent for one the repository no longer has.
   void OnModelState(const ModelState& state);
   void OnLoadFailure(const std::string& model);
   // A request for a model the server does not know.
@@ -165,6 +184,9 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& summary_variants_;
   prometheus::Family<prometheus::Gauge>& summary_truncated_;
   prometheus::Family<prometheus::Gauge>& models_loaded_;
+  prometheus::Family<prometheus::Gauge>& model_ready_;
+  // The scheduler's load and the process's memory, read at each scrape.
+  std::shared_ptr<prometheus::Collectable> load_;
   prometheus::Family<prometheus::Counter>& load_failures_;
   // Observed by every request, so not prometheus-cpp's (a mutex per series).
   const std::shared_ptr<DurationHistogramFamily> request_duration_;
@@ -173,6 +195,7 @@ class ServerMetrics {
   prometheus::Gauge& loaded_gauge_;
   std::mutex mu_;
   absl::flat_hash_set<std::string> ready_models_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, prometheus::Gauge*> model_ready_gauges_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<std::string, int64_t>, std::weak_ptr<ModelMetrics>>
       model_metrics_ ABSL_GUARDED_BY(mu_);
 };

@@ -130,6 +130,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   const ServerOptions& o = server->options_;
 
   server->metrics_ = std::make_unique<ServerMetrics>();
+  RequestScheduler* scheduler = server->scheduler_.get();
+  const ServingState* state = &server->state_;
+  server->metrics_->ExportServerLoad([scheduler, state] {
+    return ServerLoad{state->draining(), scheduler->in_flight(), scheduler->queued(),
+                      scheduler->run_slots(), scheduler->max_in_flight()};
+  });
   if (!o.metrics_address.empty()) {
     if (absl::Status s = server->metrics_->StartHttp(o.metrics_address); !s.ok()) return s;
   }

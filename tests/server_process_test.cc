@@ -28,6 +28,7 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/inference.grpc.pb.h"
 #include "tests/testing/artifacts.h"
+#include "tests/testing/http.h"
 #include "tests/testing/requests.h"
 
 extern char** environ;
@@ -350,9 +351,15 @@ TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
     flags.push_back("--op_library=" + Runfile("tests/gate/libgate_op.so"));
     flags.push_back("--runners_per_variant=" + std::to_string(runners));
     flags.push_back("--inference_threads=" + std::to_string(runners + 1));
+    flags.push_back("--metrics_port=0");
     ServerProcess server(flags);
     unsetenv("PRECOMPILE_TEST_GATE_DIR");
     Clients clients(server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60)));
+    const int metrics_port =
+        std::stoi(server.AwaitOutput("event=listening .*metrics_port=(\\d+)", absl::Seconds(5)));
+    auto gauge = [metrics_port](const std::string& name) {
+      return testing::MetricValue(testing::HttpGet(metrics_port, "/metrics"), name);
+    };
     server.AwaitOutput("event=ready", absl::Seconds(60));
     auto call_gated = [&clients] {
       const inference::ModelInferRequest request = testing::ZerosRequest("gated", {4});
@@ -361,9 +368,8 @@ TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
       inference::ModelInferResponse response;
       return clients.inference->ModelInfer(&context, request, &response);
     };
-    // A variant's first call sets up its constants under AOTInductor's
-    // exclusive lock, which waits for every running call: calls that arrive
-    // together before it has finished run one at a time. Make it first.
+    // A variant's first calls run one at a time (runtime/variant.h), as its
+    // constants are set up: make one first.
     std::ofstream(gate + "/open");
     ASSERT_TRUE(call_gated().ok());
     std::filesystem::remove_all(gate);
@@ -384,11 +390,17 @@ TEST(ServerProcess, RunnersPerVariantIsHowManyCallsOfOneVariantRunAtOnce) {
     // pass the gate if it could (the count above is reached without waiting).
     absl::SleepFor(absl::Seconds(1));
     EXPECT_EQ(CallsAtTheGate(gate), runners) << "runners_per_variant=" << runners;
+    // What the dashboard's load panel reads: every call has a run slot, and
+    // is in flight.
+    EXPECT_EQ(gauge("precompile_inference_in_flight"), runners + 1);
+    EXPECT_EQ(gauge("precompile_inference_queued"), 0);
+    EXPECT_EQ(gauge("precompile_inference_run_slots"), runners + 1);
 
     std::ofstream(gate + "/open");
     for (auto& call : calls) call.join();
     for (const grpc::Status& status : statuses) EXPECT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(CallsAtTheGate(gate), runners + 1);
+    EXPECT_EQ(gauge("precompile_inference_in_flight"), 0);
     server.Signal(SIGTERM);
     EXPECT_EQ(server.Wait(), 0);
   }
