@@ -3,8 +3,8 @@
 # is safe to run again: Debian's packages (Bazel, gRPC, protobuf, abseil,
 # spdlog, GoogleTest, Google Benchmark, prometheus-cpp, nlohmann-json, CLI11,
 # cpp-httplib), the project's Python virtual environment (.venv, exact
-# versions from requirements.lock) and the generated Python protos the
-# capture tool imports.
+# versions from requirements.lock), promtool, and the generated Python protos
+# the capture tool imports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -21,14 +21,14 @@ debian_packages=(
   libtcmalloc-minimal4
 )
 
+sudo_cmd=()
+[[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
   say "installing Debian packages: ${missing[*]}"
-  sudo_cmd=()
-  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
   "${sudo_cmd[@]}" apt-get update -q
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
@@ -58,6 +58,24 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
 else
   say "Python packages: up to date"
 fi
+
+# promtool checks and unit-tests the alerting rules (deploy/monitoring). It
+# is unpacked from Debian's prometheus package rather than installed: the
+# package would start a Prometheus server on every address of the machine.
+promtool_dir=$HOME/.cache/precompile-serve/promtool
+if [[ ! -x $promtool_dir/promtool ]]; then
+  say "unpacking promtool from Debian's prometheus package into $promtool_dir"
+  scratch=$(mktemp -d)
+  if ! (cd "$scratch" && apt-get download -q prometheus >/dev/null 2>&1); then
+    "${sudo_cmd[@]}" apt-get update -q
+    (cd "$scratch" && apt-get download -q prometheus)
+  fi
+  dpkg-deb -x "$scratch"/prometheus_*.deb "$scratch/unpacked"
+  mkdir -p "$promtool_dir"
+  cp "$scratch/unpacked/usr/bin/promtool" "$promtool_dir/promtool"
+  rm -rf "$scratch"
+fi
+ln -sfn "$promtool_dir/promtool" .venv/bin/promtool
 
 # Bazel's disk cache (.bazelrc) grows with every change built: past 20 GiB,
 # the files read longest ago go until 15 GiB are left.

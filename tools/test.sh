@@ -92,9 +92,9 @@ timed fuzz tests/fuzz/run_fuzzers.sh 20
 # pointed at their own builds: point it back at the plain one (cached).
 bazel build --noshow_progress "${for_pytest[@]}" || failed=1
 
-echo "[test] pytest capture/tests client/python tests/http tests/hostile tests/recapture tests/python_eager tools/tests"
+echo "[test] pytest capture/tests client/python tests/http tests/hostile tests/recapture tests/python_eager tests/monitoring tools/tests"
 timed pytest .venv/bin/python3 -m pytest capture/tests client/python tests/http tests/hostile tests/recapture \
-  tests/python_eager tools/tests -q -p no:cacheprovider --durations=10
+  tests/python_eager tests/monitoring tools/tests -q -p no:cacheprovider --durations=10
 
 echo "[test] time per stage (setup $setup_seconds s): ${stage_times[*]/%/,}"
 

@@ -36,6 +36,7 @@ EXPECTED_KINDS = {
     "HorizontalPodAutoscaler",
     "PodDisruptionBudget",
     "PodMonitor",
+    "PrometheusRule",
     "NetworkPolicy",
 }
 
@@ -171,6 +172,20 @@ def test_podmonitor(overlay):
         p for s in find(objects, "Service") for p in s["spec"]["ports"] if p["name"] == "metrics"
     ]
     assert metrics_services, "no Service exposes a port named metrics"
+
+
+@overlays
+def test_prometheusrule_holds_the_plain_rules_file(overlay):
+    import yaml
+
+    rule = one(render(overlay), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(rule["spec"]) == {"groups"}
+    with open(os.path.join(lib.DEPLOY, "monitoring", "alerts.rules.yaml")) as f:
+        plain = yaml.safe_load(f)
+    assert rule["spec"] == plain, (
+        "deploy/k8s/base/prometheusrule.yaml and deploy/monitoring/alerts.rules.yaml hold "
+        "different rules: edit both")
 
 
 # ---------------------------------------------------------------------------
