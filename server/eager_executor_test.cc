@@ -55,7 +55,7 @@ TEST(EagerExecutor, RunsTheWorkOnItsOwnThreadsAtALowerPriority) {
       work_nice = ThisThreadsNice();
     });
   });
-  ASSERT_TRUE(scheduler.Submit(&job));
+  ASSERT_TRUE(scheduler.Submit(&job).ok());
   EXPECT_EQ(job.thread, std::this_thread::get_id());
   EXPECT_NE(work_thread, std::this_thread::get_id());
   EXPECT_EQ(work_nice, std::min(19, request_nice + 5));
@@ -68,7 +68,7 @@ TEST(EagerExecutor, NiceZeroKeepsTheRequestsPriority) {
   EagerExecutor executor(/*threads=*/1, /*nice=*/0, scheduler);
   int work_nice = -100;
   FunctionJob job([&] { executor.Run([&] { work_nice = ThisThreadsNice(); }); });
-  ASSERT_TRUE(scheduler.Submit(&job));
+  ASSERT_TRUE(scheduler.Submit(&job).ok());
   EXPECT_EQ(work_nice, ThisThreadsNice());
 }
 
@@ -86,9 +86,9 @@ TEST(EagerExecutor, TheWaitingRequestsThreadRunsTheQueuedRequests) {
       hit_ran_during_the_miss = hit.ran.WaitForNotificationWithTimeout(absl::Seconds(20));
     });
   });
-  std::thread request([&] { scheduler.Submit(&miss); });
+  std::thread request([&] { EXPECT_TRUE(scheduler.Submit(&miss).ok()); });
   miss_started.WaitForNotification();
-  ASSERT_TRUE(scheduler.Submit(&hit));  // Queued: the slot is the miss's.
+  ASSERT_TRUE(scheduler.Submit(&hit).ok());  // Queued: the slot is the miss's.
   request.join();
   EXPECT_TRUE(hit_ran_during_the_miss);
   EXPECT_EQ(hit.thread, miss.thread);
@@ -111,9 +111,9 @@ TEST(EagerExecutor, MissesWaitingInTurnEachEndAfterTheirWork) {
       release_first.WaitForNotification();
     });
   });
-  std::thread request([&] { scheduler.Submit(&first); });
+  std::thread request([&] { EXPECT_TRUE(scheduler.Submit(&first).ok()); });
   first_started.WaitForNotification();
-  ASSERT_TRUE(scheduler.Submit(&second));
+  ASSERT_TRUE(scheduler.Submit(&second).ok());
   // The second miss's work runs on the other eager thread, while the first
   // one's still blocks.
   EXPECT_TRUE(second_done.WaitForNotificationWithTimeout(absl::Seconds(20)));
@@ -125,7 +125,7 @@ TEST(EagerExecutor, MissesWaitingInTurnEachEndAfterTheirWork) {
   EXPECT_EQ(scheduler.in_flight(), 0);
   // The slot is free again: a new request runs at once on its own thread.
   FunctionJob after([] {});
-  ASSERT_TRUE(scheduler.Submit(&after));
+  ASSERT_TRUE(scheduler.Submit(&after).ok());
   EXPECT_EQ(after.thread, std::this_thread::get_id());
 }
 
@@ -149,15 +149,15 @@ TEST(EagerExecutor, AHitRunsWhileEightMissesWaitOneInsideAnother) {
       });
     }));
   }
-  std::thread request([&] { scheduler.Submit(misses[0].get()); });
+  std::thread request([&] { EXPECT_TRUE(scheduler.Submit(misses[0].get()).ok()); });
   started[0]->WaitForNotification();
-  for (int i = 1; i < kMisses; ++i) ASSERT_TRUE(scheduler.Submit(misses[i].get()));
+  for (int i = 1; i < kMisses; ++i) ASSERT_TRUE(scheduler.Submit(misses[i].get()).ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   for (int i = 1; i < kMisses; ++i) {
     EXPECT_TRUE(started[i]->WaitForNotificationWithTimeout(deadline - absl::Now())) << "miss " << i;
   }
   FunctionJob hit([] {});
-  ASSERT_TRUE(scheduler.Submit(&hit));
+  ASSERT_TRUE(scheduler.Submit(&hit).ok());
   EXPECT_TRUE(hit.ran.WaitForNotificationWithTimeout(absl::Seconds(20)));
   EXPECT_EQ(hit.thread, misses[0]->thread);
   release.Notify();
@@ -178,12 +178,12 @@ TEST(EagerExecutor, WhatTheWorkThrowsIsThrownOnTheWaitingThreadAndTheThreadGoesO
       caught = std::string(e.what()) == "an eager program that throws";
     }
   });
-  ASSERT_TRUE(scheduler.Submit(&miss));
+  ASSERT_TRUE(scheduler.Submit(&miss).ok());
   EXPECT_TRUE(caught);
   // The executor's only thread survived the throw and runs the next miss.
   bool ran = false;
   FunctionJob next([&] { executor.Run([&] { ran = true; }); });
-  ASSERT_TRUE(scheduler.Submit(&next));
+  ASSERT_TRUE(scheduler.Submit(&next).ok());
   EXPECT_TRUE(ran);
   EXPECT_EQ(scheduler.in_flight(), 0);
 }

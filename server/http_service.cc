@@ -185,9 +185,11 @@ void HttpService::Handle(HttpExchange& exchange) {
   }
   // The call answers the exchange from whichever thread completes it.
   auto* call = new HttpInferCall(api_, exchange, header_length, route);
-  if (!scheduler_.Submit(call)) {
+  const absl::Status admitted =
+      scheduler_.Submit(call, static_cast<int64_t>(request.body.size()));
+  if (!admitted.ok()) {
     delete call;
-    exchange.Answer(ErrorAnswer(scheduler_.Refusal()));
+    exchange.Answer(ErrorAnswer(admitted));
   }
 }
 

@@ -168,8 +168,10 @@ void InferenceService::ServeCalls() {
 
 void InferenceService::OnRequested(InferCall* call) {
   call->received = absl::Now();
-  if (!scheduler_.Submit(call)) {
-    call->responder.FinishWithError(ToGrpcStatus(scheduler_.Refusal()), call->answered_tag());
+  const absl::Status admitted =
+      scheduler_.Submit(call, static_cast<int64_t>(call->raw_request.Length()));
+  if (!admitted.ok()) {
+    call->responder.FinishWithError(ToGrpcStatus(admitted), call->answered_tag());
     if (call->Unref()) Delete(call);
   }
 }

@@ -67,6 +67,10 @@ ABSL_FLAG(int, max_message_bytes, 256 << 20,
 ABSL_FLAG(int, max_concurrent_requests, 128,
           "Inference requests admitted at once, running or queued; more get "
           "RESOURCE_EXHAUSTED (0: no limit)");
+ABSL_FLAG(int64_t, max_in_flight_request_bytes, int64_t{1} << 30,
+          "Bytes of the inference requests admitted at once (gRPC messages, HTTP bodies), "
+          "running or queued; a request that would pass it gets RESOURCE_EXHAUSTED (0: no "
+          "limit). At least --max_message_bytes");
 ABSL_FLAG(int, inference_threads, 0,
           "Threads running inference requests; more wait in a queue (0: one per core "
           "the process may run on)");
@@ -193,6 +197,16 @@ int main(int argc, char** argv) {
   options.load_options.python_plugin = absl::GetFlag(FLAGS_python_plugin);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  options.max_in_flight_request_bytes = absl::GetFlag(FLAGS_max_in_flight_request_bytes);
+  if (options.max_in_flight_request_bytes < 0) {
+    return Fail("--max_in_flight_request_bytes must be at least 0");
+  }
+  // Below one request of the largest size, such a request would be refused
+  // for ever.
+  if (options.max_in_flight_request_bytes > 0 &&
+      options.max_in_flight_request_bytes < absl::GetFlag(FLAGS_max_message_bytes)) {
+    return Fail("--max_in_flight_request_bytes must be 0 or at least --max_message_bytes");
+  }
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
   options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
   options.inference_threads = absl::GetFlag(FLAGS_inference_threads);

@@ -62,6 +62,11 @@ class LoadCollectable final : public prometheus::Collectable {
       gauge("precompile_inference_max_in_flight",
             "Inference requests admitted at once before RESOURCE_EXHAUSTED "
             "(--max_concurrent_requests; 0: no limit)", load.max_in_flight);
+      gauge("precompile_inference_in_flight_bytes",
+            "Bytes of the inference requests admitted and not finished", load.in_flight_bytes);
+      gauge("precompile_inference_max_in_flight_bytes",
+            "Bytes of inference requests admitted at once before RESOURCE_EXHAUSTED "
+            "(--max_in_flight_request_bytes; 0: no limit)", load.max_in_flight_bytes);
     }
     // /proc/self/statm: the virtual and the resident size, in pages.
     std::ifstream statm("/proc/self/statm");

@@ -69,6 +69,8 @@ struct ServerLoad {
   int queued = 0;
   int run_slots = 0;
   int max_in_flight = 0;  // 0: no limit.
+  int64_t in_flight_bytes = 0;
+  int64_t max_in_flight_bytes = 0;  // 0: no limit.
 };
 
 // Where a request's time went, for Triton's statistics: waiting for

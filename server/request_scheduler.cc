@@ -9,25 +9,32 @@
 
 namespace precompile::server {
 
-RequestScheduler::RequestScheduler(int run_slots, int max_in_flight)
-    : run_slots_(run_slots), max_in_flight_(max_in_flight) {}
+RequestScheduler::RequestScheduler(int run_slots, int max_in_flight, int64_t max_in_flight_bytes)
+    : run_slots_(run_slots),
+      max_in_flight_(max_in_flight),
+      max_in_flight_bytes_(max_in_flight_bytes) {}
 
-absl::Status RequestScheduler::Refusal() const {
-  return absl::ResourceExhaustedError(absl::StrCat("the server is at its limit of ",
-                                                   max_in_flight_,
-                                                   " concurrent inference requests; retry later"));
-}
-
-bool RequestScheduler::Submit(Job* job) {
+absl::Status RequestScheduler::Submit(Job* job, int64_t request_bytes) {
   const int now = in_flight_.fetch_add(1) + 1;
   if (now == 1) last_progress_ns_.store(absl::ToUnixNanos(absl::Now()));
   if (max_in_flight_ > 0 && now > max_in_flight_) {
-    Finished();
-    return false;
+    Finished(0);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server is at its limit of ", max_in_flight_,
+        " concurrent inference requests; retry later"));
   }
+  const int64_t bytes = in_flight_bytes_.fetch_add(request_bytes) + request_bytes;
+  if (max_in_flight_bytes_ > 0 && bytes > max_in_flight_bytes_) {
+    Finished(request_bytes);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server holds ", bytes - request_bytes, " bytes of inference requests in flight, and "
+        "this request's ", request_bytes, " would pass its limit of ", max_in_flight_bytes_,
+        " bytes (--max_in_flight_request_bytes); retry later"));
+  }
+  job->request_bytes_ = request_bytes;
   if (TakeRunSlot()) {
     RunWhileWork(job);
-    return true;
+    return absl::OkStatus();
   }
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
@@ -38,7 +45,7 @@ bool RequestScheduler::Submit(Job* job) {
   // Every running thread may have looked at the queue before this job was
   // in it, and left: then a slot is free, and this thread drains the queue.
   if (TakeRunSlot()) RunWhileWork(nullptr);
-  return true;
+  return absl::OkStatus();
 }
 
 bool RequestScheduler::TakeRunSlot() {
@@ -106,12 +113,13 @@ void RequestScheduler::RunJob(Job* job) {
   // The last barrier: a job that threw would otherwise keep its slot and its
   // place in flight for ever (every request then hangs and the drain fails),
   // or end the process on a thread that cannot unwind further.
+  const int64_t request_bytes = job->request_bytes_;
   try {
     job->Run();
   } catch (...) {
     spdlog::error("event=job_threw what=\"{}\"", DescribeCaughtException().what);
   }
-  Finished();
+  Finished(request_bytes);
   job->Complete();
 }
 
@@ -120,7 +128,8 @@ void RequestScheduler::NotifyWaiters() {
   queue_changed_.notify_all();
 }
 
-void RequestScheduler::Finished() {
+void RequestScheduler::Finished(int64_t request_bytes) {
+  in_flight_bytes_.fetch_sub(request_bytes);
   last_progress_ns_.store(absl::ToUnixNanos(absl::Now()));
   // Sequentially consistent with AwaitIdle: either it sees no job in flight,
   // or this sees its waiter and wakes it under the lock.

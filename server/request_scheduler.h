@@ -3,8 +3,10 @@
 // a job per request).
 //
 // A request is admitted while fewer than `max_in_flight` are in flight
-// (running or queued; 0: no limit) and refused otherwise, so that a burst
-// past the limit is answered at once instead of piling up. An admitted
+// (running or queued; 0: no limit) and the bytes of the requests in flight,
+// its own included, stay within `max_in_flight_bytes` (0: no limit); it is
+// refused otherwise, so that a burst past a limit is answered at once instead
+// of piling up, and what admitted requests hold in memory is bounded. An admitted
 // request runs on the submitting thread when fewer than `run_slots` run, so
 // an idle server answers on the thread that read the request; otherwise it
 // waits in a FIFO queue and runs on the next thread that finishes one. A
@@ -54,21 +56,22 @@ class RequestScheduler {
 
    protected:
     ~Job() = default;
+
+   private:
+    friend class RequestScheduler;
+    int64_t request_bytes_ = 0;  // What it counts against max_in_flight_bytes.
   };
 
-  // REQUIRES: run_slots >= 1, max_in_flight >= 0.
-  RequestScheduler(int run_slots, int max_in_flight);
+  // REQUIRES: run_slots >= 1, max_in_flight >= 0, max_in_flight_bytes >= 0.
+  RequestScheduler(int run_slots, int max_in_flight, int64_t max_in_flight_bytes = 0);
   RequestScheduler(const RequestScheduler&) = delete;
   RequestScheduler& operator=(const RequestScheduler&) = delete;
 
-  // Admits `job` and runs it now (the calling thread may then run queued
-  // jobs too) or queues it; false, running nothing, when max_in_flight jobs
-  // are in flight.
-  bool Submit(Job* job);
-
-  // What a request that Submit refused is answered: RESOURCE_EXHAUSTED,
+  // Admits `job`, a request of `request_bytes`, and runs it now (the calling
+  // thread may then run queued jobs too) or queues it. Past a limit it runs
+  // nothing and returns what the request is answered: RESOURCE_EXHAUSTED,
   // naming the limit.
-  absl::Status Refusal() const;
+  absl::Status Submit(Job* job, int64_t request_bytes = 0);
 
   // For a running job that waits for its work to finish on another thread:
   // runs queued jobs on this thread, with the job's run slot, until `done`
@@ -88,6 +91,8 @@ class RequestScheduler {
 
   // Jobs admitted whose Run() has not returned.
   int in_flight() const { return in_flight_.load(); }
+  int64_t in_flight_bytes() const { return in_flight_bytes_.load(); }
+  int64_t max_in_flight_bytes() const { return max_in_flight_bytes_; }
   int queued() const { return queued_.load(); }
   int max_in_flight() const { return max_in_flight_; }
   int run_slots() const { return run_slots_; }
@@ -100,11 +105,13 @@ class RequestScheduler {
   void RunWhileWork(Job* job);
   // Runs `job` through Run(), Finished() and Complete(), whatever Run throws.
   void RunJob(Job* job);
-  void Finished();
+  void Finished(int64_t request_bytes);
 
   const int run_slots_;
   const int max_in_flight_;
+  const int64_t max_in_flight_bytes_;
   std::atomic<int> in_flight_{0};
+  std::atomic<int64_t> in_flight_bytes_{0};
   // When a job last finished, or the first of those in flight was admitted
   // (absl::ToUnixNanos).
   std::atomic<int64_t> last_progress_ns_{0};

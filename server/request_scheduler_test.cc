@@ -3,6 +3,7 @@
 // where, never by how long it took.
 #include "server/request_scheduler.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -17,6 +18,9 @@
 
 namespace precompile::server {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 // Records the thread it ran on, and blocks until released if asked to.
 class RecordingJob final : public RequestScheduler::Job {
@@ -42,7 +46,7 @@ class RecordingJob final : public RequestScheduler::Job {
 TEST(RequestScheduler, RunsAJobOnTheSubmittingThreadWhenASlotIsFree) {
   RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
   RecordingJob job;
-  ASSERT_TRUE(scheduler.Submit(&job));
+  ASSERT_TRUE(scheduler.Submit(&job).ok());
   EXPECT_EQ(job.ran.load(), 1);
   EXPECT_EQ(job.thread, std::this_thread::get_id());
   EXPECT_EQ(scheduler.in_flight(), 0);
@@ -52,7 +56,7 @@ TEST(RequestScheduler, QueuesWhileEverySlotIsBusyAndRunsTheQueueInOrderOnTheFree
   RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
   Notification release;
   RecordingJob blocking(&release);
-  std::thread runner([&] { scheduler.Submit(&blocking); });
+  std::thread runner([&] { EXPECT_TRUE(scheduler.Submit(&blocking).ok()); });
   blocking.started.WaitForNotification();
 
   // Each queued job records the order it ran in.
@@ -75,7 +79,7 @@ TEST(RequestScheduler, QueuesWhileEverySlotIsBusyAndRunsTheQueueInOrderOnTheFree
   for (int i = 0; i < 3; ++i) {
     queued.push_back(std::make_unique<Ordered>(i, &mu, &order));
     // Returns at once: the job waits, it does not run here.
-    ASSERT_TRUE(scheduler.Submit(queued.back().get()));
+    ASSERT_TRUE(scheduler.Submit(queued.back().get()).ok());
   }
   EXPECT_EQ(scheduler.queued(), 3);
   EXPECT_EQ(scheduler.in_flight(), 4);
@@ -97,13 +101,15 @@ TEST(RequestScheduler, RefusesPastMaxInFlightCountingQueuedJobsAndAdmitsAgainOnc
   RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/2);
   Notification release;
   RecordingJob running(&release);
-  std::thread runner([&] { scheduler.Submit(&running); });
+  std::thread runner([&] { EXPECT_TRUE(scheduler.Submit(&running).ok()); });
   running.started.WaitForNotification();
   RecordingJob queued;
-  ASSERT_TRUE(scheduler.Submit(&queued));  // In flight: one running, one queued.
+  ASSERT_TRUE(scheduler.Submit(&queued).ok());  // In flight: one running, one queued.
 
   RecordingJob refused;
-  EXPECT_FALSE(scheduler.Submit(&refused));
+  const absl::Status refusal = scheduler.Submit(&refused);
+  EXPECT_EQ(refusal.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refusal.message(), HasSubstr("limit of 2 concurrent inference requests"));
   EXPECT_EQ(refused.ran.load(), 0);
   EXPECT_EQ(scheduler.in_flight(), 2);
 
@@ -111,9 +117,40 @@ TEST(RequestScheduler, RefusesPastMaxInFlightCountingQueuedJobsAndAdmitsAgainOnc
   runner.join();
   EXPECT_EQ(queued.ran.load(), 1);
   RecordingJob admitted;
-  EXPECT_TRUE(scheduler.Submit(&admitted));
+  EXPECT_TRUE(scheduler.Submit(&admitted).ok());
   EXPECT_EQ(admitted.ran.load(), 1);
   EXPECT_EQ(refused.ran.load(), 0);
+}
+
+TEST(RequestScheduler, RefusesARequestWhoseBytesWouldPassTheLimitAndCountsThemUntilItFinishes) {
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0, /*max_in_flight_bytes=*/100);
+  Notification release;
+  RecordingJob running(&release);
+  std::thread runner([&] { EXPECT_TRUE(scheduler.Submit(&running, 60).ok()); });
+  running.started.WaitForNotification();
+  EXPECT_EQ(scheduler.in_flight_bytes(), 60);
+
+  RecordingJob too_big;
+  const absl::Status refusal = scheduler.Submit(&too_big, 41);
+  EXPECT_EQ(refusal.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refusal.message(), AllOf(HasSubstr("60 bytes of inference requests in flight"),
+                                       HasSubstr("this request's 41"),
+                                       HasSubstr("limit of 100 bytes")));
+  EXPECT_EQ(too_big.ran.load(), 0);
+  // A refusal gives back what it counted.
+  EXPECT_EQ(scheduler.in_flight_bytes(), 60);
+  EXPECT_EQ(scheduler.in_flight(), 1);
+
+  RecordingJob fits;
+  ASSERT_TRUE(scheduler.Submit(&fits, 40).ok());  // Queued, 100 bytes in flight.
+  EXPECT_EQ(scheduler.in_flight_bytes(), 100);
+  release.Notify();
+  runner.join();
+  EXPECT_EQ(fits.ran.load(), 1);
+  EXPECT_EQ(scheduler.in_flight_bytes(), 0);
+  RecordingJob again;
+  EXPECT_TRUE(scheduler.Submit(&again, 41).ok());
+  EXPECT_EQ(again.ran.load(), 1);
 }
 
 // A job sends its answer in Complete(), after it stops counting: a client
@@ -126,7 +163,7 @@ TEST(RequestScheduler, AJobNoLongerCountsAsInFlightWhenItCompletes) {
     void Run() override { in_flight_running = scheduler->in_flight(); }
     void Complete() override {
       in_flight_completing = scheduler->in_flight();
-      next_admitted = scheduler->Submit(&next);
+      next_admitted = scheduler->Submit(&next).ok();
     }
     RequestScheduler* scheduler;
     RecordingJob next;
@@ -134,7 +171,7 @@ TEST(RequestScheduler, AJobNoLongerCountsAsInFlightWhenItCompletes) {
     bool next_admitted = false;
   };
   Answering job(&scheduler);
-  ASSERT_TRUE(scheduler.Submit(&job));
+  ASSERT_TRUE(scheduler.Submit(&job).ok());
   EXPECT_EQ(job.in_flight_running, 1);
   EXPECT_EQ(job.in_flight_completing, 0);
   EXPECT_TRUE(job.next_admitted);
@@ -147,7 +184,7 @@ TEST(RequestScheduler, AwaitIdleWaitsForTheLastJobOrGivesUpAtTheDeadline) {
   EXPECT_TRUE(scheduler.AwaitIdle(absl::Now()));
   Notification release;
   RecordingJob running(&release);
-  std::thread runner([&] { scheduler.Submit(&running); });
+  std::thread runner([&] { EXPECT_TRUE(scheduler.Submit(&running).ok()); });
   running.started.WaitForNotification();
   EXPECT_FALSE(scheduler.AwaitIdle(absl::Now() + absl::Milliseconds(20)));
 
@@ -183,7 +220,7 @@ class ThrowingJob final : public RequestScheduler::Job {
 TEST(RequestScheduler, AJobThatThrowsGivesBackItsSlotAndIsStillCompleted) {
   RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/2);
   ThrowingJob thrower;
-  ASSERT_TRUE(scheduler.Submit(&thrower));
+  ASSERT_TRUE(scheduler.Submit(&thrower).ok());
   EXPECT_EQ(thrower.completed.load(), 1);
   EXPECT_EQ(scheduler.in_flight(), 0);
 
@@ -191,10 +228,10 @@ TEST(RequestScheduler, AJobThatThrowsGivesBackItsSlotAndIsStillCompleted) {
   // them run, on the same slot.
   Notification release;
   ThrowingJob first(&release);
-  std::thread runner([&] { scheduler.Submit(&first); });
+  std::thread runner([&] { EXPECT_TRUE(scheduler.Submit(&first).ok()); });
   first.started.WaitForNotification();
   RecordingJob queued;
-  ASSERT_TRUE(scheduler.Submit(&queued));
+  ASSERT_TRUE(scheduler.Submit(&queued).ok());
   release.Notify();
   runner.join();
   EXPECT_EQ(first.completed.load(), 1);
@@ -204,7 +241,7 @@ TEST(RequestScheduler, AJobThatThrowsGivesBackItsSlotAndIsStillCompleted) {
 
   // With max_in_flight 2, two jobs stuck in flight would refuse this one.
   RecordingJob after;
-  EXPECT_TRUE(scheduler.Submit(&after));
+  EXPECT_TRUE(scheduler.Submit(&after).ok());
   EXPECT_EQ(after.ran.load(), 1);
 }
 
@@ -213,7 +250,7 @@ TEST(RequestScheduler, StalledForIsTheTimeSinceAJobLastFinishedWhileSomeAreInFli
   EXPECT_EQ(scheduler.StalledFor(absl::Now() + absl::Hours(1)), absl::ZeroDuration());
   Notification release;
   RecordingJob blocking(&release);
-  std::thread runner([&] { scheduler.Submit(&blocking); });
+  std::thread runner([&] { EXPECT_TRUE(scheduler.Submit(&blocking).ok()); });
   blocking.started.WaitForNotification();
   const absl::Time later = absl::Now() + absl::Seconds(60);
   EXPECT_GE(scheduler.StalledFor(later), absl::Seconds(59));
@@ -255,7 +292,7 @@ TEST(RequestScheduler, UnderContentionEachJobRunsOnceWithinTheSlots) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kJobsPerThread; ++i) {
-        ASSERT_TRUE(scheduler.Submit(jobs[t * kJobsPerThread + i].get()));
+        ASSERT_TRUE(scheduler.Submit(jobs[t * kJobsPerThread + i].get()).ok());
       }
     });
   }

@@ -72,7 +72,8 @@ int UsableCores() {
 Server::Server(ServerOptions options)
     : options_(std::move(options)),
       scheduler_(std::make_unique<RequestScheduler>(options_.inference_threads,
-                                                    options_.max_concurrent_requests)) {
+                                                    options_.max_concurrent_requests,
+                                                    options_.max_in_flight_request_bytes)) {
   state_.SetStrict(options_.strict_readiness);
 }
 
@@ -133,8 +134,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   RequestScheduler* scheduler = server->scheduler_.get();
   const ServingState* state = &server->state_;
   server->metrics_->ExportServerLoad([scheduler, state] {
-    return ServerLoad{state->draining(), scheduler->in_flight(), scheduler->queued(),
-                      scheduler->run_slots(), scheduler->max_in_flight()};
+    return ServerLoad{state->draining(),         scheduler->in_flight(),
+                      scheduler->queued(),        scheduler->run_slots(),
+                      scheduler->max_in_flight(), scheduler->in_flight_bytes(),
+                      scheduler->max_in_flight_bytes()};
   });
   if (!o.metrics_address.empty()) {
     if (absl::Status s = server->metrics_->StartHttp(o.metrics_address); !s.ok()) return s;

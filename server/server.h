@@ -61,6 +61,10 @@ struct ServerOptions {
   // Inference requests admitted at once, running or queued; more get
   // RESOURCE_EXHAUSTED. 0: no limit. Default: 128.
   int max_concurrent_requests = 128;
+  // Bytes of the inference requests admitted at once (their messages or
+  // bodies); a request that would pass it gets RESOURCE_EXHAUSTED. 0: no
+  // limit. Default: 1 GiB.
+  int64_t max_in_flight_request_bytes = int64_t{1} << 30;
   // Threads running inference requests (model calls); more requests wait in
   // a queue, up to max_concurrent_requests in all. 0: one per core this
   // process may run on.

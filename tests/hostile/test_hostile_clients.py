@@ -12,11 +12,13 @@ Needs the Bazel build outputs: bazel build //server:precompile_server
 """
 
 import json
-import select
 import pathlib
+import re
+import select
 import socket
 import sys
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -347,4 +349,58 @@ def test_a_json_body_costs_the_memory_of_its_tensors_not_of_a_tree(tmp_path):
         assert growth < 2 * len(body), f"the peak grew by {growth >> 20} MiB"
         assert_still_serving(process)
     finally:
+        assert process.stop() == 0, process.log()
+
+
+def test_requests_in_flight_hold_no_more_bytes_than_the_server_allows(tmp_path):
+    # Each request below its message limit, together past the byte limit: the
+    # one that would pass it is refused, named, until the bytes are given back.
+    for name in ("mlp", "loop"):
+        copy_tree(built(BIN / "examples" / name), tmp_path / "repository" / name / "1")
+    limit = 3 << 19  # 1.5 MiB of requests in flight, each up to 1 MiB.
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            [f"--max_message_bytes={MAX_BODY}", f"--max_in_flight_request_bytes={limit}",
+                             "--max_request_seconds=60", "--metrics_port=0"])
+    metrics_port = int(process.await_output(r"event=listening .*metrics_port=(\d+)"))
+
+    def in_flight_bytes() -> int:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+        return int(float(re.search(rb"^precompile_inference_in_flight_bytes (\S+)$", text, re.M)[1]))
+
+    channel = grpc.insecure_channel(process.address)
+    stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+    try:
+        held = inference_pb2.ModelInferRequest(model_name="loop", id="h" * 700_000)
+        held.inputs.add(name="x", datatype="FP32", shape=[8, 4])
+        held.raw_input_contents.append(np.ones((8, 4), np.float32).tobytes())
+        held.parameters["n"].int64_param = 10**12  # Runs until cancelled.
+        holding = stub.ModelInfer.future(held, timeout=120)
+        deadline = time.monotonic() + 30
+        while in_flight_bytes() < 700_000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert in_flight_bytes() >= 700_000
+
+        big = inference_pb2.ModelInferRequest(model_name="mlp", id="b" * 900_000)
+        big.inputs.add(name="x", datatype="FP32", shape=[8, 4])
+        big.raw_input_contents.append(np.ones((8, 4), np.float32).tobytes())
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(big, timeout=PROMPT_SECONDS)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"would pass its limit of {limit} bytes (--max_in_flight_request_bytes)" in (
+            refused.value.details())
+        body = json.dumps({"id": "b" * 900_000, **json.loads(mlp_request())}).encode()
+        answer = post(process, "/v2/models/mlp/infer", body)
+        assert status_of(answer) == 429, answer[:300]
+        assert "--max_in_flight_request_bytes" in error_of(answer)
+        assert_still_serving(process)  # Small requests fit beside the held one.
+
+        holding.cancel()
+        deadline = time.monotonic() + 30
+        while in_flight_bytes() > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert in_flight_bytes() == 0
+        assert stub.ModelInfer(big, timeout=30).outputs[0].shape == [8, 3]
+        assert status_of(post(process, "/v2/models/mlp/infer", body)) == 200
+    finally:
+        channel.close()
         assert process.stop() == 0, process.log()
