@@ -16,15 +16,12 @@ from typing import Mapping, Optional, Sequence
 
 import pytest
 
-# What the Python tests run from bazel-bin (tools/test.sh builds the same list).
-BUILD_COMMAND = "bazel build " + " ".join(
-    (pathlib.Path(__file__).parent / "pytest_targets.txt").read_text().split())
-
-
 def built(path: pathlib.Path) -> pathlib.Path:
-    """`path` under bazel-bin, or the test fails saying what to build."""
+    """`path` under bazel-bin, or the test fails saying what to build: what
+    the Python tests run from bazel-bin (tools/test.sh builds the same list)."""
     if not path.exists():
-        pytest.fail(f"{path} is missing: run {BUILD_COMMAND} first")
+        targets = (pathlib.Path(__file__).parent / "pytest_targets.txt").read_text().split()
+        pytest.fail(f"{path} is missing: run bazel build {' '.join(targets)} first")
     return path
 
 
