@@ -40,6 +40,11 @@ print(json.dumps({
 
 def _torch_repository_impl(rctx):
     workspace = rctx.path(Label("@//:WORKSPACE")).dirname
+
+    # Read through its label, the lock is watched: when it changes (and
+    # tools/setup.sh installs what it pins), this rule runs again, and the
+    # interpreter script below names the new environment.
+    rctx.read(Label("@//:requirements.lock"))
     python = rctx.os.environ.get("PRECOMPILE_SERVE_PYTHON", "")
     if not python:
         python = str(workspace) + "/.venv/bin/python3"
