@@ -1,4 +1,4 @@
-"""Coverage of a capture, with the exact semantics of DESIGN.md section 1."""
+"""Coverage of a capture, in the sense docs/architecture.md ("Concepts") gives it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,82 @@
+"""docs/architecture.md, the map of the code, stays true: every file,
+folder, link and Bazel target it names exists, and no source cites a
+document the project does not have.
+"""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MAP = ROOT / "docs" / "architecture.md"
+TOP_FOLDERS = {p.name for p in ROOT.iterdir()
+               if p.is_dir() and not p.name.startswith((".", "bazel-"))}
+SOURCE_FOLDERS = ("base", "bazel", "bench", "capture", "client", "deploy", "examples", "gallery",
+                  "proto", "runtime", "server", "tests", "tools")
+SOURCE_SUFFIXES = {".py", ".cc", ".h", ".sh", ".bzl", ".bazel", ".proto", ".yaml", ".json"}
+
+
+def declares(package: str, name: str) -> bool:
+    """Whether package's BUILD.bazel declares a target (or macro) `name`."""
+    build = ROOT / package / "BUILD.bazel"
+    return build.exists() and f'name = "{name}"' in build.read_text()
+
+
+def problems_of(text: str, base: pathlib.Path):
+    """What `text` (Markdown read from `base`) names that does not exist."""
+    problems = []
+    for link in re.findall(r"\]\(([^)#\s]+)", text):
+        if not link.startswith(("http://", "https://")) and not (base / link).resolve().exists():
+            problems.append(f"link {link}")
+    for token in re.findall(r"`([^`\s]+)`", text):
+        if token.startswith("//"):
+            package, _, name = token[2:].partition(":")
+            if package.endswith("/..."):
+                exists = (ROOT / package[:-4]).is_dir()
+            else:
+                exists = (ROOT / package / "BUILD.bazel").exists() and (not name or declares(package, name))
+            if not exists:
+                problems.append(f"Bazel target {token}")
+        elif "/" in token and token.split("/")[0] in TOP_FOLDERS and not re.search(r"[*<>{}$]", token):
+            path = token.split(":")[0].rstrip(".,")
+            # A build output is named by the target that makes it.
+            if not (ROOT / path).exists() and not declares(str(pathlib.Path(path).parent),
+                                                           pathlib.Path(path).name):
+                problems.append(f"path {token}")
+    return problems
+
+
+def test_everything_the_map_names_exists():
+    problems = problems_of(MAP.read_text(), MAP.parent)
+    assert not problems, "docs/architecture.md names what does not exist:\n" + "\n".join(problems)
+
+
+def test_the_check_catches_a_name_that_went_away():
+    for stale in ("[x](../runtime/model.cc)", "`//runtime:model`", "`runtime/model.h`",
+                  "`//nonexistent/...`"):
+        assert problems_of(stale, MAP.parent), stale
+    for fine in ("[x](../runtime/loaded_version.h)", "`//runtime:loaded_version`",
+                 "`runtime/loaded_version.h`", "`runtime/libprecompile_python.so`", "`//server/...`"):
+        assert not problems_of(fine, MAP.parent), fine
+
+
+DOCUMENTS = {p.name for p in ROOT.rglob("*.md")
+             if not any(part.startswith((".", "bazel-")) for part in p.relative_to(ROOT).parts)}
+
+
+def missing_documents(text: str):
+    """The Markdown documents `text` cites that the project does not have."""
+    return [cited for cited in re.findall(r"\b([\w./-]*[A-Za-z]\.md)\b", text)
+            if pathlib.Path(cited).name not in DOCUMENTS]
+
+
+def test_no_source_cites_a_document_the_project_lacks():
+    assert missing_documents("see NOWHERE.md section 1") == ["NOWHERE.md"]
+    assert missing_documents("see docs/architecture.md and bench/RESULTS.md") == []
+    problems = []
+    for folder in SOURCE_FOLDERS:
+        for source in (ROOT / folder).rglob("*"):
+            # This file quotes what it catches.
+            if source.suffix in SOURCE_SUFFIXES and source.is_file() and source != pathlib.Path(__file__).resolve():
+                for cited in missing_documents(source.read_text(errors="replace")):
+                    problems.append(f"{source.relative_to(ROOT)} cites {cited}")
+    assert not problems, "\n".join(problems)
