@@ -1,6 +1,6 @@
 // Admission, run slots and the queue of inference requests, apart from the
-// transport that brings them (the gRPC handler converts messages and submits
-// a job per request).
+// transports that bring them (the gRPC and the HTTP handlers each submit a
+// job per inference request, with its size in bytes).
 //
 // A request is admitted while fewer than `max_in_flight` are in flight
 // (running or queued; 0: no limit) and the bytes of the requests in flight,
