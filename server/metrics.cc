@@ -30,6 +30,9 @@ std::vector<absl::Duration> DispatchBuckets() {
   return Seconds({1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3});
 }
 
+
+}  // namespace
+
 // Gauges read when Prometheus scrapes: the server's load and the
 // process's memory (the names and meanings of Prometheus's client libraries,
 // so that dashboards made for other servers read them).
@@ -86,8 +89,6 @@ class LoadCollectable final : public prometheus::Collectable {
   const double start_seconds_;
   std::function<ServerLoad()> probe_;
 };
-
-}  // namespace
 
 const char* RequestOutcomeName(RequestOutcome outcome) {
   switch (outcome) {
@@ -213,18 +214,11 @@ std::shared_ptr<ModelMetrics> ServerMetrics::ForModel(const std::string& model,
 }
 
 void ServerMetrics::ExportServerLoad(std::function<ServerLoad()> probe) {
-  static_cast<LoadCollectable&>(*load_).SetProbe(std::move(probe));
+  load_->SetProbe(std::move(probe));
 }
 
 void ServerMetrics::OnModelState(const ModelState& state) {
   std::lock_guard<std::mutex> lock(mu_);
-  const bool ready = state.phase == ModelState::Phase::kReady;
-  if (ready) {
-    ready_models_.insert(state.name);
-  } else {
-    ready_models_.erase(state.name);
-  }
-  loaded_gauge_.Set(static_cast<double>(ready_models_.size()));
   // Unavailable without a failure: the repository no longer has it.
   const bool gone = state.phase == ModelState::Phase::kUnavailable && !state.failed;
   auto it = model_ready_gauges_.find(state.name);
@@ -233,12 +227,16 @@ void ServerMetrics::OnModelState(const ModelState& state) {
       model_ready_.Remove(it->second);
       model_ready_gauges_.erase(it);
     }
-    return;
+  } else {
+    if (it == model_ready_gauges_.end()) {
+      it = model_ready_gauges_.emplace(state.name, &model_ready_.Add({{"model", state.name}}))
+               .first;
+    }
+    it->second->Set(state.phase == ModelState::Phase::kReady ? 1 : 0);
   }
-  if (it == model_ready_gauges_.end()) {
-    it = model_ready_gauges_.emplace(state.name, &model_ready_.Add({{"model", state.name}})).first;
-  }
-  it->second->Set(ready ? 1 : 0);
+  int loaded = 0;
+  for (const auto& [name, gauge] : model_ready_gauges_) loaded += gauge->Value() == 1;
+  loaded_gauge_.Set(loaded);
 }
 
 void ServerMetrics::OnLoadFailure(const std::string& model) {

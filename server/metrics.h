@@ -36,7 +36,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "runtime/loaded_version.h"
@@ -60,6 +59,7 @@ constexpr int kNumRequestOutcomes = 7;
 const char* RequestOutcomeName(RequestOutcome outcome);
 
 class ServerMetrics;
+class LoadCollectable;
 
 // What the request scheduler holds, and whether the server drains, read at
 // each scrape.
@@ -156,7 +156,8 @@ class ServerMetrics {
   // series are identified by their labels, so two owners could not coexist).
   std::shared_ptr<ModelMetrics> ForModel(const std::string& model, int64_t version,
                                          const LoadedVersion& loaded);
-  // Exports the server's load as gauges, read from `probe` at each scrape. REQUIRES: called once, before StartHttp; whatever `probe` reads
+  // Exports the server's load as gauges, read from `probe` at each scrape.
+  // REQUIRES: called once, before StartHttp; whatever `probe` reads
   // outlives this object.
   void ExportServerLoad(std::function<ServerLoad()> probe);
   // Tracks the models being served: precompile_model_ready is 1 for a model
@@ -188,7 +189,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& models_loaded_;
   prometheus::Family<prometheus::Gauge>& model_ready_;
   // The scheduler's load and the process's memory, read at each scrape.
-  std::shared_ptr<prometheus::Collectable> load_;
+  std::shared_ptr<LoadCollectable> load_;
   prometheus::Family<prometheus::Counter>& load_failures_;
   // Observed by every request, so not prometheus-cpp's (a mutex per series).
   const std::shared_ptr<DurationHistogramFamily> request_duration_;
@@ -196,7 +197,8 @@ class ServerMetrics {
   const std::shared_ptr<DurationHistogramFamily> execution_duration_;
   prometheus::Gauge& loaded_gauge_;
   std::mutex mu_;
-  absl::flat_hash_set<std::string> ready_models_ ABSL_GUARDED_BY(mu_);
+  // precompile_model_ready of each model the repository has; the models
+  // loaded are those whose gauge is 1.
   absl::flat_hash_map<std::string, prometheus::Gauge*> model_ready_gauges_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<std::string, int64_t>, std::weak_ptr<ModelMetrics>>
       model_metrics_ ABSL_GUARDED_BY(mu_);

@@ -81,7 +81,7 @@ def served(tmp_path_factory):
     yield serve
     if serve.process.poll() is None:
         serve.process.send_signal(signal.SIGTERM)
-        serve.process.wait(timeout=120)
+        serve.wait(timeout=120)
 
 
 def await_ready(serve, model: str, timeout: float):
@@ -136,6 +136,6 @@ def test_the_readme_python_client_prints_what_the_readme_says(served):
 
 def test_sigterm_drains_the_server_and_ends_the_script(served):
     served.process.send_signal(signal.SIGTERM)
-    assert served.process.wait(timeout=120) == 0, served.log()[-4000:]
+    assert served.wait(timeout=120) == 0, served.log()[-4000:]
     output = served.log()
     assert "event=draining" in output and "event=stopped" in output, output[-4000:]
