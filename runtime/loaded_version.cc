@@ -226,6 +226,7 @@ class LoadedVersion::Impl final : public FrameCaller {
     std::vector<at::Tensor> outputs;
     Outcome outcome = Outcome::kVariant;
     const std::string* variant_id = nullptr;
+    bool eager_deferred = false;
   };
 
   Artifact artifact;
@@ -262,7 +263,7 @@ class LoadedVersion::Impl final : public FrameCaller {
                                        std::vector<c10::IValue> args,
                                        bool is_entry);
 
-  // The running call's context (cancellation, where eager runs), for the
+  // The running call's context (cancellation, deferred misses), for the
   // frames it calls; set on whichever thread runs them.
   static thread_local const CallContext* context;
 
@@ -628,6 +629,10 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     return refusal;
   }
 
+  if (is_entry && context != nullptr && context->defer_entry_eager) {
+    return FrameResult{{}, Outcome::kEagerFallback, nullptr, /*eager_deferred=*/true};
+  }
+
   // The frame's first warning and a new miss signature both want the
   // closest variant; the first miss of a frame is usually both.
   std::optional<MissExplanation> why;
@@ -648,35 +653,9 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     if (!moved.ok()) return moved;
   }
   absl::StatusOr<std::vector<c10::IValue>> leaves;
-  auto run_eager = [&] {
+  {
     ScopedFrameCaller scope(this);
     leaves = frame.eager->Run(std::move(args));
-  };
-  if (is_entry && context != nullptr && context->run_eager) {
-    const CallContext* call_context = context;
-    const int caller_depth = depth;
-    context->run_eager([&] {
-      // The thread that runs it has none of this thread's torch or call
-      // state: give it the call's.
-      c10::InferenceMode inference_mode;
-      // Restored however run_eager ends: the thread serves other calls next.
-      struct Borrowed {
-        Borrowed(const CallContext* call, int call_depth)
-            : previous_context(context), previous_depth(depth) {
-          context = call;
-          depth = call_depth;
-        }
-        ~Borrowed() {
-          context = previous_context;
-          depth = previous_depth;
-        }
-        const CallContext* const previous_context;
-        const int previous_depth;
-      } borrowed(call_context, caller_depth);
-      run_eager();
-    });
-  } else {
-    run_eager();
   }
   absl::StatusOr<std::vector<at::Tensor>> out =
       leaves.ok() ? TensorLeaves(frame, "the eager program", *std::move(leaves))
@@ -871,6 +850,7 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
 
   CallResult call_result;
   call_result.outcome = result.outcome;
+  call_result.eager_deferred = result.eager_deferred;
   if (result.variant_id) call_result.variant_id = *result.variant_id;
   absl::Status converted = CallTorch("reading the outputs", [&] {
     for (at::Tensor& t : result.outputs) {

@@ -35,7 +35,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -137,11 +136,13 @@ class LoadedVersion {
     // does a Python eager program between the frames it calls. Empty: never
     // cancelled.
     std::function<bool()> cancelled;
-    // Where the entry frame's eager program runs: calls `run` exactly once,
-    // on this thread or another, and returns after it has (what `run` wrote
-    // must then be visible to the caller). A server gives misses threads of
-    // their own with it (server/eager_executor.h). Empty: on this thread.
-    std::function<void(absl::FunctionRef<void()> run)> run_eager;
+    // When set, a call whose entry frame no variant matches and whose eager
+    // program would run returns without running it: CallResult::
+    // eager_deferred, no outputs, nothing recorded (no miss, warning or
+    // frame call). Calling again with the same arguments, unset, runs it.
+    // A server moves misses to threads of their own this way
+    // (server/request_scheduler.h); the entry's guards are evaluated twice.
+    bool defer_entry_eager = false;
   };
   absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args,
                                   const CallContext& context);

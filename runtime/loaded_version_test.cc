@@ -162,6 +162,37 @@ TEST(LoadedVersion, RunsAFlaggedFramesMissEagerlyAndWarnsOncePerFrame) {
   EXPECT_EQ(Hits(*model, "forward#0"), 2u);
 }
 
+TEST(LoadedVersion, ADeferredMissStopsBeforeItsEagerProgramAndRecordsNothing) {
+  LogCapture logs;
+  auto model = Load("loop");
+  ASSERT_NE(model, nullptr);
+  LoadedVersion::CallContext defer;
+  defer.defer_entry_eager = true;
+  ReferenceCall n1 = Reference("loop", "n1");
+  absl::StatusOr<CallResult> deferred = model->Call(n1.args, defer);
+  ASSERT_TRUE(deferred.ok()) << deferred.status();
+  EXPECT_TRUE(deferred->eager_deferred);
+  EXPECT_EQ(deferred->outcome, Outcome::kEagerFallback);
+  EXPECT_TRUE(deferred->outputs.empty());
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kEagerFallback), 0u);
+  EXPECT_TRUE(model->Misses().empty());
+  EXPECT_TRUE(model->Warnings().empty());
+  EXPECT_EQ(logs.Count("frame 'forward' runs eagerly"), 0);
+
+  // A hit is not deferred: its variant runs.
+  ReferenceCall n0 = Reference("loop", "n0");
+  absl::StatusOr<CallResult> hit = model->Call(n0.args, defer);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_FALSE(hit->eager_deferred);
+  EXPECT_EQ(hit->variant_id, "forward#0");
+  ASSERT_EQ(hit->outputs.size(), 1u);
+
+  // The same call again, not deferred, runs the program and is recorded once.
+  EXPECT_EQ(CallAndCompare(*model, "loop", "n1").outcome, Outcome::kEagerFallback);
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kEagerFallback), 1u);
+  EXPECT_EQ(model->Warnings().size(), 1u);
+}
+
 TEST(LoadedVersion, ServesADataDependentBranchEagerly) {
   auto model = Load("branch");
   ASSERT_NE(model, nullptr);

@@ -60,6 +60,9 @@ struct CallResult {
   Outcome outcome = Outcome::kVariant;
   // The variant's id when outcome is kVariant; empty otherwise.
   std::string variant_id;
+  // The entry's eager program did not run (LoadedVersion::CallContext::
+  // defer_entry_eager); outcome is kEagerFallback.
+  bool eager_deferred = false;
 };
 
 }  // namespace precompile

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/log_text.h"
 #include "spdlog/spdlog.h"
 
 namespace precompile::server {
@@ -31,8 +32,7 @@ void LowerThisThread(int nice) {
 
 }  // namespace
 
-EagerExecutor::EagerExecutor(int threads, int nice, RequestScheduler& scheduler)
-    : scheduler_(scheduler), nice_(nice) {
+EagerExecutor::EagerExecutor(int threads, int nice) : nice_(nice) {
   threads_.reserve(threads);
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
 }
@@ -46,36 +46,32 @@ EagerExecutor::~EagerExecutor() {
   for (std::thread& t : threads_) t.join();
 }
 
-void EagerExecutor::Run(absl::FunctionRef<void()> work) {
-  Task task{work};
+void EagerExecutor::Post(absl::AnyInvocable<void() &&> work) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(&task);
+    work_.push_back(std::move(work));
+    queued_.fetch_add(1);
   }
   work_given_.notify_one();
-  scheduler_.RunQueuedUntil(task.done);
-  if (task.thrown) std::rethrow_exception(task.thrown);
 }
 
 void EagerExecutor::Loop() {
   LowerThisThread(nice_);
   while (true) {
-    Task* task;
+    absl::AnyInvocable<void() &&> work;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_given_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // Stopping, and nothing left to run.
-      task = tasks_.front();
-      tasks_.pop_front();
+      work_given_.wait(lock, [this] { return stopping_ || !work_.empty(); });
+      if (work_.empty()) return;  // Stopping, and nothing left to run.
+      work = std::move(work_.front());
+      work_.pop_front();
+      queued_.fetch_sub(1);
     }
     try {
-      task->work();
+      std::move(work)();
     } catch (...) {
-      task->thrown = std::current_exception();
+      spdlog::error("event=eager_work_threw what=\"{}\"", DescribeCaughtException().what);
     }
-    // The waiter may return, and `task` go, as soon as it sees `done`.
-    task->done.store(true);
-    scheduler_.NotifyWaiters();
   }
 }
 

@@ -68,7 +68,13 @@ class HttpInferCall final : public RequestScheduler::Job, public InferenceApi::C
         route_(std::move(route)),
         received_(absl::Now()) {}
 
-  void Run() override { status_ = api_.Infer(*this, received_); }
+  Next Run() override {
+    std::optional<absl::Status> answer = api_.Infer(*this, received_, /*defer_eager=*/true);
+    if (!answer) return Next::kEager;
+    status_ = *std::move(answer);
+    return Next::kDone;
+  }
+  void RunEager() override { status_ = api_.InferEager(*this); }
   void Complete() override {
     HttpExchange& exchange = exchange_;
     HttpAnswer answer;

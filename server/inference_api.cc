@@ -277,48 +277,113 @@ absl::Status InferenceApi::ModelConfig(const inference::ModelConfigRequest& requ
 }
 
 
-absl::Status InferenceApi::Infer(Call& call, absl::Time received) {
+// One request between its stages: what Decode made of it, and what it
+// has done so far. Tensor arguments point into `request` and `storage`, so
+// it lives on the heap and never moves.
+struct InferenceApi::RequestState {
+  explicit RequestState(absl::Time received) : received(received) {}
+
+  const absl::Time received;
   RequestOutcome outcome = RequestOutcome::kError;
   ModelRepository::Handle handle;
   RequestTiming timing;
   inference::ModelInferRequest request;
   // Where the request was when something threw, for its answer.
   const char* stage = "decoding the request";
-  absl::Status status;
+  // The request's limit, and when it passes (InfiniteFuture: never).
+  absl::Duration limit;
+  absl::Time deadline = absl::InfiniteFuture();
+  // The entry's arguments, and the bytes of inputs that needed a copy.
+  std::vector<NamedValue> args;
+  std::vector<std::string> storage;
+  // The names of the entry's tensor outputs, in the order of the call's
+  // outputs, and which of them the request wants.
+  absl::InlinedVector<const std::string*, 8> output_names;
+  std::vector<bool> wanted;
+  // Since when the model's time counts (RequestTiming::infer): decoded,
+  // or resumed after the wait for an eager thread.
+  absl::Time model_start;
+};
+
+InferenceApi::Call::Call() = default;
+InferenceApi::Call::~Call() = default;
+
+std::optional<absl::Status> InferenceApi::Infer(Call& call, absl::Time received,
+                                                bool defer_eager) {
+  auto state = std::make_unique<RequestState>(received);
+  RequestState& s = *state;
+  bool deferred = false;
+  absl::Status status = Guarded(s, [&] {
+    absl::Status decoded = Decode(call, s);
+    if (!decoded.ok()) return decoded;
+    return RunModel(call, s, defer_eager, &deferred);
+  });
+  if (deferred && status.ok()) {
+    call.pending_ = std::move(state);
+    return std::nullopt;
+  }
+  return Finish(s, std::move(status));
+}
+
+absl::Status InferenceApi::InferEager(Call& call) {
+  std::unique_ptr<RequestState> state = std::move(call.pending_);
+  if (state == nullptr) {
+    return absl::InternalError("an eager miss resumed that never stopped (an internal error)");
+  }
+  RequestState& s = *state;
+  // The wait for an eager thread is queueing, as the wait for a run slot is.
+  const absl::Time resumed = absl::Now();
+  s.timing.queue += resumed - s.model_start;
+  s.model_start = resumed;
+  absl::Status status = Guarded(s, [&] { return RunModel(call, s, false, nullptr); });
+  return Finish(s, std::move(status));
+}
+
+absl::Status InferenceApi::Guarded(RequestState& s, absl::FunctionRef<absl::Status()> stages) {
   try {
-    status = Run(call, received, &request, &outcome, &handle, &timing, &stage);
+    return stages();
   } catch (...) {
     const CaughtException caught = DescribeCaughtException();
     if (caught.out_of_memory) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("the server ran out of memory while ", stage));
-    } else {
-      // The exception's text is for the log, not for the client.
-      spdlog::error("event=request_threw stage=\"{}\" what=\"{}\"", stage, caught.what);
-      status = absl::InternalError(absl::StrCat("the server failed while ", stage,
-                                                " (an internal error; the server's log has it)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the server ran out of memory while ", s.stage));
     }
+    // The exception's text is for the log, not for the client.
+    spdlog::error("event=request_threw stage=\"{}\" what=\"{}\"", s.stage, caught.what);
+    return absl::InternalError(absl::StrCat("the server failed while ", s.stage,
+                                            " (an internal error; the server's log has it)"));
   }
+}
+
+absl::Status InferenceApi::Finish(RequestState& s, absl::Status status) {
   const absl::Time done = absl::Now();
   if (!status.ok()) {
-    outcome = OutcomeOfStatus(status);
-    LogFailure(request.model_name(), handle.model != nullptr, status);
+    s.outcome = OutcomeOfStatus(status);
+    LogFailure(s.request.model_name(), s.handle.model != nullptr, status);
   }
-  if (handle.metrics) {
-    timing.total = done - received;
-    handle.metrics->RecordRequest(outcome, timing);
+  if (s.handle.metrics) {
+    s.timing.total = done - s.received;
+    s.handle.metrics->RecordRequest(s.outcome, s.timing);
   }
   return status;
 }
 
-absl::Status InferenceApi::Run(Call& call, absl::Time received,
-                                inference::ModelInferRequest* parsed, RequestOutcome* outcome,
-                                ModelRepository::Handle* handle, RequestTiming* timing,
-                                const char** stage) {
+absl::Status InferenceApi::PastDeadline(const RequestState& s, const absl::Status& status) {
+  const bool model_limit = s.handle.max_request_time.has_value();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the request ran past ",
+      model_limit ? absl::StrCat("model '", s.request.model_name(), "''s limit of ")
+                  : std::string("the server's limit of "),
+      absl::FormatDuration(s.limit), " per request",
+      model_limit ? " (max_request_seconds in its config.pbtxt): " : " (--max_request_seconds): ",
+      status.message()));
+}
+
+absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
   const absl::Time start = absl::Now();
-  timing->queue = start - received;
-  if (absl::Status parsing = call.Parse(parsed); !parsing.ok()) return parsing;
-  const inference::ModelInferRequest& request = *parsed;
+  s.timing.queue = start - s.received;
+  if (absl::Status parsing = call.Parse(&s.request); !parsing.ok()) return parsing;
+  const inference::ModelInferRequest& request = s.request;
   auto found = repository_.Get(request.model_name(), request.model_version());
   if (!found.ok()) {
     if (metrics_ && found.status().code() == absl::StatusCode::kNotFound) {
@@ -326,29 +391,19 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
     }
     return found.status();
   }
-  *handle = *std::move(found);
+  s.handle = *std::move(found);
+  const ModelRepository::Handle* handle = &s.handle;
   // The model's own limit, if its config.pbtxt sets one, else the server's.
-  const absl::Duration limit = handle->max_request_time.value_or(max_request_time_);
-  const absl::Time deadline = limit > absl::ZeroDuration() && limit < absl::InfiniteDuration()
-                                  ? received + limit
-                                  : absl::InfiniteFuture();
-  const auto past_deadline = [&](const absl::Status& status) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the request ran past ",
-        handle->max_request_time
-            ? absl::StrCat("model '", request.model_name(), "''s limit of ")
-            : std::string("the server's limit of "),
-        absl::FormatDuration(limit), " per request",
-        handle->max_request_time ? " (max_request_seconds in its config.pbtxt): "
-                                 : " (--max_request_seconds): ",
-        status.message()));
-  };
+  s.limit = handle->max_request_time.value_or(max_request_time_);
+  if (s.limit > absl::ZeroDuration() && s.limit < absl::InfiniteDuration()) {
+    s.deadline = s.received + s.limit;
+  }
   if (call.Cancelled()) {
     return absl::CancelledError(
         "the client cancelled the request or its deadline passed before it ran");
   }
-  if (absl::Now() >= deadline) {
-    return past_deadline(absl::CancelledError("it waited in the queue that long"));
+  if (absl::Now() >= s.deadline) {
+    return PastDeadline(s, absl::CancelledError("it waited in the queue that long"));
   }
   const Frame& entry = handle->model->entry_frame();
   auto parameter_of = [&](const std::string& name) -> const Parameter* {
@@ -359,8 +414,8 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
   };
 
   // Inputs: the entry's tensor arguments, by name.
-  std::vector<NamedValue> args;
-  std::vector<std::string> storage(request.inputs_size());
+  std::vector<NamedValue>& args = s.args;
+  s.storage.resize(request.inputs_size());
   // Names given so far, for duplicates: requests name a handful of arguments.
   absl::InlinedVector<absl::string_view, 8> seen;
   const auto first_time = [&seen](absl::string_view name) {
@@ -383,7 +438,7 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
       return absl::InvalidArgumentError(
           absl::StrCat("input '", name, "' appears more than once"));
     }
-    absl::StatusOr<TensorArg> tensor = DecodeInput(request, i, &storage[i]);
+    absl::StatusOr<TensorArg> tensor = DecodeInput(request, i, &s.storage[i]);
     if (!tensor.ok()) return tensor.status();
     args.push_back({name, *std::move(tensor)});
   }
@@ -409,11 +464,12 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
   }
   // Requested outputs must be tensors the entry returns; `output_names`
   // holds the names of its tensor leaves, in the order of the call's outputs.
-  absl::InlinedVector<const std::string*, 8> output_names;
+  absl::InlinedVector<const std::string*, 8>& output_names = s.output_names;
   for (const auto& leaf : entry.outputs().leaves()) {
     if (leaf.is_tensor()) output_names.push_back(&leaf.name());
   }
-  std::vector<bool> wanted(output_names.size(), request.outputs_size() == 0);
+  std::vector<bool>& wanted = s.wanted;
+  wanted.assign(output_names.size(), request.outputs_size() == 0);
   for (const auto& out : request.outputs()) {
     int index = -1;
     for (size_t i = 0; i < output_names.size(); ++i) {
@@ -437,56 +493,66 @@ absl::Status InferenceApi::Run(Call& call, absl::Time received,
         "' (its outputs: ", absl::StrJoin(names, ", "), ")"));
   }
 
-  const absl::Time decoded = absl::Now();
-  timing->input = decoded - start;
+  s.model_start = absl::Now();
+  s.timing.input = s.model_start - start;
+  return absl::OkStatus();
+}
+
+absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool defer_eager,
+                                    bool* deferred) {
   // Polled before each frame runs and in eager programs' loops: a request
   // whose client has gone, or that ran past its deadline or the server's
   // limit, stops there instead of running on.
   LoadedVersion::CallContext context;
-  context.cancelled = [&call, deadline] { return call.Cancelled() || absl::Now() >= deadline; };
-  if (eager_ != nullptr) {
-    context.run_eager = [this](absl::FunctionRef<void()> run) { eager_->Run(run); };
-  }
-  *stage = "running the model";
-  absl::StatusOr<CallResult> result = handle->model->Call(args, context);
+  context.cancelled = [&call, deadline = s.deadline] {
+    return call.Cancelled() || absl::Now() >= deadline;
+  };
+  context.defer_entry_eager = defer_eager;
+  s.stage = "running the model";
+  absl::StatusOr<CallResult> result = s.handle.model->Call(s.args, context);
   const absl::Time called = absl::Now();
-  timing->infer = called - decoded;
+  s.timing.infer += called - s.model_start;
   if (!result.ok()) {
-    if (result.status().code() == absl::StatusCode::kCancelled && called >= deadline &&
+    if (result.status().code() == absl::StatusCode::kCancelled && called >= s.deadline &&
         !call.Cancelled()) {
-      return past_deadline(result.status());
+      return PastDeadline(s, result.status());
     }
     return result.status();
+  }
+  if (result->eager_deferred) {
+    *deferred = true;
+    s.model_start = called;  // InferEager counts the wait from here.
+    return absl::OkStatus();
   }
   if (call.Cancelled()) {
     return absl::CancelledError("the client cancelled the request or its deadline passed");
   }
 
-  *stage = "encoding the response";
-  *outcome = result->outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
+  s.stage = "encoding the response";
+  s.outcome = result->outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
                                                         : RequestOutcome::kVariant;
   inference::ModelInferResponse response;
-  response.set_model_name(request.model_name());
-  response.set_model_version(absl::StrCat(handle->version));
-  response.set_id(request.id());
+  response.set_model_name(s.request.model_name());
+  response.set_model_version(absl::StrCat(s.handle.version));
+  response.set_id(s.request.id());
   static const std::string* const kOutcomeKey = new std::string("precompile_outcome");
   static const std::string* const kVariantKey = new std::string("precompile_variant");
   auto& params = *response.mutable_parameters();
   params[*kOutcomeKey].set_string_param(std::string(OutcomeName(result->outcome)));
   params[*kVariantKey].set_string_param(result->variant_id);
   std::vector<OutputTensor> outputs;
-  if (result->outputs.size() != output_names.size()) {
+  if (result->outputs.size() != s.output_names.size()) {
     return absl::InternalError(absl::StrCat(
-        "model '", request.model_name(), "' returned ", result->outputs.size(),
-        " tensors for ", output_names.size(), " outputs"));
+        "model '", s.request.model_name(), "' returned ", result->outputs.size(),
+        " tensors for ", s.output_names.size(), " outputs"));
   }
   for (size_t i = 0; i < result->outputs.size(); ++i) {
-    if (!wanted[i]) continue;
-    DescribeOutput(result->outputs[i], *output_names[i], &response);
+    if (!s.wanted[i]) continue;
+    DescribeOutput(result->outputs[i], *s.output_names[i], &response);
     outputs.push_back(std::move(result->outputs[i]));
   }
   absl::Status encoded = call.Encode(response, outputs);
-  timing->output = absl::Now() - called;
+  s.timing.output = absl::Now() - called;
   return encoded;
 }
 

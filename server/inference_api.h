@@ -18,17 +18,19 @@
 #ifndef PRECOMPILE_SERVER_INFERENCE_API_H_
 #define PRECOMPILE_SERVER_INFERENCE_API_H_
 
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "proto/inference.pb.h"
 #include "runtime/value.h"
-#include "server/eager_executor.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/serving_state.h"
@@ -36,6 +38,8 @@
 namespace precompile::server {
 
 class InferenceApi {
+  struct RequestState;
+
  public:
   // One inference request as its transport holds it.
   class Call {
@@ -53,28 +57,40 @@ class InferenceApi {
                                 std::vector<OutputTensor>& outputs) = 0;
 
    protected:
-    ~Call() = default;
+    Call();
+    ~Call();
+
+   private:
+    friend class InferenceApi;
+    // A request stopped at its eager miss, for InferEager.
+    std::unique_ptr<RequestState> pending_;
   };
 
-  // The references must outlive the API. `metrics` may be null; so may
-  // `eager`, and then eager misses run on the request's thread. A request
+  // The references must outlive the API. `metrics` may be null. A request
   // still running `max_request_time` after it arrived ends with
   // DEADLINE_EXCEEDED (zero: no limit).
   InferenceApi(ModelRepository& repository, ServerMetrics* metrics, const ServingState& state,
-               EagerExecutor* eager = nullptr,
                absl::Duration max_request_time = absl::ZeroDuration())
       : repository_(repository),
         metrics_(metrics),
         state_(state),
-        eager_(eager),
         max_request_time_(max_request_time) {}
 
   // Runs one admitted request: decodes it, runs the model, encodes the
-  // answer, and records the request in the model's metrics. A failure is
-  // logged at most once a minute per model and status code. Throws nothing:
-  // what any stage throws is answered RESOURCE_EXHAUSTED (out of memory) or
-  // INTERNAL, naming the stage, never the exception's text.
-  absl::Status Infer(Call& call, absl::Time received) ABSL_LOCKS_EXCLUDED(log_mu_);
+  // answer, and records the request in the model's metrics; returns the
+  // answer. A failure is logged at most once a minute per model and status
+  // code. Throws nothing: what any stage throws is answered
+  // RESOURCE_EXHAUSTED (out of memory) or INTERNAL, naming the stage, never
+  // the exception's text.
+  //
+  // With `defer_eager`, a request whose entry frame misses and would run
+  // its eager program stops before it and returns nullopt: `call` then
+  // holds what the rest needs, and InferEager(call), on any thread, runs
+  // the program and returns the answer. The wait between counts as queueing
+  // in the model's statistics.
+  std::optional<absl::Status> Infer(Call& call, absl::Time received, bool defer_eager)
+      ABSL_LOCKS_EXCLUDED(log_mu_);
+  absl::Status InferEager(Call& call) ABSL_LOCKS_EXCLUDED(log_mu_);
 
   bool ServerLive() const { return state_.live(); }
   bool ServerReady() const { return state_.ready(); }
@@ -93,9 +109,16 @@ class InferenceApi {
   absl::Status UnloadModel(const std::string& name);
 
  private:
-  absl::Status Run(Call& call, absl::Time received, inference::ModelInferRequest* request,
-                   RequestOutcome* outcome, ModelRepository::Handle* handle,
-                   RequestTiming* timing, const char** stage);
+  // Infer's stages. Decode: the request into the entry's arguments.
+  // RunModel: the call (stopping at an eager miss when `defer_eager`, and
+  // then setting *deferred) and the answer's encoding.
+  absl::Status Decode(Call& call, RequestState& s);
+  absl::Status RunModel(Call& call, RequestState& s, bool defer_eager, bool* deferred);
+  // Runs `stages`, answering what they throw.
+  static absl::Status Guarded(RequestState& s, absl::FunctionRef<absl::Status()> stages);
+  // Logs a failure and records the request in its model's metrics.
+  absl::Status Finish(RequestState& s, absl::Status status) ABSL_LOCKS_EXCLUDED(log_mu_);
+  static absl::Status PastDeadline(const RequestState& s, const absl::Status& status);
   // `served`: whether `model` names a model the server serves.
   void LogFailure(const std::string& model, bool served, const absl::Status& status)
       ABSL_LOCKS_EXCLUDED(log_mu_);
@@ -103,7 +126,6 @@ class InferenceApi {
   ModelRepository& repository_;
   ServerMetrics* const metrics_;
   const ServingState& state_;
-  EagerExecutor* const eager_;
   const absl::Duration max_request_time_;
   std::mutex log_mu_;
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);

@@ -58,7 +58,14 @@ class InferenceService::InferCall final : public RequestScheduler::Job,
     context.AsyncNotifyWhenDone(&done_);
   }
 
-  void Run() override { status = ToGrpcStatus(service_->api_.Infer(*this, received)); }
+  Next Run() override {
+    std::optional<absl::Status> answer =
+        service_->api_.Infer(*this, received, /*defer_eager=*/true);
+    if (!answer) return Next::kEager;
+    status = ToGrpcStatus(*answer);
+    return Next::kDone;
+  }
+  void RunEager() override { status = ToGrpcStatus(service_->api_.InferEager(*this)); }
   void Complete() override { service_->Answer(this); }
 
   absl::Status Parse(inference::ModelInferRequest* request) override {

@@ -60,6 +60,9 @@ class LoadCollectable final : public prometheus::Collectable {
             "Inference requests admitted and not finished (running or queued)", load.in_flight);
       gauge("precompile_inference_queued", "Inference requests admitted and waiting for a run slot",
             load.queued);
+      gauge("precompile_eager_queued",
+            "Eager misses waiting for an eager thread (--eager_threads); they hold no run slot",
+            load.eager_queued);
       gauge("precompile_inference_run_slots", "Inference requests that run at once "
             "(--inference_threads)", load.run_slots);
       gauge("precompile_inference_max_in_flight",

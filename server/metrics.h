@@ -67,6 +67,7 @@ struct ServerLoad {
   bool draining = false;
   int in_flight = 0;
   int queued = 0;
+  int eager_queued = 0;
   int run_slots = 0;
   int max_in_flight = 0;  // 0: no limit.
   int64_t in_flight_bytes = 0;

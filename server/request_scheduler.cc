@@ -9,10 +9,15 @@
 
 namespace precompile::server {
 
-RequestScheduler::RequestScheduler(int run_slots, int max_in_flight, int64_t max_in_flight_bytes)
+RequestScheduler::RequestScheduler(int run_slots, int max_in_flight, int64_t max_in_flight_bytes,
+                                   EagerThreads eager)
     : run_slots_(run_slots),
       max_in_flight_(max_in_flight),
-      max_in_flight_bytes_(max_in_flight_bytes) {}
+      max_in_flight_bytes_(max_in_flight_bytes),
+      eager_(eager.threads > 0 ? std::make_unique<EagerExecutor>(eager.threads, eager.nice)
+                               : nullptr) {}
+
+RequestScheduler::~RequestScheduler() { eager_.reset(); }
 
 absl::Status RequestScheduler::Submit(Job* job, int64_t request_bytes) {
   const int now = in_flight_.fetch_add(1) + 1;
@@ -40,7 +45,6 @@ absl::Status RequestScheduler::Submit(Job* job, int64_t request_bytes) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     queue_.push_back(job);
     queued_.fetch_add(1);
-    if (queue_waiters_ > 0) queue_changed_.notify_all();
   }
   // Every running thread may have looked at the queue before this job was
   // in it, and left: then a slot is free, and this thread drains the queue.
@@ -81,51 +85,33 @@ void RequestScheduler::RunWhileWork(Job* job) {
   }
 }
 
-void RequestScheduler::RunQueuedUntil(const std::atomic<bool>& done) {
-  // Each level holds a job's stack frames on this thread's stack (about 6 KB
-  // for a waiting eager miss), and finishes only after the levels above it.
-  // A thread past the limit only waits, holding its slot: the queued
-  // requests, hits included, wait for its miss. With 8 clients and a quarter
-  // of them misses, 4 levels were reached often enough to double the hits'
-  // p99; 64 levels take about 0.4 MB of stack.
-  constexpr int kMaxNesting = 64;
-  thread_local int nesting = 0;
-  const bool run_queued = nesting < kMaxNesting;
-  ++nesting;
-  while (true) {
-    Job* job = nullptr;
-    {
-      std::unique_lock<std::mutex> lock(queue_mu_);
-      ++queue_waiters_;
-      queue_changed_.wait(lock, [&] { return done.load() || (run_queued && !queue_.empty()); });
-      --queue_waiters_;
-      if (done.load()) break;
-      job = queue_.front();
-      queue_.pop_front();
-      queued_.fetch_sub(1);
-    }
-    RunJob(job);
-  }
-  --nesting;
-}
-
 void RequestScheduler::RunJob(Job* job) {
   // The last barrier: a job that threw would otherwise keep its slot and its
   // place in flight for ever (every request then hangs and the drain fails),
   // or end the process on a thread that cannot unwind further.
-  const int64_t request_bytes = job->request_bytes_;
+  Job::Next next = Job::Next::kDone;
   try {
-    job->Run();
+    next = job->Run();
   } catch (...) {
     spdlog::error("event=job_threw what=\"{}\"", DescribeCaughtException().what);
   }
-  Finished(request_bytes);
-  job->Complete();
+  if (next == Job::Next::kDone) return Finish(job);
+  if (eager_ == nullptr) return RunEager(job);
+  eager_->Post([this, job] { RunEager(job); });
 }
 
-void RequestScheduler::NotifyWaiters() {
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  queue_changed_.notify_all();
+void RequestScheduler::RunEager(Job* job) {
+  try {
+    job->RunEager();
+  } catch (...) {
+    spdlog::error("event=job_threw what=\"{}\"", DescribeCaughtException().what);
+  }
+  Finish(job);
+}
+
+void RequestScheduler::Finish(Job* job) {
+  Finished(job->request_bytes_);
+  job->Complete();
 }
 
 void RequestScheduler::Finished(int64_t request_bytes) {

@@ -11,15 +11,18 @@
 // an idle server answers on the thread that read the request; otherwise it
 // waits in a FIFO queue and runs on the next thread that finishes one. A
 // request holds its thread through the model call, so run_slots is the
-// number of model calls at once.
+// number of model calls at once, besides the eager misses (below).
 //
 // While a slot is free a request costs a few atomic operations; the queue's
 // lock is taken only when every slot is busy.
 //
-// A running job whose work goes on on another thread (an eager miss on the
-// eager threads, server/eager_executor.h) keeps its slot and, while it
-// waits, runs the queued jobs with it (RunQueuedUntil): so a slow miss
-// neither idles a slot nor makes the requests behind it wait for it.
+// A request whose entry frame misses and runs its eager program is slower
+// than a hit, often by far. It gives its run slot back as soon as it knows:
+// Run() says so, and the scheduler hands the rest of the job (RunEager) to
+// its eager threads (server/eager_executor.h), a pool of their own below
+// the hits' priority, which answers it. The slot's thread goes on with the
+// queued requests. So a hit never queues behind a miss, a miss never waits
+// inside another, and no thread waits for a miss holding a slot.
 //
 // Thread safety: all methods may be called concurrently.
 #ifndef PRECOMPILE_SERVER_REQUEST_SCHEDULER_H_
@@ -29,29 +32,43 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "server/eager_executor.h"
 
 namespace precompile::server {
 
+// A scheduler's eager threads: how many (0: none, and misses run on their
+// run slot) and how much their nice value is raised (0 to 19).
+struct EagerThreads {
+  int threads = 0;
+  int nice = 0;
+};
+
 class RequestScheduler {
  public:
-  // One admitted request. Run() does the work; Complete() follows on the
-  // same thread once the job no longer counts as in flight, and sends the
-  // result: so a client that has its answer can be admitted again at once.
-  // The job may delete itself in Complete(): the scheduler does not touch
-  // it afterwards.
+  // One admitted request. Run() does the work on a run slot and says what
+  // follows: kDone, or kEager when the rest is an eager miss, which
+  // RunEager() then does on an eager thread (on the same thread, still
+  // holding the slot, when the scheduler has no eager threads). Complete()
+  // follows on the thread that did the last part once the job no longer
+  // counts as in flight, and sends the result: so a client that has its
+  // answer can be admitted again at once. The job may delete itself in
+  // Complete(): the scheduler does not touch it afterwards.
   //
-  // Run() should not throw. If it does, the scheduler logs what it threw,
-  // and the job still leaves the in-flight count, gives back its run slot
-  // and is Complete()d: so a job must hold a failed answer from its start
-  // (an internal error) until Run() gives it a real one.
+  // Run() and RunEager() should not throw. If one does, the scheduler logs
+  // what it threw, and the job still leaves the in-flight count, gives back
+  // its run slot and is Complete()d: so a job must hold a failed answer
+  // from its start (an internal error) until it gives it a real one.
   class Job {
    public:
-    virtual void Run() = 0;
+    enum class Next { kDone, kEager };
+    virtual Next Run() = 0;
+    virtual void RunEager() {}
     virtual void Complete() = 0;
 
    protected:
@@ -63,7 +80,10 @@ class RequestScheduler {
   };
 
   // REQUIRES: run_slots >= 1, max_in_flight >= 0, max_in_flight_bytes >= 0.
-  RequestScheduler(int run_slots, int max_in_flight, int64_t max_in_flight_bytes = 0);
+  RequestScheduler(int run_slots, int max_in_flight, int64_t max_in_flight_bytes = 0,
+                   EagerThreads eager = {});
+  // Runs the eager misses already handed over, then joins their threads.
+  ~RequestScheduler();
   RequestScheduler(const RequestScheduler&) = delete;
   RequestScheduler& operator=(const RequestScheduler&) = delete;
 
@@ -73,15 +93,6 @@ class RequestScheduler {
   // naming the limit.
   absl::Status Submit(Job* job, int64_t request_bytes = 0);
 
-  // For a running job that waits for its work to finish on another thread:
-  // runs queued jobs on this thread, with the job's run slot, until `done`
-  // is true. Whoever sets `done` calls NotifyWaiters() afterwards. A queued
-  // job that started returns first, so `done` may wait for one job's run.
-  // Nested waits (a job run here waits in turn) run queued jobs up to 64
-  // levels deep, then only wait. REQUIRES: called from a job's Run().
-  void RunQueuedUntil(const std::atomic<bool>& done);
-  void NotifyWaiters();
-
   // Waits until no job is in flight, or until `deadline`: true if none is.
   bool AwaitIdle(absl::Time deadline);
 
@@ -89,11 +100,13 @@ class RequestScheduler {
   // none is in flight): a server whose jobs stop finishing is not live.
   absl::Duration StalledFor(absl::Time now) const;
 
-  // Jobs admitted whose Run() has not returned.
+  // Jobs admitted and not yet Complete()d, eager misses included.
   int in_flight() const { return in_flight_.load(); }
   int64_t in_flight_bytes() const { return in_flight_bytes_.load(); }
   int64_t max_in_flight_bytes() const { return max_in_flight_bytes_; }
   int queued() const { return queued_.load(); }
+  // Eager misses handed over and not yet started on an eager thread.
+  int eager_queued() const { return eager_ ? eager_->queued() : 0; }
   int max_in_flight() const { return max_in_flight_; }
   int run_slots() const { return run_slots_; }
 
@@ -103,8 +116,13 @@ class RequestScheduler {
   // Holding a run slot: runs `job` (if not null), then queued jobs while
   // there are any, and gives the slot back.
   void RunWhileWork(Job* job);
-  // Runs `job` through Run(), Finished() and Complete(), whatever Run throws.
+  // Runs `job` through Run() and, unless the rest goes to an eager thread,
+  // Finish().
   void RunJob(Job* job);
+  // RunEager() and Finish(), whatever RunEager throws.
+  void RunEager(Job* job);
+  // Finished() and Complete().
+  void Finish(Job* job);
   void Finished(int64_t request_bytes);
 
   const int run_slots_;
@@ -119,14 +137,14 @@ class RequestScheduler {
   std::atomic<int> queued_{0};
   std::mutex queue_mu_;
   std::deque<Job*> queue_ ABSL_GUARDED_BY(queue_mu_);
-  // RunQueuedUntil's waiters, woken by a queued job or NotifyWaiters.
-  int queue_waiters_ ABSL_GUARDED_BY(queue_mu_) = 0;
-  std::condition_variable queue_changed_;
   // AwaitIdle's waiters: the last job out takes the lock to wake them only
   // when there are some.
   std::atomic<int> idle_waiters_{0};
   std::mutex idle_mu_;
   std::condition_variable idle_;
+  // Last, so that it is destroyed first: its threads' work ends jobs, which
+  // uses the members above.
+  std::unique_ptr<EagerExecutor> eager_;
 };
 
 }  // namespace precompile::server

@@ -27,11 +27,12 @@ class RecordingJob final : public RequestScheduler::Job {
  public:
   explicit RecordingJob(Notification* release = nullptr) : release_(release) {}
 
-  void Run() override {
+  Next Run() override {
     thread = std::this_thread::get_id();
     started.Notify();
     if (release_ != nullptr) release_->WaitForNotification();
     ran.fetch_add(1);
+    return Next::kDone;
   }
   void Complete() override {}
 
@@ -64,10 +65,11 @@ TEST(RequestScheduler, QueuesWhileEverySlotIsBusyAndRunsTheQueueInOrderOnTheFree
   std::vector<int> order;
   struct Ordered final : RequestScheduler::Job {
     Ordered(int i, std::mutex* mu, std::vector<int>* order) : i(i), mu(mu), order(order) {}
-    void Run() override {
+    Next Run() override {
       std::lock_guard<std::mutex> lock(*mu);
       order->push_back(i);
       thread = std::this_thread::get_id();
+      return Next::kDone;
     }
     void Complete() override {}
     int i;
@@ -160,7 +162,10 @@ TEST(RequestScheduler, AJobNoLongerCountsAsInFlightWhenItCompletes) {
   RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/1);
   struct Answering final : RequestScheduler::Job {
     explicit Answering(RequestScheduler* scheduler) : scheduler(scheduler) {}
-    void Run() override { in_flight_running = scheduler->in_flight(); }
+    Next Run() override {
+      in_flight_running = scheduler->in_flight();
+      return Next::kDone;
+    }
     void Complete() override {
       in_flight_completing = scheduler->in_flight();
       next_admitted = scheduler->Submit(&next).ok();
@@ -203,7 +208,7 @@ TEST(RequestScheduler, AwaitIdleWaitsForTheLastJobOrGivesUpAtTheDeadline) {
 class ThrowingJob final : public RequestScheduler::Job {
  public:
   explicit ThrowingJob(Notification* release = nullptr) : release_(release) {}
-  void Run() override {
+  Next Run() override {
     started.Notify();
     if (release_ != nullptr) release_->WaitForNotification();
     throw std::runtime_error("a job that throws");
@@ -269,7 +274,7 @@ TEST(RequestScheduler, UnderContentionEachJobRunsOnceWithinTheSlots) {
     std::atomic<int>* most;
     std::atomic<int>* ran;
     std::atomic<int> times{0};
-    void Run() override {
+    Next Run() override {
       const int now = running->fetch_add(1) + 1;
       int seen = most->load();
       while (now > seen && !most->compare_exchange_weak(seen, now)) {
@@ -278,6 +283,7 @@ TEST(RequestScheduler, UnderContentionEachJobRunsOnceWithinTheSlots) {
       times.fetch_add(1);
       ran->fetch_add(1);
       running->fetch_sub(1);
+      return Next::kDone;
     }
     void Complete() override {}
   };
@@ -303,6 +309,164 @@ TEST(RequestScheduler, UnderContentionEachJobRunsOnceWithinTheSlots) {
   EXPECT_LE(most.load(), kSlots);
   EXPECT_EQ(scheduler.queued(), 0);
   EXPECT_EQ(scheduler.in_flight(), 0);
+}
+
+// A request that turns into an eager miss: Run() on a run slot, then
+// RunEager(), blocking until released if asked to. Records where each ran
+// and at what in-flight count of `scheduler` it was Complete()d. An eager
+// thread may still be inside Complete() when the test sees it completed:
+// tests declare these jobs before the scheduler, whose destructor joins its
+// eager threads.
+class MissJob final : public RequestScheduler::Job {
+ public:
+  explicit MissJob(Notification* release = nullptr, bool throws = false)
+      : release_(release), throws_(throws) {}
+
+  Next Run() override {
+    run_thread = std::this_thread::get_id();
+    return Next::kEager;
+  }
+  void RunEager() override {
+    eager_thread = std::this_thread::get_id();
+    eager_started.Notify();
+    if (release_ != nullptr) release_->WaitForNotification();
+    if (throws_) throw std::runtime_error("an eager program that throws");
+  }
+  void Complete() override {
+    complete_thread = std::this_thread::get_id();
+    in_flight_completing = scheduler->in_flight();
+    completed.Notify();
+  }
+
+  RequestScheduler* scheduler = nullptr;
+  std::thread::id run_thread, eager_thread, complete_thread;
+  Notification eager_started;
+  Notification completed;
+  int in_flight_completing = -1;
+
+ private:
+  Notification* const release_;
+  const bool throws_;
+};
+
+TEST(RequestScheduler, AMissGivesBackItsSlotAndEndsOnAnEagerThread) {
+  // One run slot: the hit could not run before the miss ends if the miss
+  // kept it.
+  Notification release;
+  MissJob miss(&release);
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0, 0, {/*threads=*/1, 0});
+  miss.scheduler = &scheduler;
+  ASSERT_TRUE(scheduler.Submit(&miss).ok());
+  EXPECT_EQ(miss.run_thread, std::this_thread::get_id());
+  ASSERT_TRUE(miss.eager_started.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_NE(miss.eager_thread, std::this_thread::get_id());
+  EXPECT_EQ(scheduler.in_flight(), 1) << "a miss counts in flight until it is answered";
+  EXPECT_FALSE(scheduler.AwaitIdle(absl::Now()));
+
+  RecordingJob hit;
+  ASSERT_TRUE(scheduler.Submit(&hit).ok());
+  EXPECT_EQ(hit.ran.load(), 1);
+  EXPECT_EQ(hit.thread, std::this_thread::get_id()) << "the hit waited for a slot";
+  EXPECT_FALSE(miss.completed.HasBeenNotified());
+
+  release.Notify();
+  ASSERT_TRUE(miss.completed.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(miss.complete_thread, miss.eager_thread);
+  EXPECT_EQ(miss.in_flight_completing, 0);
+  EXPECT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(20)));
+}
+
+TEST(RequestScheduler, AQueuedMissWaitsForAnEagerThreadNotInsideAnotherMiss) {
+  // One eager thread: the second miss runs after the first, on the same
+  // eager thread, and neither holds the run slot meanwhile.
+  Notification release_first;
+  MissJob first(&release_first);
+  MissJob second;
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0, 0, {/*threads=*/1, 0});
+  first.scheduler = second.scheduler = &scheduler;
+  ASSERT_TRUE(scheduler.Submit(&first).ok());
+  ASSERT_TRUE(first.eager_started.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  ASSERT_TRUE(scheduler.Submit(&second).ok());
+  EXPECT_EQ(second.run_thread, std::this_thread::get_id());
+  EXPECT_EQ(scheduler.eager_queued(), 1);
+  EXPECT_EQ(scheduler.in_flight(), 2);
+  // Hits still run at once, on the submitting thread: no miss holds the slot.
+  for (int i = 0; i < 8; ++i) {
+    RecordingJob hit;
+    ASSERT_TRUE(scheduler.Submit(&hit).ok());
+    EXPECT_EQ(hit.ran.load(), 1);
+  }
+  EXPECT_FALSE(second.eager_started.HasBeenNotified());
+  release_first.Notify();
+  ASSERT_TRUE(second.completed.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_TRUE(first.completed.HasBeenNotified());
+  EXPECT_EQ(second.eager_thread, first.eager_thread);
+  EXPECT_EQ(scheduler.eager_queued(), 0);
+  EXPECT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(20)));
+}
+
+TEST(RequestScheduler, AMissThatThrowsOnItsEagerThreadIsStillCompleted) {
+  MissJob thrower(nullptr, /*throws=*/true);
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/1, 0, {/*threads=*/1, 0});
+  thrower.scheduler = &scheduler;
+  ASSERT_TRUE(scheduler.Submit(&thrower).ok());
+  ASSERT_TRUE(thrower.completed.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(20)));
+  // With max_in_flight 1, a miss stuck in flight would refuse this one.
+  RecordingJob after;
+  EXPECT_TRUE(scheduler.Submit(&after).ok());
+  EXPECT_EQ(after.ran.load(), 1);
+}
+
+TEST(RequestScheduler, WithoutEagerThreadsAMissRunsOnItsSlot) {
+  MissJob miss;
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  miss.scheduler = &scheduler;
+  ASSERT_TRUE(scheduler.Submit(&miss).ok());
+  EXPECT_TRUE(miss.completed.HasBeenNotified());
+  EXPECT_EQ(miss.eager_thread, std::this_thread::get_id());
+  EXPECT_EQ(scheduler.in_flight(), 0);
+}
+
+TEST(RequestScheduler, ManyMissesAndHitsFromManyThreadsEachEndOnce) {
+  // TSan runs this too: hits and misses from 6 threads on 2 slots and 2
+  // eager threads all end, each once, and the scheduler ends idle.
+  constexpr int kThreads = 6, kPerThread = 300;
+  struct Mixed final : RequestScheduler::Job {
+    bool miss = false;
+    std::atomic<int> runs{0}, eager_runs{0}, completes{0};
+    Next Run() override {
+      runs.fetch_add(1);
+      return miss ? Next::kEager : Next::kDone;
+    }
+    void RunEager() override { eager_runs.fetch_add(1); }
+    void Complete() override { completes.fetch_add(1); }
+  };
+  std::vector<std::unique_ptr<Mixed>> jobs(kThreads * kPerThread);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i] = std::make_unique<Mixed>();
+    jobs[i]->miss = i % 3 == 0;
+  }
+  {
+    RequestScheduler scheduler(/*run_slots=*/2, /*max_in_flight=*/0, 0, {/*threads=*/2, 0});
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < kPerThread; ++i) {
+          EXPECT_TRUE(scheduler.Submit(jobs[t * kPerThread + i].get()).ok());
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(60)));
+    EXPECT_EQ(scheduler.queued(), 0);
+    EXPECT_EQ(scheduler.eager_queued(), 0);
+  }  // Joins the eager threads: every Complete() has returned.
+  for (const auto& job : jobs) {
+    EXPECT_EQ(job->runs.load(), 1);
+    EXPECT_EQ(job->eager_runs.load(), job->miss ? 1 : 0);
+    EXPECT_EQ(job->completes.load(), 1);
+  }
 }
 
 }  // namespace

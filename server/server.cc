@@ -71,9 +71,10 @@ int UsableCores() {
 
 Server::Server(ServerOptions options)
     : options_(std::move(options)),
-      scheduler_(std::make_unique<RequestScheduler>(options_.inference_threads,
-                                                    options_.max_concurrent_requests,
-                                                    options_.max_in_flight_request_bytes)) {
+      scheduler_(std::make_unique<RequestScheduler>(
+          options_.inference_threads, options_.max_concurrent_requests,
+          options_.max_in_flight_request_bytes,
+          EagerThreads{options_.eager_threads, options_.eager_nice})) {
   state_.SetStrict(options_.strict_readiness);
 }
 
@@ -135,7 +136,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   const ServingState* state = &server->state_;
   server->metrics_->ExportServerLoad([scheduler, state] {
     return ServerLoad{state->draining(),         scheduler->in_flight(),
-                      scheduler->queued(),        scheduler->run_slots(),
+                      scheduler->queued(),        scheduler->eager_queued(),
+                      scheduler->run_slots(),
                       scheduler->max_in_flight(), scheduler->in_flight_bytes(),
                       scheduler->max_in_flight_bytes()};
   });
@@ -153,10 +155,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->repository_ =
       std::make_unique<ModelRepository>(std::move(repository_options), server.get());
   const ControlAccess access(o.admin_token, o.allow_unauthenticated_control);
-  server->eager_ =
-      std::make_unique<EagerExecutor>(o.eager_threads, o.eager_nice, *server->scheduler_);
   server->api_ = std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_,
-                                                server->eager_.get(), o.max_request_time);
+                                                o.max_request_time);
   server->inference_ = std::make_unique<InferenceService>(*server->api_, *server->scheduler_,
                                                           access, o.inference_pollers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);

@@ -26,7 +26,6 @@
 #include "server/http_service.h"
 #include "server/inference_api.h"
 #include "server/inference_service.h"
-#include "server/eager_executor.h"
 #include "server/request_scheduler.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
@@ -77,7 +76,7 @@ struct ServerOptions {
   int inference_pollers = 0;
   // Threads running entry frames' eager programs (eager misses), with their
   // nice value raised by eager_nice so that variant hits go first when the
-  // cores are busy (server/eager_executor.h). 0: one per inference thread.
+  // cores are busy (server/request_scheduler.h). 0: one per inference thread.
   int eager_threads = 0;
   // 0 to 19; 0 runs eager misses at the priority of the other requests.
   int eager_nice = 10;
@@ -156,8 +155,6 @@ class Server final : public RepositoryListener {
   const ServerOptions options_;
   ServingState state_;
   std::unique_ptr<RequestScheduler> scheduler_;
-  // Before the API, which hands it the misses, and after the scheduler.
-  std::unique_ptr<EagerExecutor> eager_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<InferenceApi> api_;

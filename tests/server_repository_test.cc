@@ -411,8 +411,8 @@ TEST(ServerRepository, RequestsBeyondTheConcurrencyLimitGetResourceExhausted) {
 TEST(ServerRepository, AnEagerMissLeavesTheOnlyInferenceThreadToOtherRequests) {
   const std::string repository = ExampleRepository({"loop"});
   // One inference thread: a request that came while the miss runs could only
-  // be answered before the miss ends if the miss's thread (holding the one
-  // run slot) answers it while its eager program runs on an eager thread.
+  // be answered before the miss ends if the miss gave its run slot back
+  // while its eager program runs on an eager thread.
   Harness harness(repository, /*max_concurrent_requests=*/4, absl::ZeroDuration(),
                   /*inference_threads=*/1);
   std::atomic<bool> slow_done{false};
@@ -437,11 +437,24 @@ TEST(ServerRepository, AnEagerMissLeavesTheOnlyInferenceThreadToOtherRequests) {
   EXPECT_TRUE(harness.Infer(SlowLoopRequest(0), &hit).ok());
   EXPECT_EQ(hit.parameters().at("precompile_outcome").string_param(), "variant");
   EXPECT_FALSE(slow_done) << "the slow miss ended before the hit was checked";
-  // Another miss waits for the one eager thread, inside the slow miss's wait
-  // (RequestScheduler::RunQueuedUntil nests), and is answered too.
-  inference::ModelInferResponse short_miss;
-  EXPECT_TRUE(harness.Infer(SlowLoopRequest(3), &short_miss).ok());
-  EXPECT_EQ(short_miss.parameters().at("precompile_outcome").string_param(), "eager_fallback");
+  // Another miss waits for the one eager thread, not for a run slot: the
+  // hit after it is answered before either miss ends, and both are answered.
+  grpc::Status short_status;
+  std::thread short_miss = InferInBackground(harness, SlowLoopRequest(3), &short_status);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  double eager_queued = 0;
+  while (eager_queued != 1 && absl::Now() < deadline) {
+    eager_queued = MetricValue(HttpGet(harness.server->metrics_port(), "/metrics"),
+                               "precompile_eager_queued");
+    if (eager_queued != 1) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(eager_queued, 1);
+  inference::ModelInferResponse hit_after;
+  EXPECT_TRUE(harness.Infer(SlowLoopRequest(0), &hit_after).ok());
+  EXPECT_EQ(hit_after.parameters().at("precompile_outcome").string_param(), "variant");
+  EXPECT_FALSE(slow_done) << "the slow miss ended before the second hit was checked";
+  short_miss.join();
+  EXPECT_TRUE(short_status.ok()) << short_status.error_message();
 
   slow.join();
   EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
