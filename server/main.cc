@@ -84,6 +84,13 @@ ABSL_FLAG(int, eager_nice, 10,
           "How much the eager threads' nice value is raised, 0 to 19, so that variant "
           "hits go first on busy cores (0: the priority of requests)");
 ABSL_FLAG(int, grpc_threads, 0, "Threads serving gRPC calls (0: gRPC's default)");
+ABSL_FLAG(int, grpc_window_bytes, 1 << 20,
+          "A fixed flow-control window per gRPC stream, so that each connection's share of "
+          "--grpc_memory_bytes stays small; a stream's throughput is about window / round "
+          "trip (0: gRPC's adaptive window, which grows to many MiB per connection)");
+ABSL_FLAG(int64_t, grpc_memory_bytes, int64_t{1} << 30,
+          "Memory gRPC may take for the messages it is receiving and sending, before any "
+          "is admitted; near it, senders wait for flow-control window (0: no limit)");
 ABSL_FLAG(int, grpc_max_pollers, 64,
           "Threads kept waiting for the synchronous gRPC calls (all but ModelInfer) "
           "between bursts (0: gRPC's default of 2)");
@@ -208,6 +215,10 @@ int main(int argc, char** argv) {
     return Fail("--max_in_flight_request_bytes must be 0 or at least --max_message_bytes");
   }
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
+  options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);
+  if (options.grpc_memory_bytes < 0) return Fail("--grpc_memory_bytes must be at least 0");
+  options.grpc_window_bytes = absl::GetFlag(FLAGS_grpc_window_bytes);
+  if (options.grpc_window_bytes < 0) return Fail("--grpc_window_bytes must be at least 0");
   options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
   options.inference_threads = absl::GetFlag(FLAGS_inference_threads);
   options.inference_pollers = absl::GetFlag(FLAGS_inference_pollers);

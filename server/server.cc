@@ -236,9 +236,17 @@ absl::Status Server::Listen() {
                                    options_.drain_timeout)));
   }
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
-  if (options_.grpc_threads > 0) {
+  if (options_.grpc_window_bytes > 0) {
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                               options_.grpc_window_bytes);
+  }
+  if (options_.grpc_threads > 0 || options_.grpc_memory_bytes > 0) {
     grpc::ResourceQuota quota("precompile-serve");
-    quota.SetMaxThreads(options_.grpc_threads);
+    if (options_.grpc_threads > 0) quota.SetMaxThreads(options_.grpc_threads);
+    if (options_.grpc_memory_bytes > 0) {
+      quota.Resize(static_cast<size_t>(options_.grpc_memory_bytes));
+    }
     builder.SetResourceQuota(quota);
   }
   builder.RegisterService(inference_.get());

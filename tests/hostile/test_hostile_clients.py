@@ -17,6 +17,7 @@ import re
 import select
 import socket
 import sys
+import threading
 import time
 import urllib.request
 
@@ -403,4 +404,46 @@ def test_requests_in_flight_hold_no_more_bytes_than_the_server_allows(tmp_path):
         assert status_of(post(process, "/v2/models/mlp/infer", body)) == 200
     finally:
         channel.close()
+        assert process.stop() == 0, process.log()
+
+
+def test_messages_many_connections_never_finish_sending_hold_bounded_memory(tmp_path):
+    # gRPC receives a message whole before the server sees it. 48 connections
+    # each send all but the last byte of a 30 MiB message (each within
+    # --max_message_bytes): 1.4 GiB the server would hold without a bound
+    # (measured: its peak grew by 1.5 GiB), --grpc_memory_bytes here 64 MiB
+    # with the default 1 MiB window per stream. Near the bound gRPC grants
+    # no more window and closes connections (measured: the peak grew by
+    # about 90 MiB; 450 to 530 MiB with gRPC's adaptive windows); the server
+    # answers others and drains.
+    from slow_grpc_sender import SlowSender
+
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    quota, message, connections = 64 << 20, 30 << 20, 48
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            [f"--max_message_bytes={32 << 20}", f"--grpc_memory_bytes={quota}"])
+    try:
+        assert_still_serving(process)
+        before = peak_memory_bytes(process)
+        port = int(process.address.rsplit(":", 1)[1])
+        senders = [SlowSender(port, message) for _ in range(connections)]
+        sent = [0] * connections
+
+        def push(i):
+            sent[i] = senders[i].push(until_seconds=5)
+
+        threads = [threading.Thread(target=push, args=(i,)) for i in range(connections)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        growth = peak_memory_bytes(process) - before
+        print(f"\n{connections} unfinished messages of {message >> 20} MiB: {sum(sent) >> 20} MiB "
+              f"sent, the peak grew by {growth >> 20} MiB")
+        assert growth < 4 * quota, f"the peak grew by {growth >> 20} MiB"
+        assert any(s.closed for s in senders), "no connection was closed"
+        assert_still_serving(process)
+        for s in senders:
+            s.close()
+    finally:
         assert process.stop() == 0, process.log()
