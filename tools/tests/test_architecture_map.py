@@ -80,3 +80,86 @@ def test_no_source_cites_a_document_the_project_lacks():
                 for cited in missing_documents(source.read_text(errors="replace")):
                     problems.append(f"{source.relative_to(ROOT)} cites {cited}")
     assert not problems, "\n".join(problems)
+
+
+# The package table: | [pkg/](../pkg/) | what | may depend on |
+PACKAGE_ROW = re.compile(r"^\| (\[[^|]*\]\([^|]*\)(?:, \[[^|]*\]\([^|]*\))*) \| .* \| (.*) \|$", re.M)
+RULE = re.compile(r"^(\w+)\(\n(.*?)^\)", re.M | re.S)
+
+
+def split_top_level(column: str):
+    """`a (`x`, `y`), b, c` -> ['a (`x`, `y`)', 'b', 'c']."""
+    items, depth, current = [], 0, ""
+    for c in column:
+        depth += c == "("
+        depth -= c == ")"
+        if c in ",:" and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += c
+    return [i for i in items + [current.strip()] if i]
+
+
+def allowed_dependencies(column: str):
+    """{package: set of target names, or None for any} of the project's
+    packages a row's "may depend on" column names."""
+    allowed = {}
+    for item in split_top_level(column):
+        m = re.fullmatch(r"(\w+)(?: \((.*)\))?", item)
+        if m and m[1] in TOP_FOLDERS:
+            targets = re.findall(r"`(\w+)`", m[2] or "")
+            allowed[m[1]] = set(targets) or None
+    return allowed
+
+
+def library_dependencies(package: str):
+    """(package, target) of every project dependency of `package`'s
+    non-test rules (a test may reach further, e.g. the test server)."""
+    build = (ROOT / package / "BUILD.bazel").read_text()
+    found = set()
+    for kind, body in RULE.findall(build):
+        if kind.endswith("_test") or re.search(r'name = "\w*_test"', body):
+            continue
+        for dep_package, target in re.findall(r'"//([\w/]+)(?::(\w+))?"', body):
+            top = dep_package.split("/")[0]
+            if (target or "").startswith("__"):
+                continue  # A visibility, not a dependency.
+            if top != package and top in TOP_FOLDERS:
+                found.add((top, target or dep_package.split("/")[-1]))
+    return found
+
+
+def dependency_problems(text: str):
+    problems = []
+    for packages, column in PACKAGE_ROW.findall(text):
+        allowed = allowed_dependencies(column)
+        for package in re.findall(r"\[(\w+)/\]", packages):
+            for dep_package, names in allowed.items():
+                for name in names or ():
+                    if not declares(dep_package, name):
+                        problems.append(f"{package} may depend on {dep_package}'s `{name}`, "
+                                        "which does not exist")
+            if "anything" in column:
+                continue
+            for dep_package, target in sorted(library_dependencies(package)):
+                if dep_package not in allowed:
+                    problems.append(f"{package} depends on //{dep_package}:{target}; the map does "
+                                    f"not let it depend on {dep_package}")
+                elif allowed[dep_package] is not None and target not in allowed[dep_package]:
+                    problems.append(f"{package} depends on //{dep_package}:{target}, not among "
+                                    f"the {dep_package} targets the map lists")
+    return problems
+
+
+def test_the_package_table_names_real_targets_and_every_dependency():
+    problems = dependency_problems(MAP.read_text())
+    assert not problems, "docs/architecture.md's package table:\n" + "\n".join(problems)
+
+
+def test_the_dependency_check_catches_a_stale_name_and_an_unlisted_arrow():
+    row = "| [server/](../server/) | what | runtime (`model`, `value`), proto |\n"
+    problems = dependency_problems(row)
+    assert any("`model`, which does not exist" in p for p in problems), problems
+    assert any("not among the runtime targets" in p for p in problems), problems
+    assert any("does not let it depend on base" in p for p in problems), problems
