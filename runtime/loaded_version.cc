@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "runtime/artifact_reader.h"
+#include "runtime/call_binding.h"
 #include "runtime/cuda_support.h"
 #include "runtime/device_health.h"
 #include "runtime/eager_program.h"
@@ -39,32 +40,9 @@ namespace precompile {
 namespace {
 
 using artifact::v1::Frame;
-using artifact::v1::Parameter;
 
 // Frames calling frames through eager programs: deeper than this is a cycle.
 constexpr int kMaxFrameDepth = 32;
-
-c10::IValue ScalarToIValue(const artifact::v1::Scalar& s) {
-  switch (s.value_case()) {
-    case artifact::v1::Scalar::kBoolValue: return c10::IValue(s.bool_value());
-    case artifact::v1::Scalar::kIntValue: return c10::IValue(s.int_value());
-    case artifact::v1::Scalar::kFloatValue: return c10::IValue(s.float_value());
-    case artifact::v1::Scalar::kStringValue: return c10::IValue(s.string_value());
-    default: return c10::IValue();
-  }
-}
-
-absl::string_view KindWord(Parameter::Kind kind) {
-  switch (kind) {
-    case Parameter::TENSOR: return "a tensor";
-    case Parameter::OPTIONAL_TENSOR: return "a tensor or None";
-    case Parameter::INT: return "an int";
-    case Parameter::FLOAT: return "a float";
-    case Parameter::BOOL: return "a bool";
-    case Parameter::STRING: return "a string";
-    default: return "a value";
-  }
-}
 
 absl::string_view CauseWords(artifact::v1::FallbackCause cause) {
   switch (cause) {
@@ -77,128 +55,6 @@ absl::string_view CauseWords(artifact::v1::FallbackCause cause) {
   }
 }
 
-// A Value from the caller, as the interpreter and compiled code take it.
-absl::StatusOr<c10::IValue> ToIValue(const std::string& name,
-                                     Parameter::Kind kind, const Value& value) {
-  auto wrong = [&](absl::string_view got) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "argument '", name, "' must be ", KindWord(kind), ", got ", got));
-  };
-  const bool any = kind == Parameter::KIND_UNSPECIFIED;
-  if (std::holds_alternative<NoneArg>(value)) {
-    if (!any && kind != Parameter::OPTIONAL_TENSOR) return wrong("None");
-    return c10::IValue();
-  }
-  if (const auto* t = std::get_if<TensorArg>(&value)) {
-    if (!any && kind != Parameter::TENSOR && kind != Parameter::OPTIONAL_TENSOR) {
-      return wrong("a tensor");
-    }
-    uint64_t numel = 1;
-    for (int64_t d : t->shape) {
-      if (d < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "argument '", name, "' has a negative dimension in its shape [",
-            absl::StrJoin(t->shape, ", "), "]"));
-      }
-      if (d != 0 && numel > UINT64_MAX / static_cast<uint64_t>(d)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("argument '", name, "' has too many elements"));
-      }
-      numel *= static_cast<uint64_t>(d);
-    }
-    const uint64_t size = DTypeSize(t->dtype);
-    if (numel > UINT64_MAX / size || numel * size != t->nbytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "argument '", name, "' has ", t->nbytes, " bytes but its shape [",
-          absl::StrJoin(t->shape, ", "), "] of ", DTypeName(t->dtype), " needs ",
-          numel * size));
-    }
-    if (t->device != DeviceType::kCpu) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "argument '", name, "' must be in host memory"));
-    }
-    return CallTorch("wrapping a request tensor", [&] {
-      return c10::IValue(at::from_blob(
-          const_cast<void*>(t->data), t->shape,
-          at::TensorOptions().dtype(ToScalarType(t->dtype))));
-    });
-  }
-  if (const bool* b = std::get_if<bool>(&value)) {
-    if (!any && kind != Parameter::BOOL) return wrong("a bool");
-    return c10::IValue(*b);
-  }
-  if (const int64_t* i = std::get_if<int64_t>(&value)) {
-    if (kind == Parameter::FLOAT) return c10::IValue(static_cast<double>(*i));
-    if (!any && kind != Parameter::INT) return wrong("an int");
-    return c10::IValue(*i);
-  }
-  if (const double* f = std::get_if<double>(&value)) {
-    if (!any && kind != Parameter::FLOAT) return wrong("a float");
-    return c10::IValue(*f);
-  }
-  const auto& s = std::get<std::string>(value);
-  if (!any && kind != Parameter::STRING) return wrong("a string");
-  return c10::IValue(s);
-}
-
-template <typename T>
-std::optional<std::pair<size_t, int64_t>> FirstOutside(const void* data, size_t n,
-                                                       int64_t min, int64_t max) {
-  const T* values = static_cast<const T*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t v = static_cast<int64_t>(values[i]);
-    if (v < min || v >= max) return std::make_pair(i, v);
-  }
-  return std::nullopt;
-}
-
-// Compiled code that indexes a table past its end ends the process (the
-// bounds check throws inside an OpenMP region), so the values the capture
-// found used as indices are checked before any code runs.
-absl::Status CheckIndexRange(const std::string& name, const TensorArg& t,
-                             const artifact::v1::IndexRange& range) {
-  std::optional<std::pair<size_t, int64_t>> outside;
-  const size_t n = t.nbytes / DTypeSize(t.dtype);
-  switch (t.dtype) {
-    case DType::kInt64: outside = FirstOutside<int64_t>(t.data, n, range.min(), range.max()); break;
-    case DType::kInt32: outside = FirstOutside<int32_t>(t.data, n, range.min(), range.max()); break;
-    case DType::kInt16: outside = FirstOutside<int16_t>(t.data, n, range.min(), range.max()); break;
-    case DType::kInt8: outside = FirstOutside<int8_t>(t.data, n, range.min(), range.max()); break;
-    case DType::kUInt8: outside = FirstOutside<uint8_t>(t.data, n, range.min(), range.max()); break;
-    default: return absl::OkStatus();  // Not indices: the guards refuse its dtype.
-  }
-  if (!outside) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "argument '", name, "' holds ", outside->second, " at flat index ", outside->first,
-      ", but the model uses its values as indices into a table: each must be in [",
-      range.min(), ", ", range.max(), ")"));
-}
-
-// The same check for a frame an eager program calls, whose arguments are
-// tensors already (on the model's device): the entry's are checked on the
-// request's bytes before they become tensors.
-absl::Status CheckIndexRanges(const artifact::v1::Frame& frame,
-                              const std::vector<c10::IValue>& args) {
-  for (int p = 0; p < frame.parameters_size() && p < static_cast<int>(args.size()); ++p) {
-    const artifact::v1::Parameter& param = frame.parameters(p);
-    if (!param.has_index_range() || !args[p].isTensor()) continue;
-    const at::Tensor& t = args[p].toTensor();
-    if (t.numel() == 0 || !at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) continue;
-    ASSIGN_OR_RETURN(auto extremes, CallTorch("checking index values", [&] {
-                       auto [lo, hi] = at::aminmax(t);
-                       return std::make_pair(lo.item<int64_t>(), hi.item<int64_t>());
-                     }));
-    const auto [lo, hi] = extremes;
-    const artifact::v1::IndexRange& range = param.index_range();
-    if (lo >= range.min() && hi < range.max()) continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "frame '", frame.name(), "': argument '", param.name(), "' holds ",
-        lo < range.min() ? lo : hi,
-        ", but the compiled code uses its values as indices into a table: each must be in [",
-        range.min(), ", ", range.max(), ")"));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -785,62 +641,14 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
     return absl::UnavailableError(absl::StrCat("model '", impl.options.name, "' is unloaded"));
   }
 
-  const Frame& entry = *impl.entry->proto;
-  const int n = entry.parameters_size();
-  std::vector<std::optional<c10::IValue>> bound(n);
-  std::vector<at::Tensor> request_tensors;
-  for (const NamedValue& arg : args) {
-    int index = -1;
-    for (int i = 0; i < n; ++i) {
-      if (entry.parameters(i).name() == arg.name) index = i;
-    }
-    if (index < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model '", impl.options.name, "' has no argument '", arg.name,
-          "' (its arguments: ", absl::StrJoin(impl.entry->parameter_names, ", "), ")"));
-    }
-    if (bound[index]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("argument '", arg.name, "' is given more than once"));
-    }
-    ASSIGN_OR_RETURN(c10::IValue value,
-                     ToIValue(arg.name, entry.parameters(index).kind(), arg.value));
-    if (entry.parameters(index).has_index_range() && value.isTensor()) {
-      RETURN_IF_ERROR(CheckIndexRange(arg.name, std::get<TensorArg>(arg.value),
-                                      entry.parameters(index).index_range()));
-    }
-    if (value.isTensor()) {
-      request_tensors.push_back(value.toTensor());
-      // Requests arrive in host memory; the model's guards, variants and
-      // eager programs see its arguments on the model's device.
-      if (impl.device == DeviceType::kCuda) {
-        absl::Status moved = CallTorch("copying a request tensor to the GPU", [&] {
-          value = value.toTensor().to(at::kCUDA);
-        });
-        if (!moved.ok()) return moved;
-      }
-    }
-    bound[index] = std::move(value);
-  }
-  std::vector<c10::IValue> positional;
-  positional.reserve(n);
-  for (int i = 0; i < n; ++i) {
-    if (bound[i]) {
-      positional.push_back(*std::move(bound[i]));
-    } else if (entry.parameters(i).has_default_value()) {
-      positional.push_back(ScalarToIValue(entry.parameters(i).default_value()));
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "missing argument '", entry.parameters(i).name(), "' of model '",
-          impl.options.name, "'"));
-    }
-  }
+  ASSIGN_OR_RETURN(BoundArguments bound,
+                   BindArguments(*impl.entry->proto, impl.options.name, args, impl.device));
 
   c10::InferenceMode inference_mode;
   const CallContext* previous_context = Impl::context;
   Impl::context = &call_context;
   absl::StatusOr<Impl::FrameResult> dispatched =
-      impl.Dispatch(*impl.entry, std::move(positional), true);
+      impl.Dispatch(*impl.entry, std::move(bound.positional), true);
   Impl::context = previous_context;
   if (!dispatched.ok()) {
     ProbeDeviceAfterFailure(impl.device, impl.options.cuda_device_index, dispatched.status());
@@ -852,39 +660,14 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   call_result.outcome = result.outcome;
   call_result.eager_deferred = result.eager_deferred;
   if (result.variant_id) call_result.variant_id = *result.variant_id;
-  absl::Status converted = CallTorch("reading the outputs", [&] {
-    for (at::Tensor& t : result.outputs) {
-      std::optional<DType> dtype = FromScalarType(t.scalar_type());
-      if (!dtype) {
-        throw std::runtime_error(absl::StrCat(
-            "an output has dtype ", c10::toString(t.scalar_type()),
-            ", which cannot be returned"));
-      }
-      at::Tensor host = t.is_cuda() ? t.cpu() : t;
-      host = host.contiguous();
-      // An output may alias a request buffer (a frame that returns its
-      // input); the caller must be able to keep it after the request is gone.
-      for (const at::Tensor& in : request_tensors) {
-        if (host.is_alias_of(in)) {
-          host = host.clone();
-          break;
-        }
-      }
-      auto holder = std::make_shared<at::Tensor>(std::move(host));
-      OutputTensor out;
-      out.dtype = *dtype;
-      out.shape.assign(holder->sizes().begin(), holder->sizes().end());
-      out.data = holder->data_ptr();
-      out.nbytes = holder->nbytes();
-      out.owner = std::shared_ptr<const void>(holder, holder->data_ptr());
-      call_result.outputs.push_back(std::move(out));
-    }
-  });
+  absl::StatusOr<std::vector<OutputTensor>> converted =
+      HostOutputs(std::move(result.outputs), bound.request_tensors);
   if (!converted.ok()) {
     // Copying a CUDA output to the host is where an asynchronous error shows.
-    ProbeDeviceAfterFailure(impl.device, impl.options.cuda_device_index, converted);
-    return converted;
+    ProbeDeviceAfterFailure(impl.device, impl.options.cuda_device_index, converted.status());
+    return converted.status();
   }
+  call_result.outputs = *std::move(converted);
   return call_result;
 }
 

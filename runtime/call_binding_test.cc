@@ -1,0 +1,133 @@
+// Binding a call's arguments and keeping its outputs, on a frame described
+// by hand: no artifact, no compiled code.
+#include "runtime/call_binding.h"
+
+#include <ATen/Functions.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace precompile {
+namespace {
+
+using artifact::v1::Frame;
+using artifact::v1::Parameter;
+using ::testing::HasSubstr;
+
+// forward(x: Tensor, ids: Tensor (indices into a table of 10), n: int = 3)
+Frame ForwardFrame() {
+  Frame frame;
+  frame.set_name("forward");
+  Parameter* x = frame.add_parameters();
+  x->set_name("x");
+  x->set_kind(Parameter::TENSOR);
+  Parameter* ids = frame.add_parameters();
+  ids->set_name("ids");
+  ids->set_kind(Parameter::TENSOR);
+  ids->mutable_index_range()->set_min(0);
+  ids->mutable_index_range()->set_max(10);
+  Parameter* n = frame.add_parameters();
+  n->set_name("n");
+  n->set_kind(Parameter::INT);
+  n->mutable_default_value()->set_int_value(3);
+  return frame;
+}
+
+TensorArg Tensor(DType dtype, std::vector<int64_t> shape, const void* data, size_t nbytes) {
+  TensorArg t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.data = data;
+  t.nbytes = nbytes;
+  return t;
+}
+
+struct Arguments {
+  std::vector<float> x = {1, 2, 3, 4};
+  std::vector<int64_t> ids = {0, 9};
+  std::vector<NamedValue> Named() const {
+    return {{"ids", Tensor(DType::kInt64, {2}, ids.data(), ids.size() * 8)},
+            {"x", Tensor(DType::kFloat32, {2, 2}, x.data(), x.size() * 4)}};
+  }
+};
+
+TEST(BindArguments, BindsByNameFillsDefaultsAndWrapsWithoutCopying) {
+  const Arguments a;
+  absl::StatusOr<BoundArguments> bound =
+      BindArguments(ForwardFrame(), "m", a.Named(), DeviceType::kCpu);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  ASSERT_EQ(bound->positional.size(), 3u);
+  EXPECT_EQ(bound->positional[0].toTensor().data_ptr(), a.x.data());
+  EXPECT_EQ(bound->positional[0].toTensor().sizes(), at::IntArrayRef({2, 2}));
+  EXPECT_EQ(bound->positional[1].toTensor().data_ptr(), a.ids.data());
+  EXPECT_EQ(bound->positional[2].toInt(), 3);
+  EXPECT_EQ(bound->request_tensors.size(), 2u);
+}
+
+TEST(BindArguments, RefusesEachBadArgumentNamingIt) {
+  const Arguments a;
+  const Frame frame = ForwardFrame();
+  auto refusal = [&](std::vector<NamedValue> args) {
+    absl::StatusOr<BoundArguments> bound = BindArguments(frame, "m", args, DeviceType::kCpu);
+    EXPECT_EQ(bound.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(bound.status().message());
+  };
+  std::vector<NamedValue> args = a.Named();
+  args.push_back({"y", int64_t{1}});
+  EXPECT_THAT(refusal(args), HasSubstr("model 'm' has no argument 'y' (its arguments: x, ids, n)"));
+  args = a.Named();
+  args.push_back({"x", args[1].value});
+  EXPECT_THAT(refusal(args), HasSubstr("argument 'x' is given more than once"));
+  EXPECT_THAT(refusal({a.Named()[1]}), HasSubstr("missing argument 'ids' of model 'm'"));
+  args = a.Named();
+  args.push_back({"n", a.Named()[1].value});
+  EXPECT_THAT(refusal(args), HasSubstr("argument 'n' must be an int, got a tensor"));
+  args = a.Named();
+  std::get<TensorArg>(args[1].value).nbytes = 12;
+  EXPECT_THAT(refusal(args), HasSubstr("argument 'x' has 12 bytes but its shape [2, 2] of float32 needs 16"));
+  args = a.Named();
+  std::get<TensorArg>(args[1].value).shape = {int64_t{1} << 40, int64_t{1} << 40};
+  EXPECT_THAT(refusal(args), HasSubstr("argument 'x' has too many elements"));
+  const std::vector<int64_t> outside = {3, 10};
+  args = a.Named();
+  args[0].value = Tensor(DType::kInt64, {2}, outside.data(), 16);
+  EXPECT_THAT(refusal(args), HasSubstr("argument 'ids' holds 10 at flat index 1"));
+}
+
+TEST(CheckIndexRanges, NamesTheFrameTheArgumentAndAValueOutside) {
+  const Frame frame = ForwardFrame();
+  std::vector<c10::IValue> args = {at::zeros({2, 2}), at::tensor({0, 9}), int64_t{3}};
+  EXPECT_TRUE(CheckIndexRanges(frame, args).ok());
+  args[1] = at::tensor({-1, 4});
+  const absl::Status refused = CheckIndexRanges(frame, args);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("frame 'forward': argument 'ids' holds -1"));
+}
+
+TEST(HostOutputs, CopiesAnOutputThatAliasesARequestTensorAndKeepsOthers) {
+  std::vector<float> request = {1, 2, 3, 4};
+  const at::Tensor in = at::from_blob(request.data(), {2, 2});
+  const at::Tensor own = at::ones({3});
+  // A transposed view of the request: not contiguous, and aliasing it.
+  absl::StatusOr<std::vector<OutputTensor>> outputs =
+      HostOutputs({in.t(), own}, std::vector<at::Tensor>{in});
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  ASSERT_EQ(outputs->size(), 2u);
+  const OutputTensor& copied = (*outputs)[0];
+  EXPECT_NE(copied.data, request.data());
+  EXPECT_EQ(copied.shape, (std::vector<int64_t>{2, 2}));
+  request[1] = 100;  // The caller keeps what it got, whatever the request does.
+  EXPECT_EQ(static_cast<const float*>(copied.data)[2], 2.0f);
+  EXPECT_EQ((*outputs)[1].data, own.data_ptr());
+  EXPECT_EQ((*outputs)[1].nbytes, 12u);
+
+  absl::StatusOr<std::vector<OutputTensor>> complex =
+      HostOutputs({at::zeros({2}, at::kComplexFloat)}, {});
+  EXPECT_EQ(complex.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(complex.status().message(), HasSubstr("cannot be returned"));
+}
+
+}  // namespace
+}  // namespace precompile
