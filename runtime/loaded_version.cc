@@ -33,6 +33,7 @@
 #include "runtime/torch_dtype.h"
 #include "runtime/torch_errors.h"
 #include "runtime/python_program.h"
+#include "runtime/size_program.h"
 #include "runtime/torchscript_program.h"
 #include "runtime/variant.h"
 
@@ -266,38 +267,57 @@ absl::Status LoadedVersion::Impl::CheckOutputSizes(const FrameState& frame, int 
     std::optional<DType> dtype = DTypeFromProto(spec.dtype());
     // Older artifacts say nothing of their dynamic dimensions.
     if (!dtype || spec.shape_symbols_size() != spec.shape_size()) continue;
-    // Dimension d's size for these arguments; -1 when it is not known.
-    auto size_of = [&](int d) -> int64_t {
-      if (spec.shape(d) >= 0) return spec.shape(d);
-      if (spec.shape_symbols(d) < 0) return -1;
-      auto source = sources.find(static_cast<uint32_t>(spec.shape_symbols(d)));
-      if (source == sources.end()) return -1;
+    // A size symbol's value for these arguments, read off the argument and
+    // dimension that bind it in the variant's guards.
+    auto symbol_value = [&](int32_t symbol) -> std::optional<int64_t> {
+      auto source = sources.find(static_cast<uint32_t>(symbol));
+      if (source == sources.end()) return std::nullopt;
       const auto [parameter, dim] = source->second;
       if (parameter >= static_cast<int>(views.size()) ||
           views[parameter].kind != ArgView::Kind::kTensor) {
-        return -1;
+        return std::nullopt;
       }
       return views[parameter].sizes[dim];
     };
+    // Dimension d's size for these arguments.
+    auto size_of = [&](int d) -> SizeValue {
+      if (spec.shape(d) >= 0) return {SizeValue::Kind::kKnown, spec.shape(d)};
+      if (spec.shape_symbols(d) >= 0) {
+        const std::optional<int64_t> v = symbol_value(spec.shape_symbols(d));
+        return v ? SizeValue{SizeValue::Kind::kKnown, *v} : SizeValue{};
+      }
+      if (d < spec.shape_programs_size()) {
+        return EvaluateSize(spec.shape_programs(d), symbol_value);
+      }
+      return {};
+    };
+    // Saturates instead of wrapping: at 2^63 the output is past any limit.
+    constexpr unsigned __int128 kSaturated = uint64_t{1} << 63;
     unsigned __int128 bytes = DTypeSize(*dtype);
     for (int d = 0; d < spec.shape_size(); ++d) {
-      const int64_t size = size_of(d);
-      if (size < 0) {
+      const SizeValue size = size_of(d);
+      if (size.kind == SizeValue::Kind::kUnknown) {
         bytes = 0;  // Not known: not checked.
         break;
       }
-      // Saturates instead of wrapping: sizes are below 2^63.
-      bytes = std::min<unsigned __int128>(bytes * static_cast<uint64_t>(size), uint64_t{1} << 63);
+      const unsigned __int128 factor =
+          size.kind == SizeValue::Kind::kOverflow ? kSaturated : static_cast<uint64_t>(size.value);
+      bytes = std::min<unsigned __int128>(bytes * factor, kSaturated);
     }
     if (bytes <= options.max_output_bytes) continue;
-    std::vector<int64_t> shape;
-    for (int d = 0; d < spec.shape_size(); ++d) shape.push_back(size_of(d));
+    std::vector<std::string> shape;
+    for (int d = 0; d < spec.shape_size(); ++d) {
+      const SizeValue size = size_of(d);
+      shape.push_back(size.kind == SizeValue::Kind::kKnown ? absl::StrCat(size.value)
+                                                           : std::string("more than 2^63"));
+    }
     const int leaf = i < static_cast<int>(frame.tensor_leaves.size()) ? frame.tensor_leaves[i] : -1;
     const std::string name =
         leaf >= 0 ? frame.proto->outputs().leaves(leaf).name() : absl::StrCat("output", i);
     return absl::InvalidArgumentError(absl::StrCat(
         "output '", name, "' of this call would be ", DTypeName(*dtype), "[",
-        absl::StrJoin(shape, ", "), "], ", static_cast<uint64_t>(bytes),
+        absl::StrJoin(shape, ", "), "], ",
+        bytes >= kSaturated ? std::string("2^63 or more") : absl::StrCat(static_cast<uint64_t>(bytes)),
         " bytes: more than the ", options.max_output_bytes,
         " bytes a response may carry (--max_message_bytes); ask for smaller inputs"));
   }

@@ -329,6 +329,18 @@ def _outputs_proto(f: pb.Frame, frame: Frame, eager_program: str) -> None:
         f.outputs.tree_spec = str(returns)
 
 
+def size_program_proto(out: pb.SizeProgram, steps) -> None:
+    """Writes a size program (guards.size_program) into `out`."""
+    for kind, value in steps:
+        step = out.steps.add()
+        if kind == "constant":
+            step.constant = value
+        elif kind == "symbol":
+            step.symbol = value
+        else:
+            step.op = pb.SizeProgram.Op.Value(value)
+
+
 def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) -> pb.Manifest:
     m = pb.Manifest()
     m.format_version = pb.FORMAT_VERSION_2
@@ -362,11 +374,14 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
             guards_proto(vp, v.guards, [p.final_kind() for p in frame.params])
             vp.tensor_inputs.extend(v.tensor_inputs)
             vp.num_outputs = len(v.leaf_kinds)
-            for dtype, shape, symbols in v.outputs:
+            for dtype, shape, symbols, programs in v.outputs:
                 out = vp.outputs.add()
                 out.dtype = dtype_to_proto(dtype)
                 out.shape.extend(shape)
                 out.shape_symbols.extend(symbols)
+                if any(programs):
+                    for program in programs:
+                        size_program_proto(out.shape_programs.add(), program or [])
             vp.captured_from = v.captured_from
         f.eager_fallback = frame.eager_fallback
         if frame.fallback_cause is not None:

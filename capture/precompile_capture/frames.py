@@ -166,8 +166,9 @@ class Variant:
     # Per value run() returns: whether it is a tensor (a leaf of the outputs).
     leaf_kinds: Tuple[bool, ...]
     # Tensor leaves: (dtype, shape with -1 dynamic, the symbol id of each
-    # dynamic dimension or -1).
-    outputs: List[Tuple[torch.dtype, List[int], List[int]]]
+    # dynamic dimension or -1, the size program of each dimension that is an
+    # expression of symbols or None); see guards.output_specs.
+    outputs: List[Tuple[torch.dtype, List[int], List[int], List[Optional[list]]]]
     captured_from: str
     compile_seconds: float
 

@@ -468,23 +468,95 @@ def _related_symbols(ep: torch.export.ExportedProgram) -> Callable[[sympy.Symbol
     return find
 
 
+# One step of a SizeProgram (proto/artifact.proto): ("constant", value),
+# ("symbol", guard symbol id) or ("op", name of SizeProgram.Op).
+SizeStep = Tuple[str, Any]
+
+
+def size_program(expr: sympy.Expr, ids: Dict[str, int]) -> Optional[List[SizeStep]]:
+    """`expr`, an integer expression of size symbols, as a postfix program
+    over the guards' symbol ids; None when it uses what a program cannot say
+    (a symbol the guards do not bind, a fraction, a float function)."""
+    from torch.utils._sympy import functions as F
+
+    steps: List[SizeStep] = []
+
+    def fold(args, op) -> bool:
+        if not emit(args[0]):
+            return False
+        for a in args[1:]:
+            if not emit(a):
+                return False
+            steps.append(("op", op))
+        return True
+
+    def emit(e) -> bool:
+        if e.is_Integer:
+            steps.append(("constant", int(e)))
+            return True
+        if e.is_Symbol:
+            if str(e) not in ids:
+                return False
+            steps.append(("symbol", ids[str(e)]))
+            return True
+        if isinstance(e, sympy.Add):
+            return fold(e.args, "ADD")
+        if isinstance(e, sympy.Mul):
+            return fold(e.args, "MUL")
+        if isinstance(e, (sympy.Max, F.Max)):
+            return fold(e.args, "MAX")
+        if isinstance(e, (sympy.Min, F.Min)):
+            return fold(e.args, "MIN")
+        if isinstance(e, F.FloorDiv):
+            return fold(e.args, "FLOOR_DIV")
+        if isinstance(e, (F.PythonMod, F.Mod, sympy.Mod)):
+            return fold(e.args, "MOD")
+        if isinstance(e, F.CeilDiv):  # -((-a) // b)
+            a, b = e.args
+            if not emit(a):
+                return False
+            steps.extend([("constant", -1), ("op", "MUL")])
+            if not emit(b):
+                return False
+            steps.extend([("op", "FLOOR_DIV"), ("constant", -1), ("op", "MUL")])
+            return True
+        if isinstance(e, F.ModularIndexing):  # (x // div) % mod
+            if not fold(e.args[:2], "FLOOR_DIV") or not emit(e.args[2]):
+                return False
+            steps.append(("op", "MOD"))
+            return True
+        if isinstance(e, (sympy.Pow, F.PowByNatural)):
+            base, exponent = e.args
+            if not exponent.is_Integer or not 1 <= int(exponent) <= 8:
+                return False
+            return fold([base] * int(exponent), "MUL")
+        if isinstance(e, F.Identity):
+            return emit(e.args[0])
+        return False
+
+    return steps if emit(expr) else None
+
+
 def output_specs(
     ep: torch.export.ExportedProgram, guards: GuardSet
-) -> List[Tuple[torch.dtype, List[int], List[int]]]:
-    """(dtype, shape, symbols) of each output tensor: -1 in `shape` for a
-    dimension that is symbolic; in `symbols`, the guards' symbol id that such
-    a dimension equals, or -1 (static, or an expression of symbols)."""
+) -> List[Tuple[torch.dtype, List[int], List[int], List[Optional[List[SizeStep]]]]]:
+    """(dtype, shape, symbols, programs) of each output tensor: -1 in
+    `shape` for a dimension that is symbolic; in `symbols`, the guards'
+    symbol id that such a dimension equals, or -1 (static, or an expression
+    of symbols); in `programs`, such an expression as a size program
+    (size_program), or None."""
     # A guard symbol's name joins the export's names of the symbols it stands
     # for ("s6=s27", see extract_guards).
     ids = {name: r.symbol for r in guards.symbols for name in r.name.split("=")}
     nodes = {n.name: n for n in ep.graph.nodes}
-    specs: List[Tuple[torch.dtype, List[int], List[int]]] = []
+    specs = []
     for s in ep.graph_signature.output_specs:
         if s.kind.name != "USER_OUTPUT" or not isinstance(s.arg, TensorArgument):
             continue
         fake = nodes[s.arg.name].meta["val"]
-        shape, symbols = [], []
+        shape, symbols, programs = [], [], []
         for size in fake.shape:
+            program = None
             if isinstance(size, int):
                 shape.append(size)
                 symbols.append(-1)
@@ -493,6 +565,10 @@ def output_specs(
                 symbols.append(-1)
             else:
                 shape.append(-1)
-                symbols.append(ids.get(str(size.node.expr), -1))
-        specs.append((fake.dtype, shape, symbols))
+                symbol = ids.get(str(size.node.expr), -1)
+                symbols.append(symbol)
+                if symbol < 0:
+                    program = size_program(size.node.expr, ids)
+            programs.append(program)
+        specs.append((fake.dtype, shape, symbols, programs))
     return specs

@@ -47,6 +47,7 @@ def server(tmp_path_factory):
     for name in ("mlp", "loop"):
         copy_tree(built(BIN / "examples" / name), root / "repository" / name / "1")
     copy_tree(built(BIN / "gallery" / "gpt2"), root / "repository" / "gpt2" / "1")
+    copy_tree(built(BIN / "tests" / "output_sizes" / "tiles"), root / "repository" / "tiles" / "1")
     # The same program with a shorter limit of its own.
     copy_tree(built(BIN / "examples" / "loop"), root / "repository" / "loop_quick" / "1")
     (root / "repository" / "loop_quick" / "config.pbtxt").write_text(
@@ -252,6 +253,30 @@ def test_outputs_larger_than_a_response_may_carry_are_refused_before_the_model_r
             request.raw_input_contents.append(small.tobytes())
         response = stub.ModelInfer(request, timeout=60)
         assert list(response.outputs[0].shape) == [2, 8, 1000]
+    assert_still_serving(server)
+
+
+def test_outputs_whose_sizes_are_expressions_of_the_inputs_are_checked_too(server):
+    # tiles returns cat([x, 2x]) and x.reshape(-1): 2 * batch rows and
+    # 4 * batch values, sizes the capture records as expressions of the
+    # batch. 625 KB of input ask for 1.25 MB of output, past this server's
+    # 1 MiB responses.
+    def call(batch):
+        request = inference_pb2.ModelInferRequest(model_name="tiles")
+        request.inputs.add(name="x", datatype="FP32", shape=[batch, 4])
+        request.raw_input_contents.append(np.ones((batch, 4), np.float32).tobytes())
+        return stub.ModelInfer(request, timeout=60)
+
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            call(40_000)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert ("output 'output0' of this call would be float32[80000, 4], 1280000 bytes: "
+                f"more than the {MAX_BODY} bytes a response may carry") in refused.value.details()
+        response = call(20_000)
+        assert [list(o.shape) for o in response.outputs] == [[40000, 4], [80000]]
+        assert response.parameters["precompile_outcome"].string_param == "variant"
     assert_still_serving(server)
 
 
