@@ -69,7 +69,7 @@ class HttpInferCall final : public RequestScheduler::Job, public InferenceApi::C
         received_(absl::Now()) {}
 
   Next Run() override {
-    std::optional<absl::Status> answer = api_.Infer(*this, received_, /*defer_eager=*/true);
+    std::optional<absl::Status> answer = api_.Infer(*this, received_);
     if (!answer) return Next::kEager;
     status_ = *std::move(answer);
     return Next::kDone;

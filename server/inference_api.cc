@@ -308,15 +308,14 @@ struct InferenceApi::RequestState {
 InferenceApi::Call::Call() = default;
 InferenceApi::Call::~Call() = default;
 
-std::optional<absl::Status> InferenceApi::Infer(Call& call, absl::Time received,
-                                                bool defer_eager) {
+std::optional<absl::Status> InferenceApi::Infer(Call& call, absl::Time received) {
   auto state = std::make_unique<RequestState>(received);
   RequestState& s = *state;
   bool deferred = false;
   absl::Status status = Guarded(s, [&] {
     absl::Status decoded = Decode(call, s);
     if (!decoded.ok()) return decoded;
-    return RunModel(call, s, defer_eager, &deferred);
+    return RunModel(call, s, &deferred);
   });
   if (deferred && status.ok()) {
     call.pending_ = std::move(state);
@@ -335,7 +334,7 @@ absl::Status InferenceApi::InferEager(Call& call) {
   const absl::Time resumed = absl::Now();
   s.timing.queue += resumed - s.model_start;
   s.model_start = resumed;
-  absl::Status status = Guarded(s, [&] { return RunModel(call, s, false, nullptr); });
+  absl::Status status = Guarded(s, [&] { return RunModel(call, s, nullptr); });
   return Finish(s, std::move(status));
 }
 
@@ -498,8 +497,7 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
   return absl::OkStatus();
 }
 
-absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool defer_eager,
-                                    bool* deferred) {
+absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool* deferred) {
   // Polled before each frame runs and in eager programs' loops: a request
   // whose client has gone, or that ran past its deadline or the server's
   // limit, stops there instead of running on.
@@ -507,7 +505,7 @@ absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool defer_eage
   context.cancelled = [&call, deadline = s.deadline] {
     return call.Cancelled() || absl::Now() >= deadline;
   };
-  context.defer_entry_eager = defer_eager;
+  context.defer_entry_eager = deferred != nullptr;
   s.stage = "running the model";
   absl::StatusOr<CallResult> result = s.handle.model->Call(s.args, context);
   const absl::Time called = absl::Now();

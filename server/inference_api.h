@@ -83,12 +83,12 @@ class InferenceApi {
   // RESOURCE_EXHAUSTED (out of memory) or INTERNAL, naming the stage, never
   // the exception's text.
   //
-  // With `defer_eager`, a request whose entry frame misses and would run
-  // its eager program stops before it and returns nullopt: `call` then
-  // holds what the rest needs, and InferEager(call), on any thread, runs
-  // the program and returns the answer. The wait between counts as queueing
-  // in the model's statistics.
-  std::optional<absl::Status> Infer(Call& call, absl::Time received, bool defer_eager)
+  // A request whose entry frame misses and would run its eager program
+  // stops before it and returns nullopt: `call` then holds what the rest
+  // needs, and InferEager(call), on any thread, runs the program and returns
+  // the answer. The wait between counts as queueing in the model's
+  // statistics.
+  std::optional<absl::Status> Infer(Call& call, absl::Time received)
       ABSL_LOCKS_EXCLUDED(log_mu_);
   absl::Status InferEager(Call& call) ABSL_LOCKS_EXCLUDED(log_mu_);
 
@@ -110,10 +110,10 @@ class InferenceApi {
 
  private:
   // Infer's stages. Decode: the request into the entry's arguments.
-  // RunModel: the call (stopping at an eager miss when `defer_eager`, and
-  // then setting *deferred) and the answer's encoding.
+  // RunModel: the call (stopping at an eager miss when `deferred` is not
+  // null, and then setting it) and the answer's encoding.
   absl::Status Decode(Call& call, RequestState& s);
-  absl::Status RunModel(Call& call, RequestState& s, bool defer_eager, bool* deferred);
+  absl::Status RunModel(Call& call, RequestState& s, bool* deferred);
   // Runs `stages`, answering what they throw.
   static absl::Status Guarded(RequestState& s, absl::FunctionRef<absl::Status()> stages);
   // Logs a failure and records the request in its model's metrics.

@@ -59,8 +59,7 @@ class InferenceService::InferCall final : public RequestScheduler::Job,
   }
 
   Next Run() override {
-    std::optional<absl::Status> answer =
-        service_->api_.Infer(*this, received, /*defer_eager=*/true);
+    std::optional<absl::Status> answer = service_->api_.Infer(*this, received);
     if (!answer) return Next::kEager;
     status = ToGrpcStatus(*answer);
     return Next::kDone;
