@@ -2,12 +2,29 @@
 
 #include <algorithm>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/log_text.h"
 #include "spdlog/spdlog.h"
 
 namespace precompile::server {
+
+namespace {
+
+// The last barrier around a job's parts: a job that threw would otherwise
+// keep its slot and its place in flight for ever (every request then hangs
+// and the drain fails), or end the process on a thread that cannot unwind
+// further.
+void RunCaught(absl::FunctionRef<void()> part) {
+  try {
+    part();
+  } catch (...) {
+    spdlog::error("event=job_threw what=\"{}\"", DescribeCaughtException().what);
+  }
+}
+
+}  // namespace
 
 RequestScheduler::RequestScheduler(int run_slots, int max_in_flight, int64_t max_in_flight_bytes,
                                    EagerThreads eager)
@@ -86,26 +103,15 @@ void RequestScheduler::RunWhileWork(Job* job) {
 }
 
 void RequestScheduler::RunJob(Job* job) {
-  // The last barrier: a job that threw would otherwise keep its slot and its
-  // place in flight for ever (every request then hangs and the drain fails),
-  // or end the process on a thread that cannot unwind further.
   Job::Next next = Job::Next::kDone;
-  try {
-    next = job->Run();
-  } catch (...) {
-    spdlog::error("event=job_threw what=\"{}\"", DescribeCaughtException().what);
-  }
+  RunCaught([&] { next = job->Run(); });
   if (next == Job::Next::kDone) return Finish(job);
   if (eager_ == nullptr) return RunEager(job);
   eager_->Post([this, job] { RunEager(job); });
 }
 
 void RequestScheduler::RunEager(Job* job) {
-  try {
-    job->RunEager();
-  } catch (...) {
-    spdlog::error("event=job_threw what=\"{}\"", DescribeCaughtException().what);
-  }
+  RunCaught([&] { job->RunEager(); });
   Finish(job);
 }
 
