@@ -84,6 +84,7 @@ class LoadedVersion::Impl final : public FrameCaller {
     Outcome outcome = Outcome::kVariant;
     const std::string* variant_id = nullptr;
     bool eager_deferred = false;
+    bool no_variant = false;
   };
 
   Artifact artifact;
@@ -471,6 +472,9 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
                           default_dtype.value_or(DType::kFloat32)};
   const int hit = frame.dispatcher->Match(views, state);
 
+  if (is_entry && hit >= 0 && context != nullptr && context->match_only) {
+    return FrameResult{{}, Outcome::kVariant, &frame.proto->variants(hit).id()};
+  }
   if (hit >= 0) {
     absl::Status checked = is_entry ? CheckOutputSizes(frame, hit, views)
                                     : CheckIndexRanges(*frame.proto, args);
@@ -495,6 +499,9 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     return FrameResult{*std::move(out), Outcome::kVariant, &v.id()};
   }
 
+  if (is_entry && context != nullptr && (context->variant_only || context->match_only)) {
+    return FrameResult{{}, Outcome::kRefused, nullptr, false, /*no_variant=*/true};
+  }
   if (!frame.proto->eager_fallback()) {
     const MissExplanation why = Explain(frame, views, state);
     absl::Status refusal = absl::FailedPreconditionError(Refusal(frame, why));
@@ -679,6 +686,7 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   CallResult call_result;
   call_result.outcome = result.outcome;
   call_result.eager_deferred = result.eager_deferred;
+  call_result.no_variant = result.no_variant;
   if (result.variant_id) call_result.variant_id = *result.variant_id;
   absl::StatusOr<std::vector<OutputTensor>> converted =
       HostOutputs(std::move(result.outputs), bound.request_tensors);

@@ -143,6 +143,16 @@ class LoadedVersion {
     // A server moves misses to threads of their own this way
     // (server/request_scheduler.h); the entry's guards are evaluated twice.
     bool defer_entry_eager = false;
+    // When set, a call whose entry frame no variant matches returns without
+    // running anything: CallResult::no_variant, no outputs, nothing recorded
+    // (no miss, warning, refusal or frame call). A server tries a merged
+    // batch of requests this way, and runs them one by one when it misses
+    // (server/dynamic_batching.h).
+    bool variant_only = false;
+    // When set, the call stops once the entry's guards are evaluated:
+    // CallResult::variant_id names the variant that would run, or
+    // no_variant is set; nothing runs and nothing is recorded.
+    bool match_only = false;
   };
   absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args,
                                   const CallContext& context);

@@ -193,6 +193,60 @@ TEST(LoadedVersion, ADeferredMissStopsBeforeItsEagerProgramAndRecordsNothing) {
   EXPECT_EQ(model->Warnings().size(), 1u);
 }
 
+TEST(LoadedVersion, AVariantOnlyCallRunsAHitAndStopsAtAMissRecordingNothing) {
+  LogCapture logs;
+  auto model = Load("mlp");
+  ASSERT_NE(model, nullptr);
+  LoadedVersion::CallContext variant_only;
+  variant_only.variant_only = true;
+  // Batch 1 is refused by a plain call; here it stops before the refusal.
+  ReferenceCall batch1 = Reference("mlp", "batch1");
+  absl::StatusOr<CallResult> missed = model->Call(batch1.args, variant_only);
+  ASSERT_TRUE(missed.ok()) << missed.status();
+  EXPECT_TRUE(missed->no_variant);
+  EXPECT_TRUE(missed->outputs.empty());
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kRefused), 0u);
+  EXPECT_TRUE(model->Misses().empty());
+
+  ReferenceCall batch16 = Reference("mlp", "batch16");
+  absl::StatusOr<CallResult> hit = model->Call(batch16.args, variant_only);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_FALSE(hit->no_variant);
+  EXPECT_EQ(hit->variant_id, "forward#1");
+  ASSERT_EQ(hit->outputs.size(), 1u);
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kVariant), 1u);
+
+  // A flagged frame's miss stops before its eager program, and warns nothing.
+  auto loop = Load("loop");
+  ASSERT_NE(loop, nullptr);
+  absl::StatusOr<CallResult> eager = loop->Call(Reference("loop", "n1").args, variant_only);
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  EXPECT_TRUE(eager->no_variant);
+  EXPECT_EQ(Calls(*loop, "forward", Outcome::kEagerFallback), 0u);
+  EXPECT_TRUE(loop->Warnings().empty());
+  EXPECT_EQ(logs.Count("frame 'forward' runs eagerly"), 0);
+}
+
+TEST(LoadedVersion, AMatchOnlyCallNamesTheVariantWithoutRunningIt) {
+  auto model = Load("mlp");
+  ASSERT_NE(model, nullptr);
+  LoadedVersion::CallContext match_only;
+  match_only.match_only = true;
+  absl::StatusOr<CallResult> batch8 = model->Call(Reference("mlp", "batch8").args, match_only);
+  ASSERT_TRUE(batch8.ok()) << batch8.status();
+  EXPECT_EQ(batch8->variant_id, "forward#0");
+  EXPECT_TRUE(batch8->outputs.empty());
+  absl::StatusOr<CallResult> batch5 = model->Call(Reference("mlp", "batch5").args, match_only);
+  ASSERT_TRUE(batch5.ok()) << batch5.status();
+  EXPECT_EQ(batch5->variant_id, "forward#1");
+  absl::StatusOr<CallResult> batch1 = model->Call(Reference("mlp", "batch1").args, match_only);
+  ASSERT_TRUE(batch1.ok()) << batch1.status();
+  EXPECT_TRUE(batch1->no_variant);
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kVariant), 0u);
+  EXPECT_EQ(Calls(*model, "forward", Outcome::kRefused), 0u);
+  EXPECT_EQ(Hits(*model, "forward#0"), 0u);
+}
+
 TEST(LoadedVersion, ServesADataDependentBranchEagerly) {
   auto model = Load("branch");
   ASSERT_NE(model, nullptr);

@@ -63,6 +63,9 @@ struct CallResult {
   // The entry's eager program did not run (LoadedVersion::CallContext::
   // defer_entry_eager); outcome is kEagerFallback.
   bool eager_deferred = false;
+  // No variant matched the entry and nothing ran (LoadedVersion::
+  // CallContext::variant_only); outcome is kRefused.
+  bool no_variant = false;
 };
 
 }  // namespace precompile
