@@ -34,7 +34,25 @@ RequestScheduler::RequestScheduler(int run_slots, int max_in_flight, int64_t max
       eager_(eager.threads > 0 ? std::make_unique<EagerExecutor>(eager.threads, eager.nice)
                                : nullptr) {}
 
-RequestScheduler::~RequestScheduler() { eager_.reset(); }
+RequestScheduler::~RequestScheduler() {
+  std::thread timer;
+  std::vector<std::vector<Job*>> left;
+  {
+    std::lock_guard<std::mutex> lock(batch_mu_);
+    stopping_ = true;
+    timer = std::move(batch_timer_);
+    for (auto& [key, open] : open_batches_) left.push_back(std::move(open.members));
+    open_batches_.clear();
+    BatchesChanged();
+  }
+  batch_changed_.notify_all();
+  if (timer.joinable()) timer.join();
+  for (std::vector<Job*>& batch : left) {
+    batch_waiting_.fetch_sub(static_cast<int>(batch.size()));
+    RunBatch(std::move(batch));
+  }
+  eager_.reset();
+}
 
 absl::Status RequestScheduler::Submit(Job* job, int64_t request_bytes) {
   const int now = in_flight_.fetch_add(1) + 1;
@@ -58,6 +76,7 @@ absl::Status RequestScheduler::Submit(Job* job, int64_t request_bytes) {
     RunWhileWork(job);
     return absl::OkStatus();
   }
+  job->queued_ns_ = absl::ToUnixNanos(absl::Now());
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     queue_.push_back(job);
@@ -87,14 +106,31 @@ RequestScheduler::Job* RequestScheduler::PopQueued() {
   return job;
 }
 
+RequestScheduler::Job* RequestScheduler::PopWork(std::vector<Job*>& batch) {
+  if (!AnyBatchDue()) return PopQueued();
+  int64_t head_ns = INT64_MAX;
+  if (queued_.load() > 0) {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!queue_.empty()) head_ns = queue_.front()->queued_ns_;
+  }
+  if (TakeDueBatch(head_ns, batch)) return nullptr;
+  return PopQueued();
+}
+
 void RequestScheduler::RunWhileWork(Job* job) {
+  std::vector<Job*> batch;
   while (true) {
-    if (job == nullptr) job = PopQueued();
+    if (job == nullptr) job = PopWork(batch);
+    if (!batch.empty()) {
+      RunBatch(std::move(batch));
+      batch.clear();
+      continue;
+    }
     if (job == nullptr) {
       running_.fetch_sub(1);
-      // A job queued after PopQueued looked, while every slot seemed taken,
-      // would wait for nobody: take a slot again for it.
-      if (queued_.load() == 0 || !TakeRunSlot()) return;
+      // Work queued, or a batch come due, after PopWork looked, while every
+      // slot seemed taken, would wait for nobody: take a slot again for it.
+      if ((queued_.load() == 0 && !AnyBatchDue()) || !TakeRunSlot()) return;
       continue;
     }
     RunJob(job);
@@ -105,9 +141,135 @@ void RequestScheduler::RunWhileWork(Job* job) {
 void RequestScheduler::RunJob(Job* job) {
   Job::Next next = Job::Next::kDone;
   RunCaught([&] { next = job->Run(); });
-  if (next == Job::Next::kDone) return Finish(job);
+  if (next != Job::Next::kBatch) return Continue(job, next);
+  for (std::vector<Job*>& batch : JoinBatch(job)) RunBatch(std::move(batch));
+}
+
+void RequestScheduler::Continue(Job* job, Job::Next next) {
+  if (next != Job::Next::kEager) return Finish(job);
   if (eager_ == nullptr) return RunEager(job);
   eager_->Post([this, job] { RunEager(job); });
+}
+
+std::vector<std::vector<RequestScheduler::Job*>> RequestScheduler::JoinBatch(Job* job) {
+  std::vector<std::vector<Job*>> ready;
+  const BatchTicket* ticket = job->batch_ticket();
+  if (ticket == nullptr) {
+    spdlog::error("event=job_without_batch_ticket");
+    Finish(job);
+    return ready;
+  }
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lock(batch_mu_);
+    if (!batch_timer_.joinable() && !stopping_) {
+      batch_timer_ = std::thread([this] { TimeBatches(); });
+    }
+    auto take = [&](OpenBatch& open) {
+      batch_waiting_.fetch_sub(static_cast<int>(open.members.size()));
+      ready.push_back(std::move(open.members));
+      open = OpenBatch{};
+    };
+    OpenBatch& open = open_batches_[ticket->key];
+    // A request that would make the batch too large runs it as it is, and
+    // opens the next.
+    if (!open.members.empty() && open.rows + ticket->rows > ticket->max_rows) take(open);
+    if (open.members.empty()) {
+      open.opened_ns = now;
+      open.due_ns = no_batch_delay_ ? now : now + absl::ToInt64Nanoseconds(ticket->max_delay);
+      notify = true;
+    }
+    if (ticket->deadline < absl::InfiniteFuture()) {
+      open.due_ns = std::min(open.due_ns, absl::ToUnixNanos(ticket->deadline));
+      notify = true;
+    }
+    open.members.push_back(job);
+    open.rows += ticket->rows;
+    batch_waiting_.fetch_add(1);
+    if (open.rows >= ticket->full_rows) take(open);
+    if (open.members.empty()) open_batches_.erase(ticket->key);
+    // A batch that left may have been the earliest due; one that came or
+    // got an earlier deadline only moves the earliest forward.
+    if (!ready.empty()) {
+      BatchesChanged();
+    } else if (open.due_ns < earliest_due_ns_.load()) {
+      earliest_due_ns_.store(open.due_ns);
+    }
+  }
+  if (notify) batch_changed_.notify_all();
+  return ready;
+}
+
+void RequestScheduler::StopWaitingForBatches() {
+  {
+    std::lock_guard<std::mutex> lock(batch_mu_);
+    no_batch_delay_ = true;
+    const int64_t now = absl::ToUnixNanos(absl::Now());
+    for (auto& [key, open] : open_batches_) open.due_ns = std::min(open.due_ns, now);
+    BatchesChanged();
+  }
+  batch_changed_.notify_all();
+}
+
+void RequestScheduler::BatchesChanged() {
+  int64_t earliest = INT64_MAX;
+  for (const auto& [key, open] : open_batches_) earliest = std::min(earliest, open.due_ns);
+  earliest_due_ns_.store(earliest);
+}
+
+bool RequestScheduler::AnyBatchDue() const {
+  const int64_t due = earliest_due_ns_.load();
+  return due != INT64_MAX && due <= absl::ToUnixNanos(absl::Now());
+}
+
+bool RequestScheduler::TakeDueBatch(int64_t before_ns, std::vector<Job*>& batch) {
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  std::lock_guard<std::mutex> lock(batch_mu_);
+  auto first = open_batches_.end();
+  for (auto it = open_batches_.begin(); it != open_batches_.end(); ++it) {
+    const OpenBatch& open = it->second;
+    if (open.due_ns > now || open.opened_ns >= before_ns) continue;
+    if (first == open_batches_.end() || open.opened_ns < first->second.opened_ns) first = it;
+  }
+  if (first == open_batches_.end()) {
+    // Nothing due: the earliest due may have left without a word.
+    BatchesChanged();
+    return false;
+  }
+  batch = std::move(first->second.members);
+  batch_waiting_.fetch_sub(static_cast<int>(batch.size()));
+  open_batches_.erase(first);
+  BatchesChanged();
+  return true;
+}
+
+void RequestScheduler::TimeBatches() {
+  std::unique_lock<std::mutex> lock(batch_mu_);
+  while (!stopping_) {
+    const int64_t due = earliest_due_ns_.load();
+    if (due == INT64_MAX) {
+      batch_changed_.wait(lock);
+      continue;
+    }
+    if (absl::ToUnixNanos(absl::Now()) < due) {
+      batch_changed_.wait_until(lock, absl::ToChronoTime(absl::FromUnixNanos(due)));
+      continue;
+    }
+    lock.unlock();
+    const bool ran = TakeRunSlot();
+    if (ran) RunWhileWork(nullptr);
+    lock.lock();
+    // Every slot is busy: a slot's thread takes the batch when it finishes
+    // its job. Look again a little later all the same.
+    if (!ran && !stopping_) batch_changed_.wait_for(lock, std::chrono::milliseconds(1));
+  }
+}
+
+void RequestScheduler::RunBatch(std::vector<Job*> members) {
+  std::vector<Job::Next> next(members.size(), Job::Next::kDone);
+  RunCaught([&] { members.front()->RunBatch(members, absl::MakeSpan(next)); });
+  for (size_t i = 0; i < members.size(); ++i) Continue(members[i], next[i]);
 }
 
 void RequestScheduler::RunEager(Job* job) {

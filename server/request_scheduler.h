@@ -24,6 +24,17 @@
 // queued requests. So a hit never queues behind a miss, a miss never waits
 // inside another, and no thread waits for a miss holding a slot.
 //
+// A request to a model that batches (server/dynamic_batching.h) joins an
+// open batch of requests with the same key when Run() says so (kBatch): it
+// gives its slot back, like a miss, and waits there until the batch is
+// full (its rows reach the ticket's full_rows), until the batch's delay
+// passes while a slot is free, or until a request that would not fit
+// comes. Then one slot runs the whole batch (RunBatch). Requests queued
+// before a batch opened run first, and may join it; a batch whose delay
+// passed runs before those queued after it opened. So with a delay of zero
+// a batch gathers what was queued when it opened, and a batch's first
+// request waits at most its delay beyond the work queued before it.
+//
 // Thread safety: all methods may be called concurrently.
 #ifndef PRECOMPILE_SERVER_REQUEST_SCHEDULER_H_
 #define PRECOMPILE_SERVER_REQUEST_SCHEDULER_H_
@@ -34,8 +45,13 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/eager_executor.h"
@@ -47,6 +63,20 @@ namespace precompile::server {
 struct EagerThreads {
   int threads = 0;
   int nice = 0;
+};
+
+// What a request waiting for a batch says of it.
+struct BatchTicket {
+  // Requests with equal keys may run as one.
+  std::string key;
+  int64_t rows = 1;
+  // The most rows a batch may have, and those at which it runs at once.
+  int64_t max_rows = 1;
+  int64_t full_rows = 1;
+  // How long the batch waits for more after its first request joined.
+  absl::Duration max_delay;
+  // The batch runs by then at the latest (the request's own deadline).
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 class RequestScheduler {
@@ -64,11 +94,19 @@ class RequestScheduler {
   // what it threw, and the job still leaves the in-flight count, gives back
   // its run slot and is Complete()d: so a job must hold a failed answer
   // from its start (an internal error) until it gives it a real one.
+  //
+  // Run() may also say kBatch: the job waits for a batch, as batch_ticket()
+  // then says. Once its batch runs, the first job's RunBatch(members, next)
+  // runs all of them (`members`, in the order they joined, the job itself
+  // first; each job's ticket had the same key) and says in `next` what
+  // follows for each: kDone, or kEager as after Run().
   class Job {
    public:
-    enum class Next { kDone, kEager };
+    enum class Next { kDone, kEager, kBatch };
     virtual Next Run() = 0;
     virtual void RunEager() {}
+    virtual const BatchTicket* batch_ticket() const { return nullptr; }
+    virtual void RunBatch(absl::Span<Job* const> members, absl::Span<Next> next) {}
     virtual void Complete() = 0;
 
    protected:
@@ -77,12 +115,14 @@ class RequestScheduler {
    private:
     friend class RequestScheduler;
     int64_t request_bytes_ = 0;  // What it counts against max_in_flight_bytes.
+    int64_t queued_ns_ = 0;  // When it entered the queue (absl::ToUnixNanos).
   };
 
   // REQUIRES: run_slots >= 1, max_in_flight >= 0, max_in_flight_bytes >= 0.
   RequestScheduler(int run_slots, int max_in_flight, int64_t max_in_flight_bytes = 0,
                    EagerThreads eager = {});
-  // Runs the eager misses already handed over, then joins their threads.
+  // Runs the batches still open and the eager misses already handed over,
+  // then joins their threads.
   ~RequestScheduler();
   RequestScheduler(const RequestScheduler&) = delete;
   RequestScheduler& operator=(const RequestScheduler&) = delete;
@@ -92,6 +132,11 @@ class RequestScheduler {
   // nothing and returns what the request is answered: RESOURCE_EXHAUSTED,
   // naming the limit.
   absl::Status Submit(Job* job, int64_t request_bytes = 0);
+
+  // From now on no batch waits for more requests: those open are due now,
+  // and later ones as they open. A draining server calls it first, so that
+  // a batch's delay does not hold the drain up.
+  void StopWaitingForBatches();
 
   // Waits until no job is in flight, or until `deadline`: true if none is.
   bool AwaitIdle(absl::Time deadline);
@@ -107,18 +152,42 @@ class RequestScheduler {
   int queued() const { return queued_.load(); }
   // Eager misses handed over and not yet started on an eager thread.
   int eager_queued() const { return eager_ ? eager_->queued() : 0; }
+  // Requests waiting in open batches.
+  int batch_waiting() const { return batch_waiting_.load(); }
   int max_in_flight() const { return max_in_flight_; }
   int run_slots() const { return run_slots_; }
 
  private:
+  struct OpenBatch {
+    std::vector<Job*> members;
+    int64_t rows = 0;
+    int64_t opened_ns = 0;
+    int64_t due_ns = 0;  // When it runs even if not full.
+  };
   bool TakeRunSlot();
   Job* PopQueued();
-  // Holding a run slot: runs `job` (if not null), then queued jobs while
-  // there are any, and gives the slot back.
+  // The next work for a slot: the queue's first job, or a batch that is due
+  // and opened before that job was queued (then `batch` is filled).
+  Job* PopWork(std::vector<Job*>& batch);
+  // Holding a run slot: runs `job` (if not null), then queued work while
+  // there is any, and gives the slot back.
   void RunWhileWork(Job* job);
-  // Runs `job` through Run() and, unless the rest goes to an eager thread,
-  // Finish().
+  // Runs `job` through Run() and, unless the rest goes to an eager thread
+  // or a batch, Finish().
   void RunJob(Job* job);
+  // Adds `job` to its batch; returns the batches that are to run now.
+  std::vector<std::vector<Job*>> JoinBatch(Job* job);
+  // Runs a batch's jobs through RunBatch and what follows for each.
+  void RunBatch(std::vector<Job*> members);
+  // What follows Run() or RunBatch(): Finish(), or the eager part.
+  void Continue(Job* job, Job::Next next);
+  // Takes the due batch that opened first, if any opened before `before_ns`.
+  bool TakeDueBatch(int64_t before_ns, std::vector<Job*>& batch);
+  bool AnyBatchDue() const;
+  // Recomputes earliest_due_ns_, after a batch left.
+  void BatchesChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
+  // The batch timer's thread: runs due batches while a slot is free.
+  void TimeBatches();
   // RunEager() and Finish(), whatever RunEager throws.
   void RunEager(Job* job);
   // Finished() and Complete().
@@ -142,6 +211,17 @@ class RequestScheduler {
   std::atomic<int> idle_waiters_{0};
   std::mutex idle_mu_;
   std::condition_variable idle_;
+  // Open batches by key; earliest_due_ns_ is the earliest due_ns among
+  // them (INT64_MAX for none), read without the lock.
+  std::mutex batch_mu_;
+  absl::flat_hash_map<std::string, OpenBatch> open_batches_ ABSL_GUARDED_BY(batch_mu_);
+  std::atomic<int64_t> earliest_due_ns_{INT64_MAX};
+  std::atomic<int> batch_waiting_{0};
+  std::condition_variable batch_changed_;
+  bool stopping_ ABSL_GUARDED_BY(batch_mu_) = false;
+  bool no_batch_delay_ ABSL_GUARDED_BY(batch_mu_) = false;
+  // Started by the first batch.
+  std::thread batch_timer_ ABSL_GUARDED_BY(batch_mu_);
   // Last, so that it is destroyed first: its threads' work ends jobs, which
   // uses the members above.
   std::unique_ptr<EagerExecutor> eager_;

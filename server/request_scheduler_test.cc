@@ -469,5 +469,243 @@ TEST(RequestScheduler, ManyMissesAndHitsFromManyThreadsEachEndOnce) {
   }
 }
 
+// Joins batches of its key; the first member's RunBatch records the batch
+// (by the members' ids) and the thread it ran on.
+struct BatchLog {
+  std::mutex mu;
+  std::vector<std::vector<int>> batches;
+  std::vector<std::thread::id> threads;
+  std::vector<absl::Time> times;
+  std::vector<std::vector<int>> Batches() {
+    std::lock_guard<std::mutex> lock(mu);
+    return batches;
+  }
+};
+
+class BatchJob final : public RequestScheduler::Job {
+ public:
+  BatchJob(int id, BatchLog* log, std::string key, int64_t rows = 1) : id(id), log_(log) {
+    ticket.key = std::move(key);
+    ticket.rows = rows;
+    ticket.max_rows = 100;
+    ticket.full_rows = 100;
+    ticket.max_delay = absl::Hours(1);
+  }
+
+  Next Run() override { return Next::kBatch; }
+  const BatchTicket* batch_ticket() const override { return &ticket; }
+  void RunBatch(absl::Span<Job* const> members, absl::Span<Next> next) override {
+    std::vector<int> ids;
+    for (size_t i = 0; i < members.size(); ++i) {
+      auto* member = static_cast<BatchJob*>(members[i]);
+      ids.push_back(member->id);
+      if (member->eager) next[i] = Next::kEager;
+    }
+    {
+      std::lock_guard<std::mutex> lock(log_->mu);
+      log_->batches.push_back(ids);
+      log_->threads.push_back(std::this_thread::get_id());
+      log_->times.push_back(absl::Now());
+    }
+    if (throws) throw std::runtime_error("batch failed");
+  }
+  void RunEager() override { eager_thread = std::this_thread::get_id(); }
+  void Complete() override { completes.fetch_add(1); }
+
+  const int id;
+  BatchTicket ticket;
+  bool eager = false;
+  bool throws = false;
+  std::thread::id eager_thread;
+  std::atomic<int> completes{0};
+
+ private:
+  BatchLog* const log_;
+};
+
+TEST(RequestScheduler, AFullBatchRunsAtOnceOnTheThreadThatFilledIt) {
+  BatchLog log;
+  std::vector<std::unique_ptr<BatchJob>> jobs;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(std::make_unique<BatchJob>(i, &log, "m"));
+    jobs.back()->ticket.full_rows = 3;
+  }
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  ASSERT_TRUE(scheduler.Submit(jobs[0].get()).ok());
+  ASSERT_TRUE(scheduler.Submit(jobs[1].get()).ok());
+  EXPECT_TRUE(log.Batches().empty()) << "a batch waits until it is full or due";
+  EXPECT_EQ(scheduler.in_flight(), 2);
+  EXPECT_EQ(scheduler.batch_waiting(), 2);
+  ASSERT_TRUE(scheduler.Submit(jobs[2].get()).ok());
+  EXPECT_THAT(log.Batches(), ::testing::ElementsAre(std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(log.threads[0], std::this_thread::get_id());
+  EXPECT_EQ(scheduler.in_flight(), 0);
+  EXPECT_EQ(scheduler.batch_waiting(), 0);
+  for (const auto& job : jobs) EXPECT_EQ(job->completes.load(), 1);
+}
+
+TEST(RequestScheduler, RequestsQueuedBeforeABatchOpenedJoinItBeforeItRuns) {
+  BatchLog log;
+  Notification release;
+  RecordingJob blocking(&release);
+  std::vector<std::unique_ptr<BatchJob>> jobs;
+  for (int i = 0; i < 4; ++i) {
+    jobs.push_back(std::make_unique<BatchJob>(i, &log, "m"));
+    jobs.back()->ticket.max_delay = absl::ZeroDuration();
+  }
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  std::thread runner([&] { EXPECT_TRUE(scheduler.Submit(&blocking).ok()); });
+  blocking.started.WaitForNotification();
+  for (const auto& job : jobs) ASSERT_TRUE(scheduler.Submit(job.get()).ok());
+  EXPECT_EQ(scheduler.queued(), 4);
+  release.Notify();
+  runner.join();
+  ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(30)));
+  // With no delay, the batch is what was queued when it opened: all four.
+  EXPECT_THAT(log.Batches(), ::testing::ElementsAre(std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST(RequestScheduler, ARequestThatWouldOverflowABatchRunsItAndOpensTheNext) {
+  BatchLog log;
+  BatchJob three(0, &log, "m", 3), two(1, &log, "m", 2), other(2, &log, "m", 2);
+  for (BatchJob* job : {&three, &two, &other}) {
+    job->ticket.max_rows = 4;
+    job->ticket.full_rows = 4;
+  }
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  ASSERT_TRUE(scheduler.Submit(&three).ok());
+  ASSERT_TRUE(scheduler.Submit(&two).ok());
+  EXPECT_THAT(log.Batches(), ::testing::ElementsAre(std::vector<int>{0}));
+  ASSERT_TRUE(scheduler.Submit(&other).ok());
+  EXPECT_THAT(log.Batches(),
+              ::testing::ElementsAre(std::vector<int>{0}, std::vector<int>{1, 2}));
+  EXPECT_EQ(scheduler.in_flight(), 0);
+}
+
+TEST(RequestScheduler, RequestsWithDifferentKeysNeverShareABatch) {
+  BatchLog log;
+  BatchJob a0(0, &log, "a"), b(1, &log, "b"), a1(2, &log, "a");
+  for (BatchJob* job : {&a0, &b, &a1}) job->ticket.full_rows = 2;
+  {
+    RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+    ASSERT_TRUE(scheduler.Submit(&a0).ok());
+    ASSERT_TRUE(scheduler.Submit(&b).ok());
+    ASSERT_TRUE(scheduler.Submit(&a1).ok());
+    EXPECT_THAT(log.Batches(), ::testing::ElementsAre(std::vector<int>{0, 2}));
+    EXPECT_EQ(scheduler.batch_waiting(), 1);
+  }  // The scheduler runs the batches still open as it goes.
+  EXPECT_THAT(log.Batches(), ::testing::ElementsAre(std::vector<int>{0, 2}, std::vector<int>{1}));
+  EXPECT_EQ(b.completes.load(), 1);
+}
+
+TEST(RequestScheduler, AnOpenBatchRunsOnceItsDelayPasses) {
+  BatchLog log;
+  BatchJob job(0, &log, "m");
+  job.ticket.max_delay = absl::Milliseconds(30);
+  const absl::Time submitted = absl::Now();
+  {
+    RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+    ASSERT_TRUE(scheduler.Submit(&job).ok());
+    ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(30)));
+  }  // Joins the timer's thread: Complete() has returned.
+  ASSERT_EQ(log.Batches().size(), 1u);
+  EXPECT_NE(log.threads[0], std::this_thread::get_id());
+  EXPECT_GE(log.times[0] - submitted, absl::Milliseconds(30)) << "it waited for others";
+  EXPECT_EQ(job.completes.load(), 1);
+}
+
+TEST(RequestScheduler, ABatchRunsByItsEarliestMembersDeadline) {
+  BatchLog log;
+  BatchJob job(0, &log, "m");
+  job.ticket.deadline = absl::Now() + absl::Milliseconds(20);
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  ASSERT_TRUE(scheduler.Submit(&job).ok());
+  // Its delay is an hour: only the deadline can have run it.
+  ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(30)));
+  EXPECT_EQ(log.Batches().size(), 1u);
+}
+
+TEST(RequestScheduler, ADrainStopsBatchesWaiting) {
+  BatchLog log;
+  BatchJob open(0, &log, "m"), later(1, &log, "m");
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  ASSERT_TRUE(scheduler.Submit(&open).ok());
+  EXPECT_FALSE(scheduler.AwaitIdle(absl::Now() + absl::Milliseconds(50)))
+      << "its delay is an hour";
+  scheduler.StopWaitingForBatches();
+  ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(30)));
+  ASSERT_TRUE(scheduler.Submit(&later).ok());
+  ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(30)));
+  EXPECT_THAT(log.Batches(), ::testing::ElementsAre(std::vector<int>{0}, std::vector<int>{1}));
+}
+
+TEST(RequestScheduler, ABatchMemberMayGoOnAsAnEagerMiss) {
+  BatchLog log;
+  BatchJob hit(0, &log, "m"), miss(1, &log, "m");
+  for (BatchJob* job : {&hit, &miss}) job->ticket.full_rows = 2;
+  miss.eager = true;
+  {
+    RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0, 0, {/*threads=*/1, 0});
+    ASSERT_TRUE(scheduler.Submit(&hit).ok());
+    ASSERT_TRUE(scheduler.Submit(&miss).ok());
+    ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(30)));
+  }
+  EXPECT_EQ(hit.eager_thread, std::thread::id());
+  EXPECT_NE(miss.eager_thread, std::thread::id());
+  EXPECT_NE(miss.eager_thread, std::this_thread::get_id());
+  EXPECT_EQ(hit.completes.load(), 1);
+  EXPECT_EQ(miss.completes.load(), 1);
+}
+
+TEST(RequestScheduler, ABatchThatThrowsStillCompletesEveryMember) {
+  BatchLog log;
+  BatchJob first(0, &log, "m"), second(1, &log, "m");
+  for (BatchJob* job : {&first, &second}) job->ticket.full_rows = 2;
+  first.throws = true;
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  ASSERT_TRUE(scheduler.Submit(&first).ok());
+  ASSERT_TRUE(scheduler.Submit(&second).ok());
+  EXPECT_EQ(log.Batches().size(), 1u);
+  EXPECT_EQ(first.completes.load(), 1);
+  EXPECT_EQ(second.completes.load(), 1);
+  EXPECT_EQ(scheduler.in_flight(), 0);
+}
+
+TEST(RequestScheduler, ManyBatchesFromManyThreadsEachMemberRunsOnce) {
+  constexpr int kThreads = 4, kPerThread = 50;
+  BatchLog log;
+  std::vector<std::unique_ptr<BatchJob>> jobs;
+  for (int i = 0; i < kThreads * kPerThread; ++i) {
+    jobs.push_back(std::make_unique<BatchJob>(i, &log, i % 2 ? "odd" : "even"));
+    jobs.back()->ticket.full_rows = 3;
+    jobs.back()->ticket.max_delay = absl::Microseconds(200);
+  }
+  {
+    RequestScheduler scheduler(/*run_slots=*/2, /*max_in_flight=*/0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < kPerThread; ++i) {
+          EXPECT_TRUE(scheduler.Submit(jobs[t * kPerThread + i].get()).ok());
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(60)));
+  }
+  std::vector<int> seen(jobs.size());
+  for (const std::vector<int>& batch : log.Batches()) {
+    EXPECT_LE(batch.size(), 3u);
+    for (int id : batch) {
+      ++seen[id];
+      EXPECT_EQ(id % 2, batch[0] % 2) << "a batch mixes keys";
+    }
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(seen[i], 1) << i;
+    EXPECT_EQ(jobs[i]->completes.load(), 1) << i;
+  }
+}
+
 }  // namespace
 }  // namespace precompile::server
