@@ -9,6 +9,7 @@
 #include "base/json_text.h"
 #include "base/proto_json.h"
 #include "server/http_codec.h"
+#include "server/inference_job.h"
 
 namespace precompile::server {
 namespace {
@@ -58,32 +59,24 @@ HttpAnswer ModelAnswer(const InferenceApi& api, const HttpRoute& route,
 
 // One infer request over HTTP, run by the request scheduler like a gRPC one.
 // It answers its exchange when it completes, and deletes itself.
-class HttpInferCall final : public RequestScheduler::Job, public InferenceApi::Call {
+class HttpInferCall final : public InferenceJob {
  public:
   HttpInferCall(InferenceApi& api, HttpExchange& exchange, std::optional<size_t> header_length,
                 HttpRoute route)
-      : api_(api),
+      : InferenceJob(api),
         exchange_(exchange),
         header_length_(header_length),
-        route_(std::move(route)),
-        received_(absl::Now()) {}
+        route_(std::move(route)) {}
 
-  Next Run() override {
-    std::optional<absl::Status> answer = api_.Infer(*this, received_);
-    if (!answer) return Next::kEager;
-    status_ = *std::move(answer);
-    return Next::kDone;
-  }
-  void RunEager() override { status_ = api_.InferEager(*this); }
   void Complete() override {
     HttpExchange& exchange = exchange_;
     HttpAnswer answer;
-    if (!status_.ok()) {
-      answer = ErrorAnswer(status_);
+    if (!this->answer().ok()) {
+      answer = ErrorAnswer(this->answer());
     } else {
-      answer = {200, answer_.header_length ? kBinary : kJson, std::move(answer_.body), {}};
-      if (answer_.header_length) {
-        answer.fields.emplace_back(kHeaderLength, absl::StrCat(*answer_.header_length));
+      answer = {200, encoded_.header_length ? kBinary : kJson, std::move(encoded_.body), {}};
+      if (encoded_.header_length) {
+        answer.fields.emplace_back(kHeaderLength, absl::StrCat(*encoded_.header_length));
       }
     }
     delete this;
@@ -98,20 +91,16 @@ class HttpInferCall final : public RequestScheduler::Job, public InferenceApi::C
   bool Cancelled() override { return exchange_.cancelled(); }
   absl::Status Encode(const inference::ModelInferResponse& response,
                       std::vector<OutputTensor>& outputs) override {
-    answer_ = EncodeInferResponse(*request_, response, outputs);
+    encoded_ = EncodeInferResponse(*request_, response, outputs);
     return absl::OkStatus();
   }
 
  private:
-  InferenceApi& api_;
   HttpExchange& exchange_;
   const std::optional<size_t> header_length_;
   const HttpRoute route_;
-  const absl::Time received_;
   const inference::ModelInferRequest* request_ = nullptr;
-  // Until Run() answers: what the client gets if it never does.
-  absl::Status status_ = absl::InternalError("the request ended before it was answered");
-  HttpInferResponse answer_;
+  HttpInferResponse encoded_;
 };
 
 }  // namespace

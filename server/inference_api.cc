@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "base/log_text.h"
 #include "runtime/dtype.h"
+#include "server/dynamic_batching.h"
 #include "server/tensor_codec.h"
 
 namespace precompile::server {
@@ -199,17 +200,22 @@ absl::Status InferenceApi::ModelMetadata(const inference::ModelMetadataRequest& 
     response->add_versions(absl::StrCat(handle->version));
   }
   response->set_platform(kPlatform);
+  // A batching model's first dimension is its rows, of any number up to
+  // max_batch_size: -1, as Triton says.
+  const bool batching = handle->batching != nullptr;
   for (const TensorMeta& in : InputsOf(entry)) {
     auto* t = response->add_inputs();
     t->set_name(in.name);
     t->set_datatype(DatatypeOf(in.dtype));
     for (int64_t d : in.shape) t->add_shape(d);
+    if (batching && t->shape_size() > 0) t->set_shape(0, -1);
   }
   for (const TensorMeta& out : OutputsOf(entry)) {
     auto* t = response->add_outputs();
     t->set_name(out.name);
     t->set_datatype(DatatypeOf(out.dtype));
     for (int64_t d : out.shape) t->add_shape(d);
+    if (batching && t->shape_size() > 0) t->set_shape(0, -1);
   }
   return absl::OkStatus();
 }
@@ -224,8 +230,20 @@ absl::Status InferenceApi::ModelConfig(const inference::ModelConfigRequest& requ
   config->set_name(request.name());
   config->set_platform(kPlatform);
   config->set_backend("precompile");
-  // Requests carry whole tensors: the server does not batch them.
-  config->set_max_batch_size(0);
+  // A batching model's dims leave out the batch, as Triton's do; a model
+  // without batching takes whole tensors (max_batch_size 0).
+  const BatchingConfig* batching = handle->batching.get();
+  const size_t skipped = batching != nullptr ? 1 : 0;
+  config->set_max_batch_size(batching != nullptr ? static_cast<int32_t>(batching->max_batch_size)
+                                                 : 0);
+  if (batching != nullptr && batching->dynamic) {
+    inference::ModelDynamicBatching* dynamic = config->mutable_dynamic_batching();
+    for (const int64_t size : batching->preferred_batch_sizes) {
+      dynamic->add_preferred_batch_size(static_cast<int32_t>(size));
+    }
+    dynamic->set_max_queue_delay_microseconds(
+        static_cast<uint64_t>(absl::ToInt64Microseconds(batching->max_queue_delay)));
+  }
   VersionPolicy policy;
   for (const ModelState& state : repository_.List()) {
     if (state.name == request.name()) policy = state.policy;
@@ -246,14 +264,14 @@ absl::Status InferenceApi::ModelConfig(const inference::ModelConfigRequest& requ
     auto* t = config->add_input();
     t->set_name(in.name);
     t->set_data_type(ConfigDataTypeOf(in.dtype));
-    for (int64_t d : in.shape) t->add_dims(d);
+    for (size_t d = skipped; d < in.shape.size(); ++d) t->add_dims(in.shape[d]);
     t->set_optional(in.optional);
   }
   for (const TensorMeta& out : OutputsOf(entry)) {
     auto* t = config->add_output();
     t->set_name(out.name);
     t->set_data_type(ConfigDataTypeOf(out.dtype));
-    for (int64_t d : out.shape) t->add_dims(d);
+    for (size_t d = skipped; d < out.shape.size(); ++d) t->add_dims(out.shape[d]);
   }
   auto* group = config->add_instance_group();
   group->set_name(request.name());
@@ -301,8 +319,12 @@ struct InferenceApi::RequestState {
   absl::InlinedVector<const std::string*, 8> output_names;
   std::vector<bool> wanted;
   // Since when the model's time counts (RequestTiming::infer): decoded,
-  // or resumed after the wait for an eager thread.
+  // or resumed after the wait for an eager thread or a batch.
   absl::Time model_start;
+  // The inferences it counts for: its rows for a batching model, else 1.
+  int64_t rows = 1;
+  // It ran as part of a merged call, whose execution is recorded once.
+  bool shared_execution = false;
 };
 
 InferenceApi::Call::Call() = default;
@@ -312,16 +334,141 @@ std::optional<absl::Status> InferenceApi::Infer(Call& call, absl::Time received)
   auto state = std::make_unique<RequestState>(received);
   RequestState& s = *state;
   bool deferred = false;
+  bool batch = false;
   absl::Status status = Guarded(s, [&] {
     absl::Status decoded = Decode(call, s);
     if (!decoded.ok()) return decoded;
+    absl::StatusOr<bool> joins = JoinsBatch(s, call.ticket_);
+    if (!joins.ok()) return joins.status();
+    if (*joins) {
+      batch = true;
+      return absl::OkStatus();
+    }
     return RunModel(call, s, &deferred);
   });
-  if (deferred && status.ok()) {
+  if ((deferred || batch) && status.ok()) {
     call.pending_ = std::move(state);
+    call.waits_for_batch_ = batch;
     return std::nullopt;
   }
   return Finish(s, std::move(status));
+}
+
+absl::StatusOr<bool> InferenceApi::JoinsBatch(RequestState& s, BatchTicket& ticket) {
+  const BatchingConfig* batching = s.handle.batching.get();
+  if (batching == nullptr) return false;
+  absl::StatusOr<int64_t> rows =
+      BatchRows(s.args, s.request.model_name(), batching->max_batch_size);
+  if (!rows.ok()) return rows.status();
+  s.rows = *rows;
+  if (!batching->dynamic || *rows >= batching->full_rows) return false;
+  // Only a request that a variant serves alone waits for others: merged,
+  // it is served by a variant or runs alone after all.
+  LoadedVersion::CallContext match_only;
+  match_only.match_only = true;
+  s.stage = "matching the request to a variant";
+  absl::StatusOr<CallResult> match = s.handle.model->Call(s.args, match_only);
+  if (!match.ok() || match->no_variant) return false;
+  // The loaded copy too: a version reloaded meanwhile is another model.
+  ticket.key = absl::StrCat(BatchKey(s.request.model_name(), s.handle.version, s.args), "@",
+                            reinterpret_cast<uintptr_t>(s.handle.model.get()));
+  ticket.rows = *rows;
+  ticket.max_rows = batching->max_batch_size;
+  ticket.full_rows = batching->full_rows;
+  ticket.max_delay = batching->max_queue_delay;
+  ticket.deadline = s.deadline;
+  s.model_start = absl::Now();
+  return true;
+}
+
+std::vector<std::optional<absl::Status>> InferenceApi::InferBatch(
+    absl::Span<Call* const> calls) {
+  std::vector<std::optional<absl::Status>> answers(calls.size());
+  std::vector<std::unique_ptr<RequestState>> states(calls.size());
+  std::vector<size_t> live;
+  const absl::Time resumed = absl::Now();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Call& call = *calls[i];
+    states[i] = std::move(call.pending_);
+    call.waits_for_batch_ = false;
+    if (states[i] == nullptr) {
+      answers[i] = absl::InternalError(
+          "a request ran in a batch it never joined (an internal error)");
+      continue;
+    }
+    RequestState& s = *states[i];
+    // The wait for the batch is queueing, as the wait for a run slot is.
+    s.timing.queue += resumed - s.model_start;
+    s.model_start = resumed;
+    if (call.Cancelled()) {
+      answers[i] = Finish(s, absl::CancelledError("the client cancelled the request or its "
+                                                  "deadline passed while it waited for its batch"));
+    } else if (resumed >= s.deadline) {
+      answers[i] = Finish(s, PastDeadline(s, absl::CancelledError("it waited that long")));
+    } else {
+      live.push_back(i);
+    }
+  }
+  if (live.size() >= 2 && RunMerged(calls, states, live, answers)) return answers;
+  for (const size_t i : live) {
+    RequestState& s = *states[i];
+    bool deferred = false;
+    absl::Status status = Guarded(s, [&] { return RunModel(*calls[i], s, &deferred); });
+    if (deferred && status.ok()) {
+      calls[i]->pending_ = std::move(states[i]);
+      continue;
+    }
+    answers[i] = Finish(s, std::move(status));
+  }
+  return answers;
+}
+
+bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
+                             std::vector<std::unique_ptr<RequestState>>& states,
+                             const std::vector<size_t>& live,
+                             std::vector<std::optional<absl::Status>>& answers) {
+  RequestState& first = *states[live.front()];
+  std::optional<CallResult> merged;
+  std::vector<int64_t> rows;
+  int64_t total_rows = 0;
+  try {
+    std::vector<absl::Span<const NamedValue>> parts;
+    for (const size_t i : live) {
+      parts.push_back(states[i]->args);
+      rows.push_back(states[i]->rows);
+      total_rows += states[i]->rows;
+    }
+    const MergedArguments args = MergeRows(parts);
+    // A merged call that no variant takes, or that fails, is no answer:
+    // each request then runs alone and gets the answer it gets alone.
+    LoadedVersion::CallContext variant_only;
+    variant_only.variant_only = true;
+    absl::StatusOr<CallResult> result = first.handle.model->Call(args.args, variant_only);
+    if (!result.ok() || result->no_variant) return false;
+    merged = *std::move(result);
+  } catch (...) {
+    spdlog::error("event=merged_call_threw model={} what=\"{}\"",
+                  LoggedText(first.request.model_name(), kMaxLoggedName),
+                  DescribeCaughtException().what);
+    return false;
+  }
+  std::optional<std::vector<std::vector<OutputTensor>>> split = SplitRows(merged->outputs, rows);
+  if (!split) return false;
+  const absl::Time called = absl::Now();
+  if (first.handle.metrics) first.handle.metrics->RecordExecution(total_rows);
+  for (size_t k = 0; k < live.size(); ++k) {
+    RequestState& s = *states[live[k]];
+    s.timing.infer += called - s.model_start;
+    s.shared_execution = true;
+    CallResult mine;
+    mine.outcome = merged->outcome;
+    mine.variant_id = merged->variant_id;
+    mine.outputs = std::move((*split)[k]);
+    absl::Status status =
+        Guarded(s, [&] { return Answer(*calls[live[k]], s, std::move(mine), called); });
+    answers[live[k]] = Finish(s, std::move(status));
+  }
+  return true;
 }
 
 absl::Status InferenceApi::InferEager(Call& call) {
@@ -362,7 +509,9 @@ absl::Status InferenceApi::Finish(RequestState& s, absl::Status status) {
   }
   if (s.handle.metrics) {
     s.timing.total = done - s.received;
+    s.timing.inferences = s.rows;
     s.handle.metrics->RecordRequest(s.outcome, s.timing);
+    if (status.ok() && !s.shared_execution) s.handle.metrics->RecordExecution(s.rows);
   }
   return status;
 }
@@ -525,9 +674,13 @@ absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool* deferred)
   if (call.Cancelled()) {
     return absl::CancelledError("the client cancelled the request or its deadline passed");
   }
+  return Answer(call, s, *std::move(result), called);
+}
 
+absl::Status InferenceApi::Answer(Call& call, RequestState& s, CallResult result,
+                                  absl::Time called) {
   s.stage = "encoding the response";
-  s.outcome = result->outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
+  s.outcome = result.outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
                                                         : RequestOutcome::kVariant;
   inference::ModelInferResponse response;
   response.set_model_name(s.request.model_name());
@@ -536,18 +689,18 @@ absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool* deferred)
   static const std::string* const kOutcomeKey = new std::string("precompile_outcome");
   static const std::string* const kVariantKey = new std::string("precompile_variant");
   auto& params = *response.mutable_parameters();
-  params[*kOutcomeKey].set_string_param(std::string(OutcomeName(result->outcome)));
-  params[*kVariantKey].set_string_param(result->variant_id);
+  params[*kOutcomeKey].set_string_param(std::string(OutcomeName(result.outcome)));
+  params[*kVariantKey].set_string_param(result.variant_id);
   std::vector<OutputTensor> outputs;
-  if (result->outputs.size() != s.output_names.size()) {
+  if (result.outputs.size() != s.output_names.size()) {
     return absl::InternalError(absl::StrCat(
-        "model '", s.request.model_name(), "' returned ", result->outputs.size(),
+        "model '", s.request.model_name(), "' returned ", result.outputs.size(),
         " tensors for ", s.output_names.size(), " outputs"));
   }
-  for (size_t i = 0; i < result->outputs.size(); ++i) {
+  for (size_t i = 0; i < result.outputs.size(); ++i) {
     if (!s.wanted[i]) continue;
-    DescribeOutput(result->outputs[i], *s.output_names[i], &response);
-    outputs.push_back(std::move(result->outputs[i]));
+    DescribeOutput(result.outputs[i], *s.output_names[i], &response);
+    outputs.push_back(std::move(result.outputs[i]));
   }
   absl::Status encoded = call.Encode(response, outputs);
   s.timing.output = absl::Now() - called;
@@ -606,8 +759,10 @@ absl::Status InferenceApi::ModelStatistics(const inference::ModelStatisticsReque
     if (!handle.metrics) continue;
     const InferStatistics s = handle.metrics->Statistics();
     stats->set_last_inference(s.last_inference_ms);
-    stats->set_inference_count(s.success_count);
-    stats->set_execution_count(s.success_count);
+    // As Triton counts them: each row of a batching model's request is an
+    // inference, each run of the model (one for a merged batch) an execution.
+    stats->set_inference_count(s.inference_count);
+    stats->set_execution_count(s.execution_count);
     auto set = [](inference::StatisticDuration* d, uint64_t count, uint64_t ns) {
       d->set_count(count);
       d->set_ns(ns);

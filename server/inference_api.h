@@ -29,10 +29,12 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "proto/inference.pb.h"
 #include "runtime/value.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
+#include "server/request_scheduler.h"
 #include "server/serving_state.h"
 
 namespace precompile::server {
@@ -56,14 +58,21 @@ class InferenceApi {
     virtual absl::Status Encode(const inference::ModelInferResponse& response,
                                 std::vector<OutputTensor>& outputs) = 0;
 
+    // After Infer returned nullopt: the batch the request waits for, or
+    // null when it waits for an eager thread.
+    const BatchTicket* batch_ticket() const { return waits_for_batch_ ? &ticket_ : nullptr; }
+
    protected:
     Call();
     ~Call();
 
    private:
     friend class InferenceApi;
-    // A request stopped at its eager miss, for InferEager.
+    // A request stopped at its eager miss or before its batch, for
+    // InferEager or InferBatch.
     std::unique_ptr<RequestState> pending_;
+    bool waits_for_batch_ = false;
+    BatchTicket ticket_;
   };
 
   // The references must outlive the API. `metrics` may be null. A request
@@ -88,9 +97,21 @@ class InferenceApi {
   // needs, and InferEager(call), on any thread, runs the program and returns
   // the answer. The wait between counts as queueing in the model's
   // statistics.
+  //
+  // A request to a model with dynamic batching (server/dynamic_batching.h)
+  // whose rows a variant takes alone, and that has fewer rows than a full
+  // batch, stops before its call too, with call.batch_ticket() set. Then
+  // InferBatch(calls), given requests with tickets of the same key, runs
+  // them as one call when a variant takes their rows stacked, and answers
+  // each with its rows of the outputs; otherwise each runs alone, as Infer
+  // would have run it. So batching never turns an answer into a miss. Its
+  // answers are in the order of `calls`: nullopt for a request that stopped
+  // at an eager miss (then InferEager(call) as above).
   std::optional<absl::Status> Infer(Call& call, absl::Time received)
       ABSL_LOCKS_EXCLUDED(log_mu_);
   absl::Status InferEager(Call& call) ABSL_LOCKS_EXCLUDED(log_mu_);
+  std::vector<std::optional<absl::Status>> InferBatch(absl::Span<Call* const> calls)
+      ABSL_LOCKS_EXCLUDED(log_mu_);
 
   bool ServerLive() const { return state_.live(); }
   bool ServerReady() const { return state_.ready(); }
@@ -111,9 +132,18 @@ class InferenceApi {
  private:
   // Infer's stages. Decode: the request into the entry's arguments.
   // RunModel: the call (stopping at an eager miss when `deferred` is not
-  // null, and then setting it) and the answer's encoding.
+  // null, and then setting it) and Answer: the answer's encoding.
   absl::Status Decode(Call& call, RequestState& s);
+  // Whether `s`, decoded, is to wait for a batch (then its ticket is set).
+  absl::StatusOr<bool> JoinsBatch(RequestState& s, BatchTicket& ticket);
   absl::Status RunModel(Call& call, RequestState& s, bool* deferred);
+  absl::Status Answer(Call& call, RequestState& s, CallResult result, absl::Time called);
+  // Runs the requests `live` of `calls` as one call; false, having answered
+  // none, when no variant takes them together or their outputs cannot be
+  // split by rows.
+  bool RunMerged(absl::Span<Call* const> calls, std::vector<std::unique_ptr<RequestState>>& states,
+                 const std::vector<size_t>& live,
+                 std::vector<std::optional<absl::Status>>& answers);
   // Runs `stages`, answering what they throw.
   static absl::Status Guarded(RequestState& s, absl::FunctionRef<absl::Status()> stages);
   // Logs a failure and records the request in its model's metrics.

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/grpc_status.h"
+#include "server/inference_job.h"
 #include "server/infer_response.h"
 
 namespace precompile::server {
@@ -45,8 +46,7 @@ void TakeFromGrpc(void*) {}
 // makes IsCancelled() a cheap read), in either order, on any thread. Once a
 // call arrived, three parties hold it: the thread that answers it (until
 // Finish returns) and the two events; the last to let go deletes it.
-class InferenceService::InferCall final : public RequestScheduler::Job,
-                                          public InferenceApi::Call {
+class InferenceService::InferCall final : public InferenceJob {
  public:
   enum class Event { kRequested, kAnswered, kDone };
   struct Tag {
@@ -54,17 +54,11 @@ class InferenceService::InferCall final : public RequestScheduler::Job,
     Event event;
   };
 
-  explicit InferCall(InferenceService* service) : responder(&context), service_(service) {
+  explicit InferCall(InferenceService* service)
+      : InferenceJob(service->api_), responder(&context), service_(service) {
     context.AsyncNotifyWhenDone(&done_);
   }
 
-  Next Run() override {
-    std::optional<absl::Status> answer = service_->api_.Infer(*this, received);
-    if (!answer) return Next::kEager;
-    status = ToGrpcStatus(*answer);
-    return Next::kDone;
-  }
-  void RunEager() override { status = ToGrpcStatus(service_->api_.InferEager(*this)); }
   void Complete() override { service_->Answer(this); }
 
   absl::Status Parse(inference::ModelInferRequest* request) override {
@@ -99,11 +93,9 @@ class InferenceService::InferCall final : public RequestScheduler::Job,
   // not parse is refused like any other invalid one.
   grpc::ByteBuffer raw_request;
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder;
-  absl::Time received;
-  // What Run() decided, for Complete() to send; until then, what the client
-  // gets if Run() never decides.
-  grpc::Status status{grpc::StatusCode::INTERNAL, "the request ended before it was answered"};
   grpc::ByteBuffer response;
+  using InferenceJob::answer;
+  using InferenceJob::set_received;
 
  private:
   InferenceService* const service_;
@@ -173,7 +165,7 @@ void InferenceService::ServeCalls() {
 }
 
 void InferenceService::OnRequested(InferCall* call) {
-  call->received = absl::Now();
+  call->set_received(absl::Now());
   const absl::Status admitted =
       scheduler_.Submit(call, static_cast<int64_t>(call->raw_request.Length()));
   if (!admitted.ok()) {
@@ -183,10 +175,10 @@ void InferenceService::OnRequested(InferCall* call) {
 }
 
 void InferenceService::Answer(InferCall* call) {
-  if (call->status.ok()) {
-    call->responder.Finish(call->response, call->status, call->answered_tag());
+  if (call->answer().ok()) {
+    call->responder.Finish(call->response, grpc::Status::OK, call->answered_tag());
   } else {
-    call->responder.FinishWithError(call->status, call->answered_tag());
+    call->responder.FinishWithError(ToGrpcStatus(call->answer()), call->answered_tag());
   }
   if (call->Unref()) Delete(call);
 }

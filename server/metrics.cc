@@ -63,6 +63,9 @@ class LoadCollectable final : public prometheus::Collectable {
       gauge("precompile_eager_queued",
             "Eager misses waiting for an eager thread (--eager_threads); they hold no run slot",
             load.eager_queued);
+      gauge("precompile_batch_waiting",
+            "Inference requests waiting in an open batch (dynamic_batching); they hold no "
+            "run slot", load.batch_waiting);
       gauge("precompile_inference_run_slots", "Inference requests that run at once "
             "(--inference_threads)", load.run_slots);
       gauge("precompile_inference_max_in_flight",
@@ -171,6 +174,11 @@ ServerMetrics::ServerMetrics()
                          .Name("precompile_model_load_failures_total")
                          .Help("Model loads that failed, by model")
                          .Register(*registry_)),
+      batch_rows_(prometheus::BuildHistogram()
+                      .Name("precompile_batch_rows")
+                      .Help("Rows per run of a model: one request's, or a merged batch's "
+                            "(dynamic_batching in the model's config.pbtxt)")
+                      .Register(*registry_)),
       request_duration_(std::make_shared<DurationHistogramFamily>(
           "precompile_request_duration_seconds",
           "Inference request time in the server, decode to encode", RequestBuckets())),
@@ -261,6 +269,9 @@ ModelMetrics::ModelMetrics(ServerMetrics& server, const std::string& model,
          {"outcome", RequestOutcomeName(static_cast<RequestOutcome>(o))}});
   }
   request_duration_ = &server.request_duration_->Add({{"model", model}, {"version", v}});
+  batch_rows_ = &server.batch_rows_.Add(
+      {{"model", model}, {"version", v}},
+      prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024});
   for (const auto& frame : loaded.manifest().frames()) {
     FrameSeries series;
     series.name = frame.name();
@@ -306,6 +317,7 @@ ModelMetrics::ModelMetrics(ServerMetrics& server, const std::string& model,
 ModelMetrics::~ModelMetrics() {
   for (prometheus::Counter* c : requests_) server_.requests_.Remove(c);
   server_.request_duration_->Remove(request_duration_);
+  server_.batch_rows_.Remove(batch_rows_);
   for (FrameSeries& f : frames_) {
     for (prometheus::Counter* c : f.calls) server_.frame_calls_.Remove(c);
     server_.eager_fallback_warnings_.Remove(f.warnings);
@@ -350,6 +362,7 @@ void ModelMetrics::RecordRequest(RequestOutcome outcome, const RequestTiming& ti
       outcome == RequestOutcome::kVariant || outcome == RequestOutcome::kEagerFallback;
   (success ? success_ : fail_).Add(timing.total);
   if (success) {
+    inferences_.fetch_add(static_cast<uint64_t>(timing.inferences), std::memory_order_relaxed);
     queue_.Add(timing.queue);
     input_.Add(timing.input);
     infer_.Add(timing.infer);
@@ -357,6 +370,11 @@ void ModelMetrics::RecordRequest(RequestOutcome outcome, const RequestTiming& ti
   }
   last_inference_ms_.store(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())),
                            std::memory_order_relaxed);
+}
+
+void ModelMetrics::RecordExecution(int64_t rows) {
+  executions_.fetch_add(1, std::memory_order_relaxed);
+  batch_rows_->Observe(static_cast<double>(rows));
 }
 
 InferStatistics ModelMetrics::Statistics() const {
@@ -372,6 +390,8 @@ InferStatistics ModelMetrics::Statistics() const {
   get(infer_, s.infer_count, s.infer_ns);
   get(output_, s.output_count, s.output_ns);
   s.last_inference_ms = last_inference_ms_.load(std::memory_order_relaxed);
+  s.inference_count = inferences_.load(std::memory_order_relaxed);
+  s.execution_count = executions_.load(std::memory_order_relaxed);
   return s;
 }
 

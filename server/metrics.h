@@ -23,6 +23,7 @@
 #include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <array>
@@ -68,6 +69,7 @@ struct ServerLoad {
   int in_flight = 0;
   int queued = 0;
   int eager_queued = 0;
+  int batch_waiting = 0;
   int run_slots = 0;
   int max_in_flight = 0;  // 0: no limit.
   int64_t in_flight_bytes = 0;
@@ -82,6 +84,8 @@ struct RequestTiming {
   absl::Duration infer;
   absl::Duration output;
   absl::Duration total;
+  // The inferences it counts for (its rows, for a batching model).
+  int64_t inferences = 1;
 };
 
 // Cumulative counts and durations of a model version's requests, in the
@@ -94,6 +98,9 @@ struct InferStatistics {
   uint64_t infer_count = 0, infer_ns = 0;
   uint64_t output_count = 0, output_ns = 0;
   uint64_t last_inference_ms = 0;  // Since the Unix epoch; 0 if none yet.
+  // Rows of successful requests, and runs of the model that served them.
+  uint64_t inference_count = 0;
+  uint64_t execution_count = 0;
 };
 
 class ModelMetrics final : public CallObserver {
@@ -108,6 +115,9 @@ class ModelMetrics final : public CallObserver {
 
   // A finished request of this model version.
   void RecordRequest(RequestOutcome outcome, const RequestTiming& timing);
+  // One run of the model that served requests of `rows` rows in all (one
+  // request's, or a merged batch's).
+  void RecordExecution(int64_t rows);
   InferStatistics Statistics() const;
 
  private:
@@ -134,6 +144,9 @@ class ModelMetrics final : public CallObserver {
   ServerMetrics& server_;
   AtomicDuration success_, fail_, queue_, input_, infer_, output_;
   std::atomic<uint64_t> last_inference_ms_{0};
+  std::atomic<uint64_t> inferences_{0};
+  std::atomic<uint64_t> executions_{0};
+  prometheus::Histogram* batch_rows_ = nullptr;
   std::array<prometheus::Counter*, kNumRequestOutcomes> requests_{};
   DurationHistogram* request_duration_ = nullptr;
   std::vector<FrameSeries> frames_;
@@ -192,6 +205,7 @@ class ServerMetrics {
   // The scheduler's load and the process's memory, read at each scrape.
   std::shared_ptr<LoadCollectable> load_;
   prometheus::Family<prometheus::Counter>& load_failures_;
+  prometheus::Family<prometheus::Histogram>& batch_rows_;
   // Observed by every request, so not prometheus-cpp's (a mutex per series).
   const std::shared_ptr<DurationHistogramFamily> request_duration_;
   const std::shared_ptr<DurationHistogramFamily> dispatch_duration_;

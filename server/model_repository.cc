@@ -100,6 +100,7 @@ class FirstError : public google::protobuf::io::ErrorCollector {
 struct ModelConfigFile {
   VersionPolicy policy;
   std::optional<absl::Duration> max_request_time;
+  std::shared_ptr<const BatchingConfig> batching;
 };
 
 // The parameter max_request_seconds: seconds (a decimal number) or "0" for
@@ -179,7 +180,9 @@ absl::StatusOr<ModelConfigFile> ReadModelConfig(const std::string& name,
   }
   absl::StatusOr<std::optional<absl::Duration>> max_request_time = ReadMaxRequestTime(config);
   if (!max_request_time.ok()) return max_request_time.status();
-  return ModelConfigFile{std::move(policy), *max_request_time};
+  absl::StatusOr<std::shared_ptr<const BatchingConfig>> batching = ReadBatchingConfig(config);
+  if (!batching.ok()) return batching.status();
+  return ModelConfigFile{std::move(policy), *max_request_time, *std::move(batching)};
 }
 
 std::string VersionList(const std::vector<int64_t>& versions) {
@@ -218,6 +221,7 @@ void ModelRepository::Changed() {
   for (const auto& [name, entry] : models_) {
     Answer& answer = (*answers)[name];
     answer.max_request_time = entry.state.max_request_time;
+    answer.batching = entry.state.batching;
     if (!entry.versions.empty()) {
       for (const Loaded& loaded : entry.versions) {
         answer.versions.push_back(
@@ -352,6 +356,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
     plan = PlanVersions(config->policy, on_disk, served, reload);
     state.policy = config->policy;
     state.max_request_time = config->max_request_time;
+    state.batching = config->batching;
   }
   auto served_copy = [&](int64_t version) -> const Loaded* {
     for (const Loaded& loaded : previous_versions) {
@@ -380,6 +385,15 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
       // Its copy in memory, if any, keeps serving.
       if (const Loaded* copy = served_copy(step.version)) serving.push_back(*copy);
       continue;
+    }
+    if (state.batching != nullptr) {
+      if (absl::Status batchable = CheckBatchable((*model)->entry_frame()); !batchable.ok()) {
+        failed(step.version, std::string(batchable.message()),
+               absl::StrCat("version ", step.version, " cannot be served as its config.pbtxt asks: ",
+                            batchable.message()));
+        if (const Loaded* copy = served_copy(step.version)) serving.push_back(*copy);
+        continue;
+      }
     }
     std::shared_ptr<ModelMetrics> metrics;
     if (options_.metrics_factory) {
@@ -523,7 +537,8 @@ absl::StatusOr<std::vector<ModelRepository::Handle>> ModelRepository::GetVersion
   std::vector<Handle> handles;
   for (const Answer::Version& v : it->second.versions) {
     handles.push_back(
-        Handle{v.model.lock(), v.version, v.metrics.lock(), it->second.max_request_time});
+        Handle{v.model.lock(), v.version, v.metrics.lock(), it->second.max_request_time,
+               it->second.batching});
   }
   return handles;
 }
@@ -556,7 +571,7 @@ std::optional<absl::StatusOr<ModelRepository::Handle>> ModelRepository::Find(
   std::shared_ptr<LoadedVersion> model = chosen->model.lock();
   if (!model) return std::nullopt;
   return Handle{std::move(model), chosen->version, chosen->metrics.lock(),
-                answer.max_request_time};
+                answer.max_request_time, answer.batching};
 }
 
 std::vector<ModelState> ModelRepository::List() const {

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "runtime/loaded_version.h"
+#include "server/dynamic_batching.h"
 #include "server/metrics.h"
 #include "server/model_state.h"
 #include "server/repository_policy.h"
@@ -72,6 +73,9 @@ class ModelRepository {
     // The model's limit on a request's time, if its config.pbtxt sets one
     // (filled in by Get and GetVersions).
     std::optional<absl::Duration> max_request_time;
+    // The model's batching, if its config.pbtxt asks for it (filled in by
+    // Get and GetVersions; server/dynamic_batching.h).
+    std::shared_ptr<const BatchingConfig> batching;
   };
 
   // `listener` may be null; it must outlive the repository.
@@ -138,6 +142,7 @@ class ModelRepository {
   struct Answer {
     absl::Status unavailable;  // OK when a version is served.
     std::optional<absl::Duration> max_request_time;
+    std::shared_ptr<const BatchingConfig> batching;
     struct Version {
       std::weak_ptr<LoadedVersion> model;
       int64_t version = 0;

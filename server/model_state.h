@@ -4,6 +4,7 @@
 #define PRECOMPILE_SERVER_MODEL_STATE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "server/repository_policy.h"
 
 namespace precompile::server {
+
+struct BatchingConfig;  // server/dynamic_batching.h
 
 struct ModelState {
   enum class Phase { kUnavailable, kLoading, kReady, kUnloading };
@@ -28,6 +31,8 @@ struct ModelState {
   // The model's own limit on a request's time (config.pbtxt's parameter
   // max_request_seconds; infinite for "0"), in place of the server's.
   std::optional<absl::Duration> max_request_time;
+  // Its batching (max_batch_size and dynamic_batching); null for none.
+  std::shared_ptr<const BatchingConfig> batching;
   // Its last load failed and no version of it is served.
   bool failed = false;
 };

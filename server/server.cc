@@ -137,7 +137,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->metrics_->ExportServerLoad([scheduler, state] {
     return ServerLoad{state->draining(),         scheduler->in_flight(),
                       scheduler->queued(),        scheduler->eager_queued(),
-                      scheduler->run_slots(),
+                      scheduler->batch_waiting(), scheduler->run_slots(),
                       scheduler->max_in_flight(), scheduler->in_flight_bytes(),
                       scheduler->max_in_flight_bytes()};
   });
@@ -344,6 +344,7 @@ absl::Status Server::Stop() {
   std::thread http_shutdown([this] {
     if (http_) http_->Stop();
   });
+  scheduler_->StopWaitingForBatches();
   if (!scheduler_->AwaitIdle(deadline)) {
     const int left = scheduler_->in_flight();
     std::vector<std::string> running;

@@ -80,6 +80,7 @@ fi
 # ThreadSanitizer slows everything down ~10x: the tests that exercise threads
 # (concurrent calls, reloads under load, the gRPC server), not the process ones.
 tsan=(//runtime/... //server/... //client/... //tests:server_e2e_test //tests:server_repository_test
+      //tests:server_batching_test
       //tests:torch_grpc_coexistence_test //tests:python_eager_test)
 echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
 timed tsan bazel test --config=tsan "${tsan[@]}" --nocache_test_results --keep_going --build_event_json_file="$events/tsan.json"

@@ -1,0 +1,330 @@
+// Dynamic batching end to end: the real server on loopback serving the
+// bundled mlp (variants: batch 8, and batch from 2 up) with Triton's
+// max_batch_size and dynamic_batching in its config.pbtxt, beside the same
+// artifact without them, called through the generated KServe v2 stubs.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "proto/inference.grpc.pb.h"
+#include "server/server.h"
+#include "tests/testing/artifacts.h"
+#include "tests/testing/http.h"
+
+namespace precompile {
+namespace {
+
+using ::precompile::testing::CopyTree;
+using ::precompile::testing::ExampleArtifact;
+using ::precompile::testing::HttpGet;
+using ::precompile::testing::MetricValue;
+using ::precompile::testing::NewTempDirectory;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Protobuf's headers give a map field (config.pbtxt's parameters) two more
+// members under ThreadSanitizer; Debian's libprotobuf, built without it,
+// parses text into the smaller layout and crashes.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kParsesMapFields = false;
+#else
+constexpr bool kParsesMapFields = true;
+#endif
+
+constexpr char kBatched[] = R"pb(
+  max_batch_size: 16
+  dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [4, 8] }
+)pb";
+
+// A float32 request for `model` of `rows` rows of `width`, its values
+// following from `seed`.
+inference::ModelInferRequest Request(const std::string& model, int64_t rows, int64_t width,
+                                     int seed) {
+  inference::ModelInferRequest request;
+  request.set_model_name(model);
+  auto* input = request.add_inputs();
+  input->set_name("x");
+  input->set_datatype("FP32");
+  input->add_shape(rows);
+  input->add_shape(width);
+  std::vector<float> values(static_cast<size_t>(rows * width));
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = std::sin(static_cast<float>(seed * 131 + static_cast<int>(i)));
+  }
+  request.add_raw_input_contents(values.data(), values.size() * sizeof(float));
+  return request;
+}
+
+std::vector<float> Floats(const inference::ModelInferResponse& response) {
+  const std::string& raw = response.raw_output_contents(0);
+  std::vector<float> values(raw.size() / sizeof(float));
+  std::memcpy(values.data(), raw.data(), values.size() * sizeof(float));
+  return values;
+}
+
+std::string Variant(const inference::ModelInferResponse& response) {
+  return response.parameters().at("precompile_variant").string_param();
+}
+
+class BatchingTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string root = NewTempDirectory("batching");
+    auto add = [&](const std::string& name, const std::string& artifact,
+                   const std::string& config) {
+      std::filesystem::create_directories(root + "/" + name);
+      CopyTree(ExampleArtifact(artifact), root + "/" + name + "/1");
+      if (!config.empty()) std::ofstream(root + "/" + name + "/config.pbtxt") << config;
+    };
+    add("mlp", "mlp", kBatched);
+    add("mlp_alone", "mlp", "");
+#if !defined(__SANITIZE_THREAD__)  // See kParsesMapFields.
+    // Its deadline comes long before its batch's delay.
+    add("mlp_deadline", "mlp",
+        absl::StrCat(kBatched,
+                     R"pb(parameters { key: "max_request_seconds" value { string_value: "0.3" } })pb"));
+#endif
+    // x[: x.size(0) // 2] has half the rows: it cannot batch.
+    add("passthrough", "passthrough", "max_batch_size: 2048");
+    server::ServerOptions options;
+    options.model_repository = root;
+    options.grpc_address = "127.0.0.1:0";
+    options.metrics_address = "127.0.0.1:0";
+    options.http_address = "127.0.0.1:0";
+    auto server = server::Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = server->release();
+    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->grpc_port()),
+                                       grpc::InsecureChannelCredentials());
+    stub_ = inference::GRPCInferenceService::NewStub(channel).release();
+  }
+
+  static void TearDownTestSuite() {
+    delete stub_;
+    delete server_;
+  }
+
+  static grpc::Status Infer(const inference::ModelInferRequest& request,
+                            inference::ModelInferResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    return stub_->ModelInfer(&context, request, response);
+  }
+
+  // Sends `requests` at once, each from its own thread.
+  static std::vector<std::pair<grpc::Status, inference::ModelInferResponse>> InferAll(
+      const std::vector<inference::ModelInferRequest>& requests) {
+    std::vector<std::pair<grpc::Status, inference::ModelInferResponse>> answers(requests.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back(
+          [&, i] { answers[i].first = Infer(requests[i], &answers[i].second); });
+    }
+    for (std::thread& t : threads) t.join();
+    return answers;
+  }
+
+  static inference::ModelStatistics Statistics(const std::string& model) {
+    grpc::ClientContext context;
+    inference::ModelStatisticsRequest request;
+    request.set_name(model);
+    inference::ModelStatisticsResponse response;
+    EXPECT_TRUE(stub_->ModelStatistics(&context, request, &response).ok());
+    return response.model_stats_size() == 1 ? response.model_stats(0)
+                                            : inference::ModelStatistics();
+  }
+
+  static std::string Metrics() { return HttpGet(server_->metrics_port(), "/metrics"); }
+
+  static server::Server* server_;
+  static inference::GRPCInferenceService::Stub* stub_;
+};
+
+server::Server* BatchingTest::server_ = nullptr;
+inference::GRPCInferenceService::Stub* BatchingTest::stub_ = nullptr;
+
+TEST_F(BatchingTest, MergesConcurrentRequestsIntoOneRunAndAnswersEachWithItsRows) {
+  const inference::ModelStatistics before = Statistics("mlp");
+  const double runs_before =
+      MetricValue(Metrics(), "precompile_batch_rows_count{model=\"mlp\",version=\"1\"}");
+  // Four requests of 2 rows: together the 8 rows that fill a batch.
+  std::vector<inference::ModelInferRequest> requests;
+  for (int seed = 0; seed < 4; ++seed) requests.push_back(Request("mlp", 2, 4, seed));
+  const auto answers = InferAll(requests);
+
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& [status, response] = answers[i];
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_THAT(Variant(response), HasSubstr("forward#"));
+    ASSERT_EQ(response.outputs_size(), 1);
+    EXPECT_EQ(response.outputs(0).shape(0), 2) << "each request gets its own rows";
+    // The same request alone, to the same artifact without batching.
+    inference::ModelInferRequest alone = requests[i];
+    alone.set_model_name("mlp_alone");
+    inference::ModelInferResponse reference;
+    ASSERT_TRUE(Infer(alone, &reference).ok());
+    const std::vector<float> got = Floats(response), want = Floats(reference);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_NEAR(got[k], want[k], 1e-4 + 1e-4 * std::abs(want[k])) << "request " << i;
+    }
+  }
+  const inference::ModelStatistics after = Statistics("mlp");
+  EXPECT_EQ(after.inference_count() - before.inference_count(), 8u) << "rows";
+  EXPECT_EQ(after.execution_count() - before.execution_count(), 1u) << "one run";
+  EXPECT_EQ(after.inference_stats().success().count() - before.inference_stats().success().count(),
+            4u);
+  const std::string metrics = Metrics();
+  EXPECT_EQ(MetricValue(metrics, "precompile_batch_rows_count{model=\"mlp\",version=\"1\"}") -
+                std::max(runs_before, 0.0),
+            1);
+  EXPECT_EQ(MetricValue(metrics, "precompile_requests_total{model=\"mlp\",outcome=\"variant\","
+                                 "version=\"1\"}") -
+                static_cast<double>(before.inference_stats().success().count()),
+            4);
+}
+
+TEST_F(BatchingTest, GrpcAndHttpRequestsShareABatch) {
+  const inference::ModelStatistics before = Statistics("mlp");
+  // Two gRPC requests of 2 rows wait; an HTTP request of 4 rows fills the
+  // batch of 8.
+  std::vector<std::pair<grpc::Status, inference::ModelInferResponse>> by_grpc(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back(
+        [&, i] { by_grpc[i].first = Infer(Request("mlp", 2, 4, 20 + i), &by_grpc[i].second); });
+  }
+  const inference::ModelInferRequest http_request = Request("mlp", 4, 4, 30);
+  const std::string& raw = http_request.raw_input_contents(0);
+  const std::string header = absl::StrCat(
+      R"({"inputs":[{"name":"x","shape":[4,4],"datatype":"FP32","parameters":{"binary_data_size":)",
+      raw.size(), R"(}}],"parameters":{"binary_data_output":true}})");
+  httplib::Client http("127.0.0.1", server_->http_port());
+  http.set_read_timeout(60, 0);
+  httplib::Result by_http =
+      http.Post("/v2/models/mlp/infer",
+                {{"Inference-Header-Content-Length", std::to_string(header.size())}},
+                header + raw, "application/octet-stream");
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(by_http);
+  ASSERT_EQ(by_http->status, 200) << by_http->body;
+  for (const auto& [status, response] : by_grpc) {
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.outputs(0).shape(0), 2);
+  }
+  // The HTTP answer's rows are those the request gets alone.
+  inference::ModelInferRequest alone = http_request;
+  alone.set_model_name("mlp_alone");
+  inference::ModelInferResponse reference;
+  ASSERT_TRUE(Infer(alone, &reference).ok());
+  const size_t json_length =
+      std::stoul(by_http->get_header_value("Inference-Header-Content-Length"));
+  const std::string http_raw = by_http->body.substr(json_length);
+  ASSERT_EQ(http_raw.size(), reference.raw_output_contents(0).size());
+  std::vector<float> got(http_raw.size() / sizeof(float));
+  std::memcpy(got.data(), http_raw.data(), http_raw.size());
+  const std::vector<float> want = Floats(reference);
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_NEAR(got[k], want[k], 1e-4 + 1e-4 * std::abs(want[k]));
+  }
+  const inference::ModelStatistics after = Statistics("mlp");
+  EXPECT_EQ(after.execution_count() - before.execution_count(), 1u);
+  EXPECT_EQ(after.inference_count() - before.inference_count(), 8u);
+}
+
+TEST_F(BatchingTest, RequestsThatNoVariantServesAloneAreAnsweredAsAloneAndJoinNoBatch) {
+  // Two requests wait in a batch: 2 and 3 rows of the 8 that fill it.
+  std::vector<std::pair<grpc::Status, inference::ModelInferResponse>> waited(2);
+  std::vector<std::thread> waiting;
+  for (int i = 0; i < 2; ++i) {
+    waiting.emplace_back(
+        [&, i] { waited[i].first = Infer(Request("mlp", 2 + i, 4, i), &waited[i].second); });
+  }
+  // These are answered as they are alone. Had the row joined the batch, the
+  // merged call would have served it.
+  inference::ModelInferResponse response;
+  grpc::Status one_row = Infer(Request("mlp", 1, 4, 7), &response);
+  EXPECT_EQ(one_row.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(one_row.error_message(), HasSubstr("no captured variant matches this call"));
+  grpc::Status wider = Infer(Request("mlp", 2, 5, 7), &response);
+  EXPECT_EQ(wider.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(wider.error_message(), HasSubstr("x.size(1)"));
+  grpc::Status too_many = Infer(Request("mlp", 17, 4, 7), &response);
+  EXPECT_EQ(too_many.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(too_many.error_message(),
+              AllOf(HasSubstr("17 rows"), HasSubstr("max_batch_size 16")));
+  // Three more rows fill the batch, which then runs.
+  ASSERT_TRUE(Infer(Request("mlp", 3, 4, 9), &response).ok());
+  EXPECT_EQ(response.outputs(0).shape(0), 3);
+  for (std::thread& t : waiting) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(waited[i].first.ok()) << waited[i].first.error_message();
+    EXPECT_EQ(waited[i].second.outputs(0).shape(0), 2 + i);
+  }
+}
+
+TEST_F(BatchingTest, AnswersARequestWhoseDeadlinePassesWhileItWaitsForItsBatch) {
+  if (!kParsesMapFields) GTEST_SKIP() << "map fields parsed by an uninstrumented libprotobuf";
+  inference::ModelInferResponse response;
+  grpc::Status status = Infer(Request("mlp_deadline", 2, 4, 0), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(status.error_message(), HasSubstr("max_request_seconds"));
+}
+
+TEST_F(BatchingTest, ReportsItsConfigAndShapesAsTritonDoesForBatchingModels) {
+  grpc::ClientContext c1;
+  inference::ModelConfigRequest config_request;
+  config_request.set_name("mlp");
+  inference::ModelConfigResponse config;
+  ASSERT_TRUE(stub_->ModelConfig(&c1, config_request, &config).ok());
+  EXPECT_EQ(config.config().max_batch_size(), 16);
+  EXPECT_THAT(config.config().input(0).dims(), ElementsAre(4)) << "without the batch";
+  EXPECT_THAT(config.config().dynamic_batching().preferred_batch_size(), ElementsAre(4, 8));
+  EXPECT_EQ(config.config().dynamic_batching().max_queue_delay_microseconds(), 30000000u);
+
+  grpc::ClientContext c2;
+  config_request.set_name("mlp_alone");
+  ASSERT_TRUE(stub_->ModelConfig(&c2, config_request, &config).ok());
+  EXPECT_EQ(config.config().max_batch_size(), 0);
+  EXPECT_THAT(config.config().input(0).dims(), ElementsAre(-1, 4));
+  EXPECT_FALSE(config.config().has_dynamic_batching());
+
+  grpc::ClientContext c3;
+  inference::ModelMetadataRequest metadata_request;
+  metadata_request.set_name("mlp");
+  inference::ModelMetadataResponse metadata;
+  ASSERT_TRUE(stub_->ModelMetadata(&c3, metadata_request, &metadata).ok());
+  EXPECT_THAT(metadata.inputs(0).shape(), ElementsAre(-1, 4));
+}
+
+TEST_F(BatchingTest, RefusesToLoadAModelWhoseOutputsDoNotKeepTheRows) {
+  grpc::ClientContext context;
+  inference::RepositoryIndexRequest request;
+  inference::RepositoryIndexResponse index;
+  ASSERT_TRUE(stub_->RepositoryIndex(&context, request, &index).ok());
+  bool found = false;
+  for (const auto& model : index.models()) {
+    if (model.name() != "passthrough") continue;
+    found = true;
+    EXPECT_EQ(model.state(), "UNAVAILABLE");
+    EXPECT_THAT(model.reason(), AllOf(HasSubstr("max_batch_size in config.pbtxt"),
+                                      HasSubstr("output 'output1'"),
+                                      HasSubstr("not its inputs' rows")));
+  }
+  EXPECT_TRUE(found);
+}
+
+}  // namespace
+}  // namespace precompile
