@@ -44,6 +44,23 @@ class RecordingJob final : public RequestScheduler::Job {
   Notification* const release_;
 };
 
+// Submits `jobs` from `threads` threads at once, each its consecutive share
+// in order, and waits until every Submit has returned.
+template <typename Job>
+void SubmitFromThreads(RequestScheduler& scheduler, const std::vector<std::unique_ptr<Job>>& jobs,
+                       int threads) {
+  const size_t per_thread = jobs.size() / static_cast<size_t>(threads);
+  std::vector<std::thread> submitters;
+  for (int t = 0; t < threads; ++t) {
+    submitters.emplace_back([&, t] {
+      for (size_t i = 0; i < per_thread; ++i) {
+        EXPECT_TRUE(scheduler.Submit(jobs[t * per_thread + i].get()).ok());
+      }
+    });
+  }
+  for (std::thread& t : submitters) t.join();
+}
+
 TEST(RequestScheduler, RunsAJobOnTheSubmittingThreadWhenASlotIsFree) {
   RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
   RecordingJob job;
@@ -449,15 +466,7 @@ TEST(RequestScheduler, ManyMissesAndHitsFromManyThreadsEachEndOnce) {
   }
   {
     RequestScheduler scheduler(/*run_slots=*/2, /*max_in_flight=*/0, 0, {/*threads=*/2, 0});
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, t] {
-        for (int i = 0; i < kPerThread; ++i) {
-          EXPECT_TRUE(scheduler.Submit(jobs[t * kPerThread + i].get()).ok());
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    SubmitFromThreads(scheduler, jobs, kThreads);
     ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(60)));
     EXPECT_EQ(scheduler.queued(), 0);
     EXPECT_EQ(scheduler.eager_queued(), 0);
@@ -682,15 +691,7 @@ TEST(RequestScheduler, ManyBatchesFromManyThreadsEachMemberRunsOnce) {
   }
   {
     RequestScheduler scheduler(/*run_slots=*/2, /*max_in_flight=*/0);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, t] {
-        for (int i = 0; i < kPerThread; ++i) {
-          EXPECT_TRUE(scheduler.Submit(jobs[t * kPerThread + i].get()).ok());
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    SubmitFromThreads(scheduler, jobs, kThreads);
     ASSERT_TRUE(scheduler.AwaitIdle(absl::Now() + absl::Seconds(60)));
   }
   std::vector<int> seen(jobs.size());
