@@ -1,13 +1,9 @@
 #include "server/model_repository.h"
 
-#include <google/protobuf/io/tokenizer.h>
-#include <google/protobuf/text_format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 #include <utility>
 
@@ -16,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "proto/model_config.pb.h"
+#include "server/model_config_file.h"
 #include "server/repository_policy.h"
 
 namespace precompile::server {
@@ -85,104 +81,6 @@ std::vector<VersionOnDisk> FingerprintVersions(
     on_disk.push_back({version, Fingerprint(directory)});
   }
   return on_disk;
-}
-
-class FirstError : public google::protobuf::io::ErrorCollector {
- public:
-  void AddError(int line, google::protobuf::io::ColumnNumber column,
-                const std::string& message) override {
-    if (first.empty()) first = absl::StrCat(line + 1, ":", column + 1, ": ", message);
-  }
-  std::string first;
-};
-
-// What the server reads of a model's config.pbtxt.
-struct ModelConfigFile {
-  VersionPolicy policy;
-  std::optional<absl::Duration> max_request_time;
-  std::shared_ptr<const BatchingConfig> batching;
-};
-
-// The parameter max_request_seconds: seconds (a decimal number) or "0" for
-// no limit.
-absl::StatusOr<std::optional<absl::Duration>> ReadMaxRequestTime(
-    const inference::ModelConfig& config) {
-  auto it = config.parameters().find("max_request_seconds");
-  if (it == config.parameters().end()) return std::nullopt;
-  const std::string& text = it->second.string_value();
-  double seconds = 0;
-  // Past a million seconds is as good as none, and keeps the arithmetic finite.
-  if (!absl::SimpleAtod(text, &seconds) || !(seconds >= 0) || seconds > 1e6) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.pbtxt: parameters max_request_seconds is '", text,
-        "', not a number of seconds from 0 (no limit) to 1000000"));
-  }
-  if (seconds == 0) return absl::InfiniteDuration();
-  return absl::Seconds(seconds);
-}
-
-// The version policy and request time limit of the model's optional
-// config.pbtxt (Triton's ModelConfig in text format); the defaults when there
-// is none. Fields this server does not know are ignored, as long as they are
-// written without list brackets (protobuf's parser cannot skip `f [ {...} ]`
-// of an unknown field). It may name the model, as its directory does.
-absl::StatusOr<ModelConfigFile> ReadModelConfig(const std::string& name,
-                                                const fs::path& model_dir) {
-  const fs::path path = model_dir / "config.pbtxt";
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return ModelConfigFile{};
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": cannot be read"));
-  inference::ModelConfig config;
-  google::protobuf::TextFormat::Parser parser;
-  parser.AllowUnknownField(true);
-  FirstError error;
-  parser.RecordErrorsTo(&error);
-  if (!parser.ParseFromString(text.str(), &config)) {
-    return absl::InvalidArgumentError(absl::StrCat("config.pbtxt:", error.first));
-  }
-  if (!config.name().empty() && config.name() != name) {
-    return absl::InvalidArgumentError(absl::StrCat("config.pbtxt names the model '", config.name(),
-                                                   "', its directory '", name, "'"));
-  }
-  VersionPolicy policy;
-  const inference::ModelVersionPolicy& asked = config.version_policy();
-  switch (asked.policy_choice_case()) {
-    case inference::ModelVersionPolicy::kLatest:
-      if (asked.latest().num_versions() < 1) {
-        return absl::InvalidArgumentError(
-            "config.pbtxt: version_policy { latest { num_versions } } must be at least 1");
-      }
-      policy.latest = asked.latest().num_versions();
-      break;
-    case inference::ModelVersionPolicy::kAll:
-      policy.kind = VersionPolicy::Kind::kAll;
-      break;
-    case inference::ModelVersionPolicy::kSpecific:
-      policy.kind = VersionPolicy::Kind::kSpecific;
-      for (const int64_t version : asked.specific().versions()) {
-        if (version < 1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "config.pbtxt: version_policy { specific } names version ", version,
-              ": versions are positive integers"));
-        }
-        policy.specific.push_back(version);
-      }
-      if (policy.specific.empty()) {
-        return absl::InvalidArgumentError(
-            "config.pbtxt: version_policy { specific } names no version");
-      }
-      break;
-    case inference::ModelVersionPolicy::POLICY_CHOICE_NOT_SET:
-      break;
-  }
-  absl::StatusOr<std::optional<absl::Duration>> max_request_time = ReadMaxRequestTime(config);
-  if (!max_request_time.ok()) return max_request_time.status();
-  absl::StatusOr<std::shared_ptr<const BatchingConfig>> batching = ReadBatchingConfig(config);
-  if (!batching.ok()) return batching.status();
-  return ModelConfigFile{std::move(policy), *max_request_time, *std::move(batching)};
 }
 
 std::string VersionList(const std::vector<int64_t>& versions) {
@@ -345,7 +243,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
   };
   // A config the server refuses leaves nothing to try: what is served stays.
   VersionPlan plan;
-  absl::StatusOr<ModelConfigFile> config = ReadModelConfig(name, model_dir);
+  absl::StatusOr<ModelConfigFile> config = ReadModelConfig(name, model_dir.string());
   if (!config.ok()) {
     failed(versions.front().first, std::string(config.status().message()));
   } else {

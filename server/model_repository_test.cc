@@ -265,13 +265,10 @@ TEST_F(RepositoryTest, AConfigMaySetTheModelsOwnRequestTimeLimit) {
   WriteConfig(root_, R"(parameters { key: "max_request_seconds" value { string_value: "0" } })");
   ASSERT_TRUE(repository_->Load("mlp").ok());
   EXPECT_EQ(limit_served(), absl::InfiniteDuration());
-  for (const char* bad : {"-1", "soon", "nan", "1e9"}) {
-    WriteConfig(root_, absl::StrCat(R"(parameters { key: "max_request_seconds" value { string_value: ")",
-                                    bad, R"(" } })"));
-    EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
-                HasSubstr(absl::StrCat("max_request_seconds is '", bad, "', not a number")))
-        << bad;
-  }
+  // Which values are refused: model_config_file_test.
+  WriteConfig(root_, R"(parameters { key: "max_request_seconds" value { string_value: "soon" } })");
+  EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
+              HasSubstr("max_request_seconds is 'soon', not a number"));
   // A refused config leaves what was served, with its limit.
   EXPECT_EQ(limit_served(), absl::InfiniteDuration());
 }
