@@ -362,6 +362,9 @@ absl::StatusOr<bool> InferenceApi::JoinsBatch(RequestState& s, BatchTicket& tick
   if (!rows.ok()) return rows.status();
   s.rows = *rows;
   if (!batching->dynamic || *rows >= batching->full_rows) return false;
+  // A request whose deadline comes before a batch's delay could pass runs
+  // alone now rather than fail waiting for others.
+  if (s.deadline - absl::Now() <= 2 * batching->max_queue_delay) return false;
   // Only a request that a variant serves alone waits for others: merged,
   // it is served by a variant or runs alone after all.
   LoadedVersion::CallContext match_only;
@@ -465,7 +468,7 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
     mine.variant_id = merged->variant_id;
     mine.outputs = std::move((*split)[k]);
     absl::Status status =
-        Guarded(s, [&] { return Answer(*calls[live[k]], s, std::move(mine), called); });
+        Guarded(s, [&] { return Answer(*calls[live[k]], s, std::move(mine), called, total_rows); });
     answers[live[k]] = Finish(s, std::move(status));
   }
   return true;
@@ -674,11 +677,11 @@ absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool* deferred)
   if (call.Cancelled()) {
     return absl::CancelledError("the client cancelled the request or its deadline passed");
   }
-  return Answer(call, s, *std::move(result), called);
+  return Answer(call, s, *std::move(result), called, s.rows);
 }
 
 absl::Status InferenceApi::Answer(Call& call, RequestState& s, CallResult result,
-                                  absl::Time called) {
+                                  absl::Time called, int64_t batch_rows) {
   s.stage = "encoding the response";
   s.outcome = result.outcome == Outcome::kEagerFallback ? RequestOutcome::kEagerFallback
                                                         : RequestOutcome::kVariant;
@@ -688,9 +691,13 @@ absl::Status InferenceApi::Answer(Call& call, RequestState& s, CallResult result
   response.set_id(s.request.id());
   static const std::string* const kOutcomeKey = new std::string("precompile_outcome");
   static const std::string* const kVariantKey = new std::string("precompile_variant");
+  static const std::string* const kBatchRowsKey = new std::string("precompile_batch_rows");
   auto& params = *response.mutable_parameters();
   params[*kOutcomeKey].set_string_param(std::string(OutcomeName(result.outcome)));
   params[*kVariantKey].set_string_param(result.variant_id);
+  if (s.handle.batching != nullptr && s.handle.batching->dynamic) {
+    params[*kBatchRowsKey].set_int64_param(batch_rows);
+  }
   std::vector<OutputTensor> outputs;
   if (result.outputs.size() != s.output_names.size()) {
     return absl::InternalError(absl::StrCat(

@@ -12,7 +12,9 @@
 // pooled.0; output0, output1, ... for a tensor or a flat tuple). Each
 // response carries two parameters saying how the entry frame was served:
 // "precompile_outcome" ("variant" or "eager_fallback") and
-// "precompile_variant" (the variant's id, or "").
+// "precompile_variant" (the variant's id, or ""); a model with dynamic
+// batching adds "precompile_batch_rows", the rows of the call that served
+// the request (more than its own when it ran in a batch).
 //
 // Thread safety: all methods may be called concurrently.
 #ifndef PRECOMPILE_SERVER_INFERENCE_API_H_
@@ -99,8 +101,9 @@ class InferenceApi {
   // statistics.
   //
   // A request to a model with dynamic batching (server/dynamic_batching.h)
-  // whose rows a variant takes alone, and that has fewer rows than a full
-  // batch, stops before its call too, with call.batch_ticket() set. Then
+  // whose rows a variant takes alone, that has fewer rows than a full batch
+  // and whose deadline is more than twice the batch delay away, stops
+  // before its call too, with call.batch_ticket() set. Then
   // InferBatch(calls), given requests with tickets of the same key, runs
   // them as one call when a variant takes their rows stacked, and answers
   // each with its rows of the outputs; otherwise each runs alone, as Infer
@@ -137,7 +140,10 @@ class InferenceApi {
   // Whether `s`, decoded, is to wait for a batch (then its ticket is set).
   absl::StatusOr<bool> JoinsBatch(RequestState& s, BatchTicket& ticket);
   absl::Status RunModel(Call& call, RequestState& s, bool* deferred);
-  absl::Status Answer(Call& call, RequestState& s, CallResult result, absl::Time called);
+  // `batch_rows`: the rows of the call that served it (its own, or its
+  // batch's).
+  absl::Status Answer(Call& call, RequestState& s, CallResult result, absl::Time called,
+                      int64_t batch_rows);
   // Runs the requests `live` of `calls` as one call; false, having answered
   // none, when no variant takes them together or their outputs cannot be
   // split by rows.

@@ -168,6 +168,7 @@ TEST_F(BatchingTest, MergesConcurrentRequestsIntoOneRunAndAnswersEachWithItsRows
     const auto& [status, response] = answers[i];
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_THAT(Variant(response), HasSubstr("forward#"));
+    EXPECT_EQ(response.parameters().at("precompile_batch_rows").int64_param(), 8);
     ASSERT_EQ(response.outputs_size(), 1);
     EXPECT_EQ(response.outputs(0).shape(0), 2) << "each request gets its own rows";
     // The same request alone, to the same artifact without batching.
@@ -268,6 +269,7 @@ TEST_F(BatchingTest, RequestsThatNoVariantServesAloneAreAnsweredAsAloneAndJoinNo
   // Three more rows fill the batch, which then runs.
   ASSERT_TRUE(Infer(Request("mlp", 3, 4, 9), &response).ok());
   EXPECT_EQ(response.outputs(0).shape(0), 3);
+  EXPECT_EQ(response.parameters().at("precompile_batch_rows").int64_param(), 8);
   for (std::thread& t : waiting) t.join();
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(waited[i].first.ok()) << waited[i].first.error_message();
@@ -275,12 +277,13 @@ TEST_F(BatchingTest, RequestsThatNoVariantServesAloneAreAnsweredAsAloneAndJoinNo
   }
 }
 
-TEST_F(BatchingTest, AnswersARequestWhoseDeadlinePassesWhileItWaitsForItsBatch) {
+TEST_F(BatchingTest, ARequestWhoseDeadlineComesBeforeItsBatchsDelayRunsAloneAtOnce) {
   if (!kParsesMapFields) GTEST_SKIP() << "map fields parsed by an uninstrumented libprotobuf";
+  // Its limit is 0.3 s, the delay 30 s: waiting for others would fail it.
   inference::ModelInferResponse response;
   grpc::Status status = Infer(Request("mlp_deadline", 2, 4, 0), &response);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_THAT(status.error_message(), HasSubstr("max_request_seconds"));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.parameters().at("precompile_batch_rows").int64_param(), 2);
 }
 
 TEST_F(BatchingTest, ReportsItsConfigAndShapesAsTritonDoesForBatchingModels) {
