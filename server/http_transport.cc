@@ -229,6 +229,8 @@ class HttpTransportLoop {
     uint64_t body_length = 0;
     // This request's share of body_bytes_.
     size_t reserved = 0;
+    // The answer's share of answer_bytes_, until it is written or dropped.
+    size_t answer_held = 0;
     bool head_only = false;
     bool keep_alive = true;
     // Some of the request being read has arrived.
@@ -269,6 +271,8 @@ class HttpTransportLoop {
   // Ends the request a connection holds: its body's share of the budget
   // goes back, and the exchange with it.
   void EndRequest(Connection& c);
+  // The answer's share of the budget goes back: written, or dropped.
+  void ReleaseAnswer(Connection& c);
   // Marks a closed connection for erasure at the end of the loop's turn.
   void Bury(Connection& c);
   // epoll_ctl with `op` for `fd`, reported as `id` on `events`.
@@ -300,6 +304,9 @@ class HttpTransportLoop {
   absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> connections_;
   uint64_t next_id_ = kWakeId + 1;
   size_t body_bytes_ = 0;
+  // Bytes of answers not yet written whole: a client that does not read
+  // leaves its answer here, beyond what the kernel's buffers take.
+  size_t answer_bytes_ = 0;
   // Connections with bytes read (or, for TLS, decrypted) that no event will
   // announce again.
   std::vector<uint64_t> ready_;
@@ -703,9 +710,10 @@ void HttpTransportLoop::StartRequest(Connection& c, HttpHead head) {
     c.exchange.reset();
     return Send(c, *std::move(screened));
   }
-  if (body_bytes_ + length > options_.max_body_buffer_bytes) {
+  if (body_bytes_ + answer_bytes_ + length > options_.max_body_buffer_bytes) {
     return Refuse(c, 429,
-                  absl::StrCat("the server holds as many bytes of request bodies as it may (",
+                  absl::StrCat("the server holds as many bytes of request bodies and unsent "
+                               "answers as it may (",
                                options_.max_body_buffer_bytes,
                                "); retry when the requests before yours are answered"));
   }
@@ -749,8 +757,14 @@ void HttpTransportLoop::Send(Connection& c, HttpAnswer answer) {
   for (const auto& [name, value] : answer.fields) absl::StrAppend(&head, name, ": ", value, "\r\n");
   if (c.close_after_write) head += "Connection: close\r\n";
   head += "\r\n";
+  ReleaseAnswer(c);
+  c.answer_held = head.size();
   c.out.push_back(std::move(head));
-  if (!c.head_only && !answer.body.empty()) c.out.push_back(std::move(answer.body));
+  if (!c.head_only && !answer.body.empty()) {
+    c.answer_held += answer.body.size();
+    c.out.push_back(std::move(answer.body));
+  }
+  answer_bytes_ += c.answer_held;
   c.state = State::kWriting;
   c.deadline = absl::Now() + options_.request_timeout;
   Flush(c);
@@ -794,6 +808,7 @@ void HttpTransportLoop::Flush(Connection& c) {
 }
 
 void HttpTransportLoop::FinishAnswer(Connection& c) {
+  ReleaseAnswer(c);
   EndRequest(c);
   if (c.close_after_write) return StartLinger(c);
   c.state = State::kHead;
@@ -838,6 +853,7 @@ void HttpTransportLoop::Linger(Connection& c) {
 
 void HttpTransportLoop::Drop(Connection& c) {
   if (c.dead) return;
+  ReleaseAnswer(c);
   if (c.fd >= 0) {
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
     c.ssl.reset();
@@ -857,6 +873,11 @@ void HttpTransportLoop::EndRequest(Connection& c) {
   body_bytes_ -= c.reserved;
   c.reserved = 0;
   c.exchange.reset();
+}
+
+void HttpTransportLoop::ReleaseAnswer(Connection& c) {
+  answer_bytes_ -= c.answer_held;
+  c.answer_held = 0;
 }
 
 void HttpTransportLoop::Bury(Connection& c) {

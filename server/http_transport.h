@@ -13,9 +13,11 @@
 //     (server/http_head.h: 400, 505);
 //   - a body has a Content-Length of at most `max_body_bytes` (413) and no
 //     Transfer-Encoding (411: its size is known only once read); all the
-//     bodies held at once, arriving or being answered, add up to at most
-//     `max_body_buffer_bytes` (429 past it): each counts from the moment its
-//     Content-Length is read, before any of it is stored;
+//     bodies held at once, arriving or being answered, and the answers not
+//     yet written whole (a client that does not read leaves its answer in
+//     the server's memory) add up to at most `max_body_buffer_bytes` (429
+//     past it): a body counts from the moment its Content-Length is read,
+//     before any of it is stored;
 //   - a request arrives whole within `request_timeout` of its first byte,
 //     plus a second per MiB of its body (408); a connection idle that long
 //     between requests, or an answer the client takes no bytes of for that

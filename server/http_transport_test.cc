@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -29,8 +31,9 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 // Echoes "<method> <path> <body>" from a worker; GET /probe is answered by
-// Screen, POST /refuse-early is refused by Screen, and POST /hold waits
-// until Release() (recording whether the client had gone by then).
+// Screen, POST /refuse-early is refused by Screen, POST /hold waits until
+// Release() (recording whether the client had gone by then), and GET /big/N
+// answers N bytes.
 class EchoHandler final : public HttpHandler {
  public:
   std::optional<HttpAnswer> Screen(const HttpRequest& request) override {
@@ -50,6 +53,12 @@ class EchoHandler final : public HttpHandler {
       changed_.notify_all();
     }
     if (request.head.path == "/throw") throw std::runtime_error("secret detail");
+    if (absl::StartsWith(request.head.path, "/big/")) {
+      size_t size = 0;
+      if (absl::SimpleAtoi(request.head.path.substr(5), &size)) {
+        return exchange.Answer(HttpAnswer{200, "text/plain", std::string(size, 'z'), {}});
+      }
+    }
     exchange.Answer(HttpAnswer{
         200, "text/plain", absl::StrCat(request.head.method, " ", request.head.path, " ",
                                         request.body),
@@ -116,7 +125,7 @@ class Client {
         size_t length = 0;
         const size_t field = buffer_.find("Content-Length: ");
         if (field != std::string::npos && field < end) {
-          length = std::stoul(buffer_.substr(field + 16));
+          length = std::stoul(buffer_.substr(field + 16, 20));  // Not the whole buffer.
         }
         const bool head_only = buffer_.compare(0, 12, "HTTP/1.1 100") == 0 || head_only_;
         const size_t total = end + 4 + (head_only ? 0 : length);
@@ -323,6 +332,43 @@ TEST_F(HttpTransportTest, AClientThatGoesCancelsItsRequest) {
   EXPECT_THAT(next.Answer(), HasSubstr("POST /a after"));
 }
 
+TEST_F(HttpTransportTest, AnswersAClientDoesNotReadCountAgainstTheBudgetUntilSentOrDropped) {
+  HttpTransportOptions options;
+  options.max_body_buffer_bytes = 1 << 20;
+  Start(options);
+  // 64 MiB: more than loopback's socket buffers take, so most of it stays
+  // in the server while the client reads nothing.
+  constexpr size_t kBig = size_t{64} << 20;
+  auto next_answer = [this] {
+    Client next(port());
+    EXPECT_TRUE(next.Send(Post("/a", "x")));
+    return next.Answer();
+  };
+  auto eventually = [&](absl::string_view start) {
+    for (int i = 0; i < 200; ++i) {
+      if (absl::StartsWith(next_answer(), start)) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  };
+  {
+    Client silent(port());
+    ASSERT_TRUE(silent.Send(absl::StrCat("GET /big/", kBig, " HTTP/1.1\r\n\r\n")));
+    ASSERT_TRUE(eventually("HTTP/1.1 429")) << "its answer never counted";
+    EXPECT_THAT(next_answer(), HasSubstr("request bodies and unsent answers"));
+    // Read whole, it counts no more.
+    const std::string answer = silent.Answer(absl::Seconds(60));
+    EXPECT_EQ(answer.size() - answer.find("\r\n\r\n") - 4, kBig);
+    EXPECT_THAT(next_answer(), StartsWith("HTTP/1.1 200"));
+  }
+  {
+    Client silent(port());
+    ASSERT_TRUE(silent.Send(absl::StrCat("GET /big/", kBig, " HTTP/1.1\r\n\r\n")));
+    ASSERT_TRUE(eventually("HTTP/1.1 429"));
+  }  // Gone without reading: its answer is dropped, and counts no more.
+  EXPECT_TRUE(eventually("HTTP/1.1 200"));
+}
+
 TEST_F(HttpTransportTest, BodiesHeldAtOnceStayWithinTheBudget) {
   HttpTransportOptions options;
   options.max_body_buffer_bytes = 100;
@@ -334,7 +380,8 @@ TEST_F(HttpTransportTest, BodiesHeldAtOnceStayWithinTheBudget) {
   ASSERT_TRUE(second.Send("POST /b HTTP/1.1\r\nContent-Length: 60\r\n\r\n"));
   const std::string refused = second.Answer();
   EXPECT_THAT(refused, StartsWith("HTTP/1.1 429"));
-  EXPECT_THAT(refused, HasSubstr("as many bytes of request bodies as it may (100)"));
+  EXPECT_THAT(refused,
+              HasSubstr("as many bytes of request bodies and unsent answers as it may (100)"));
   // The first's share comes back once it is answered.
   ASSERT_TRUE(first.Send(std::string(60 - 12, 'x')));
   EXPECT_THAT(first.Answer(), HasSubstr("POST /a still coming"));

@@ -36,8 +36,8 @@ ABSL_FLAG(int, http_threads, 64,
 ABSL_FLAG(int, http_max_connections, 1024,
           "HTTP connections open at once; past it, the one idle longest is closed");
 ABSL_FLAG(int64_t, http_max_body_buffer_bytes, int64_t{1} << 30,
-          "Bytes of HTTP request bodies held at once (arriving or being answered); a request "
-          "that would pass it gets 429 before its body is read");
+          "Bytes of HTTP request bodies (arriving or being answered) and answers not yet sent "
+          "held at once; a request that would pass it gets 429 before its body is read");
 ABSL_FLAG(int, http_request_timeout_seconds, 30,
           "An HTTP request must arrive whole within this (plus a second per MiB of body); a "
           "client idle this long between requests is disconnected");
