@@ -79,6 +79,9 @@ Server::Server(ServerOptions options)
 }
 
 Server::~Server() {
+  // The transports wait below for their requests, some of which may wait
+  // in a batch: run those now rather than after their delay.
+  scheduler_->StopWaitingForBatches();
   if (!stop_polling_.HasBeenNotified()) stop_polling_.Notify();
   if (poller_.joinable()) poller_.join();
   if (watchdog_.joinable()) watchdog_.join();

@@ -329,5 +329,40 @@ TEST_F(BatchingTest, RefusesToLoadAModelWhoseOutputsDoNotKeepTheRows) {
   EXPECT_TRUE(found);
 }
 
+TEST(BatchingDrain, ADrainRunsTheBatchesWaitingAndAnswersThem) {
+  const std::string root = NewTempDirectory("batching_drain");
+  std::filesystem::create_directories(root + "/mlp");
+  CopyTree(ExampleArtifact("mlp"), root + "/mlp/1");
+  // A batch that would wait a minute for more requests.
+  std::ofstream(root + "/mlp/config.pbtxt")
+      << "max_batch_size: 16 dynamic_batching { max_queue_delay_microseconds: 60000000 }";
+  server::ServerOptions options;
+  options.model_repository = root;
+  options.grpc_address = "127.0.0.1:0";
+  options.metrics_address = "127.0.0.1:0";
+  options.drain_timeout = absl::Seconds(20);
+  auto server = server::Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = inference::GRPCInferenceService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*server)->grpc_port()), grpc::InsecureChannelCredentials()));
+  grpc::Status status;
+  inference::ModelInferResponse response;
+  std::thread client([&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    status = stub->ModelInfer(&context, Request("mlp", 2, 4, 0), &response);
+  });
+  // Waiting in its batch, as the gauge says.
+  while (MetricValue(HttpGet((*server)->metrics_port(), "/metrics"),
+                     "precompile_batch_waiting") < 1) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // Within the drain timeout, a third of the delay: the batch ran at once.
+  EXPECT_TRUE((*server)->Stop().ok());
+  client.join();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.outputs(0).shape(0), 2);
+}
+
 }  // namespace
 }  // namespace precompile
