@@ -403,11 +403,10 @@ std::vector<std::optional<absl::Status>> InferenceApi::InferBatch(
     // The wait for the batch is queueing, as the wait for a run slot is.
     s.timing.queue += resumed - s.model_start;
     s.model_start = resumed;
-    if (call.Cancelled()) {
-      answers[i] = Finish(s, absl::CancelledError("the client cancelled the request or its "
-                                                  "deadline passed while it waited for its batch"));
-    } else if (resumed >= s.deadline) {
-      answers[i] = Finish(s, PastDeadline(s, absl::CancelledError("it waited that long")));
+    if (absl::Status wanted = StillWanted(call, s, resumed, "while it waited for its batch",
+                                          "it waited for its batch that long");
+        !wanted.ok()) {
+      answers[i] = Finish(s, std::move(wanted));
     } else {
       live.push_back(i);
     }
@@ -434,7 +433,8 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
   std::optional<CallResult> merged;
   std::vector<int64_t> rows;
   int64_t total_rows = 0;
-  try {
+  first.stage = "running a merged batch";
+  const absl::Status tried = Guarded(first, [&] {
     std::vector<absl::Span<const NamedValue>> parts;
     for (const size_t i : live) {
       parts.push_back(states[i]->args);
@@ -447,14 +447,10 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
     LoadedVersion::CallContext variant_only;
     variant_only.variant_only = true;
     absl::StatusOr<CallResult> result = first.handle.model->Call(args.args, variant_only);
-    if (!result.ok() || result->no_variant) return false;
-    merged = *std::move(result);
-  } catch (...) {
-    spdlog::error("event=merged_call_threw model={} what=\"{}\"",
-                  LoggedText(first.request.model_name(), kMaxLoggedName),
-                  DescribeCaughtException().what);
-    return false;
-  }
+    if (result.ok() && !result->no_variant) merged = *std::move(result);
+    return absl::OkStatus();
+  });
+  if (!tried.ok() || !merged) return false;
   std::optional<std::vector<std::vector<OutputTensor>>> split = SplitRows(merged->outputs, rows);
   if (!split) return false;
   const absl::Time called = absl::Now();
@@ -519,6 +515,16 @@ absl::Status InferenceApi::Finish(RequestState& s, absl::Status status) {
   return status;
 }
 
+absl::Status InferenceApi::StillWanted(Call& call, const RequestState& s, absl::Time now,
+                                       absl::string_view when, absl::string_view waited) {
+  if (call.Cancelled()) {
+    return absl::CancelledError(
+        absl::StrCat("the client cancelled the request or its deadline passed ", when));
+  }
+  if (now >= s.deadline) return PastDeadline(s, absl::CancelledError(waited));
+  return absl::OkStatus();
+}
+
 absl::Status InferenceApi::PastDeadline(const RequestState& s, const absl::Status& status) {
   const bool model_limit = s.handle.max_request_time.has_value();
   return absl::DeadlineExceededError(absl::StrCat(
@@ -549,12 +555,10 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
   if (s.limit > absl::ZeroDuration() && s.limit < absl::InfiniteDuration()) {
     s.deadline = s.received + s.limit;
   }
-  if (call.Cancelled()) {
-    return absl::CancelledError(
-        "the client cancelled the request or its deadline passed before it ran");
-  }
-  if (absl::Now() >= s.deadline) {
-    return PastDeadline(s, absl::CancelledError("it waited in the queue that long"));
+  if (absl::Status wanted = StillWanted(call, s, absl::Now(), "before it ran",
+                                        "it waited in the queue that long");
+      !wanted.ok()) {
+    return wanted;
   }
   const Frame& entry = handle->model->entry_frame();
   auto parameter_of = [&](const std::string& name) -> const Parameter* {

@@ -155,6 +155,11 @@ class InferenceApi {
   // Logs a failure and records the request in its model's metrics.
   absl::Status Finish(RequestState& s, absl::Status status) ABSL_LOCKS_EXCLUDED(log_mu_);
   static absl::Status PastDeadline(const RequestState& s, const absl::Status& status);
+  // OK while the request's client waits for it and its deadline has not
+  // passed at `now`; else CANCELLED (its client gone `when`) or its
+  // deadline's error (having `waited`).
+  static absl::Status StillWanted(Call& call, const RequestState& s, absl::Time now,
+                                  absl::string_view when, absl::string_view waited);
   // `served`: whether `model` names a model the server serves.
   void LogFailure(const std::string& model, bool served, const absl::Status& status)
       ABSL_LOCKS_EXCLUDED(log_mu_);
