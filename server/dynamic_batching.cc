@@ -72,6 +72,15 @@ absl::StatusOr<std::shared_ptr<const BatchingConfig>> ReadBatchingConfig(
 }
 
 absl::Status CheckBatchable(const Frame& entry) {
+  // The names of the tensor leaves, in the order of a variant's outputs.
+  std::vector<const std::string*> outputs;
+  for (const auto& leaf : entry.outputs().leaves()) {
+    if (leaf.is_tensor()) outputs.push_back(&leaf.name());
+  }
+  auto output_name = [&outputs](int i) {
+    return i < static_cast<int>(outputs.size()) ? absl::StrCat("output '", *outputs[i], "'")
+                                                : absl::StrCat("output ", i);
+  };
   for (const auto& variant : entry.variants()) {
     auto refuse = [&](absl::string_view why) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -106,14 +115,8 @@ absl::Status CheckBatchable(const Frame& entry) {
     }
     for (int i = 0; i < variant.outputs_size(); ++i) {
       const artifact::v1::TensorSpec& spec = variant.outputs(i);
-      std::string name = absl::StrCat("output ", i);
-      int tensor = 0;
-      for (const auto& leaf : entry.outputs().leaves()) {
-        if (!leaf.is_tensor()) continue;
-        if (tensor++ == i) name = absl::StrCat("output '", leaf.name(), "'");
-      }
       if (spec.shape_size() == 0) {
-        return refuse(absl::StrCat("returns ", name, " as a scalar (no dimensions)"));
+        return refuse(absl::StrCat("returns ", output_name(i), " as a scalar (no dimensions)"));
       }
       if (batch == nullptr) continue;
       // An output's rows are the inputs' rows: the same size, or the same
@@ -124,8 +127,8 @@ absl::Status CheckBatchable(const Frame& entry) {
                     spec.shape_symbols(0) == static_cast<int32_t>(batch->symbol())
               : spec.shape(0) == batch->static_size();
       if (!keeps_rows) {
-        return refuse(absl::StrCat("returns ", name, " whose first dimension is not its "
-                                   "inputs' rows (", batch_input, ".size(0))"));
+        return refuse(absl::StrCat("returns ", output_name(i), " whose first dimension is not "
+                                   "its inputs' rows (", batch_input, ".size(0))"));
       }
     }
   }

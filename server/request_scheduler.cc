@@ -233,7 +233,9 @@ bool RequestScheduler::TakeDueBatch(int64_t before_ns, std::vector<Job*>& batch)
     if (first == open_batches_.end() || open.opened_ns < first->second.opened_ns) first = it;
   }
   if (first == open_batches_.end()) {
-    // Nothing due: the earliest due may have left without a word.
+    // Every path that takes a batch recomputes the earliest due; recomputed
+    // here too, a mistake there cannot leave every slot's thread and the
+    // timer looking for a due batch that is not there, for ever.
     BatchesChanged();
     return false;
   }
