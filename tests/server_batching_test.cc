@@ -74,6 +74,20 @@ std::vector<float> Floats(const inference::ModelInferResponse& response) {
   return values;
 }
 
+// Copies the example artifact `artifact` to <root>/<name>/1, with `config`
+// as the model's config.pbtxt ("": none).
+void AddModel(const std::string& root, const std::string& name, const std::string& artifact,
+              const std::string& config) {
+  std::filesystem::create_directories(root + "/" + name);
+  CopyTree(ExampleArtifact(artifact), root + "/" + name + "/1");
+  if (!config.empty()) std::ofstream(root + "/" + name + "/config.pbtxt") << config;
+}
+
+std::unique_ptr<inference::GRPCInferenceService::Stub> StubOf(const server::Server& server) {
+  return inference::GRPCInferenceService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server.grpc_port()), grpc::InsecureChannelCredentials()));
+}
+
 std::string Variant(const inference::ModelInferResponse& response) {
   return response.parameters().at("precompile_variant").string_param();
 }
@@ -82,22 +96,16 @@ class BatchingTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     const std::string root = NewTempDirectory("batching");
-    auto add = [&](const std::string& name, const std::string& artifact,
-                   const std::string& config) {
-      std::filesystem::create_directories(root + "/" + name);
-      CopyTree(ExampleArtifact(artifact), root + "/" + name + "/1");
-      if (!config.empty()) std::ofstream(root + "/" + name + "/config.pbtxt") << config;
-    };
-    add("mlp", "mlp", kBatched);
-    add("mlp_alone", "mlp", "");
+    AddModel(root, "mlp", "mlp", kBatched);
+    AddModel(root, "mlp_alone", "mlp", "");
 #if !defined(__SANITIZE_THREAD__)  // See kParsesMapFields.
     // Its deadline comes long before its batch's delay.
-    add("mlp_deadline", "mlp",
-        absl::StrCat(kBatched,
-                     R"pb(parameters { key: "max_request_seconds" value { string_value: "0.3" } })pb"));
+    AddModel(root, "mlp_deadline", "mlp",
+             absl::StrCat(kBatched, R"pb(parameters {
+                            key: "max_request_seconds" value { string_value: "0.3" } })pb"));
 #endif
     // x[: x.size(0) // 2] has half the rows: it cannot batch.
-    add("passthrough", "passthrough", "max_batch_size: 2048");
+    AddModel(root, "passthrough", "passthrough", "max_batch_size: 2048");
     server::ServerOptions options;
     options.model_repository = root;
     options.grpc_address = "127.0.0.1:0";
@@ -106,9 +114,7 @@ class BatchingTest : public ::testing::Test {
     auto server = server::Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = server->release();
-    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->grpc_port()),
-                                       grpc::InsecureChannelCredentials());
-    stub_ = inference::GRPCInferenceService::NewStub(channel).release();
+    stub_ = StubOf(*server_).release();
   }
 
   static void TearDownTestSuite() {
@@ -331,11 +337,9 @@ TEST_F(BatchingTest, RefusesToLoadAModelWhoseOutputsDoNotKeepTheRows) {
 
 TEST(BatchingDrain, ADrainRunsTheBatchesWaitingAndAnswersThem) {
   const std::string root = NewTempDirectory("batching_drain");
-  std::filesystem::create_directories(root + "/mlp");
-  CopyTree(ExampleArtifact("mlp"), root + "/mlp/1");
   // A batch that would wait a minute for more requests.
-  std::ofstream(root + "/mlp/config.pbtxt")
-      << "max_batch_size: 16 dynamic_batching { max_queue_delay_microseconds: 60000000 }";
+  AddModel(root, "mlp", "mlp",
+           "max_batch_size: 16 dynamic_batching { max_queue_delay_microseconds: 60000000 }");
   server::ServerOptions options;
   options.model_repository = root;
   options.grpc_address = "127.0.0.1:0";
@@ -343,8 +347,7 @@ TEST(BatchingDrain, ADrainRunsTheBatchesWaitingAndAnswersThem) {
   options.drain_timeout = absl::Seconds(20);
   auto server = server::Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = inference::GRPCInferenceService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string((*server)->grpc_port()), grpc::InsecureChannelCredentials()));
+  auto stub = StubOf(**server);
   grpc::Status status;
   inference::ModelInferResponse response;
   std::thread client([&] {
