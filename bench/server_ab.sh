@@ -34,7 +34,7 @@ i=0
 for build in before after; do
   PORT[$build]=$((PORT_BASE + i)); i=$((i + 1))
   taskset -c "$SERVER_CPUS" "${SERVER[$build]}" --model_repository="$OUT/repository" \
-    --listen_address=127.0.0.1 --grpc_port="${PORT[$build]}" --metrics_port=-1 \
+    --listen_address=127.0.0.1 --grpc_port="${PORT[$build]}" --metrics_port=-1 --http_port=-1 \
     --torch_threads=1 --inference_threads=1 > "$OUT/server_$build.log" 2>&1 &
   PID[$build]=$!; PIDS+=($!)
 done

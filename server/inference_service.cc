@@ -42,10 +42,11 @@ void TakeFromGrpc(void*) {}
 
 // One ModelInfer call on gRPC's asynchronous API. Its events: `requested`
 // (a call arrived, or ok=false: the server shut down first), then both
-// `answered` (the response went out) and `done` (the call ended; it is what
-// makes IsCancelled() a cheap read), in either order, on any thread. Once a
-// call arrived, three parties hold it: the thread that answers it (until
-// Finish returns) and the two events; the last to let go deletes it.
+// `answered` (the response went out, or ok=false: it will not) and `done`
+// (the call ended; it is what makes IsCancelled() a cheap read), in either
+// order, on any thread. Once a call arrived, three parties hold it: the
+// thread that answers it (until Finish returns) and the two events; the
+// last to let go deletes it.
 class InferenceService::InferCall final : public InferenceJob {
  public:
   enum class Event { kRequested, kAnswered, kDone };
@@ -64,7 +65,11 @@ class InferenceService::InferCall final : public InferenceJob {
   absl::Status Parse(inference::ModelInferRequest* request) override {
     // The one copy of the input bytes: out of gRPC's buffer into the message.
     grpc::ProtoBufferReader reader(&raw_request);
-    if (!request->ParseFromZeroCopyStream(&reader)) {
+    const bool parsed = request->ParseFromZeroCopyStream(&reader);
+    // The call may live on long after (its answer waiting for its client):
+    // it keeps no second copy of its inputs.
+    raw_request.Clear();
+    if (!parsed) {
       return absl::InvalidArgumentError(
           "the request is not a ModelInferRequest (it does not parse)");
     }
@@ -94,6 +99,14 @@ class InferenceService::InferCall final : public InferenceJob {
   grpc::ByteBuffer raw_request;
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder;
   grpc::ByteBuffer response;
+  // Its answer's share of the service's unsent answer bytes.
+  int64_t unsent_bytes = 0;
+  // Its place among the answers waiting to be taken, while it is there
+  // (guarded by the service's unsent_mu_).
+  absl::Time answer_ready;
+  InferCall* older_unsent = nullptr;
+  InferCall* newer_unsent = nullptr;
+  bool waits_unsent = false;
   using InferenceJob::answer;
   using InferenceJob::set_received;
 
@@ -106,8 +119,12 @@ class InferenceService::InferCall final : public InferenceJob {
 };
 
 InferenceService::InferenceService(InferenceApi& api, RequestScheduler& scheduler,
-                                   ControlAccess access, int pollers)
-    : api_(api), scheduler_(scheduler), access_(std::move(access)), pollers_(pollers) {}
+                                   ControlAccess access, int pollers, AnswerLimits answers)
+    : api_(api),
+      scheduler_(scheduler),
+      access_(std::move(access)),
+      pollers_(pollers),
+      answer_limits_(answers) {}
 
 InferenceService::~InferenceService() { StopServing(); }
 
@@ -153,6 +170,7 @@ void InferenceService::ServeCalls() {
   while (cq_->Next(&tag, &ok)) {
     TakeFromGrpc(tag);
     auto [call, event] = InferCall::Of(tag);
+    if (event == InferCall::Event::kAnswered) OnAnswered(call);
     if (event != InferCall::Event::kRequested) {
       if (call->Unref()) Delete(call);
     } else if (!ok) {
@@ -166,9 +184,16 @@ void InferenceService::ServeCalls() {
 
 void InferenceService::OnRequested(InferCall* call) {
   call->set_received(absl::Now());
+  const int64_t unsent = unsent_answer_bytes_.load(std::memory_order_relaxed);
   const absl::Status admitted =
-      scheduler_.Submit(call, static_cast<int64_t>(call->raw_request.Length()));
+      answer_limits_.max_unsent_bytes > 0 && unsent >= answer_limits_.max_unsent_bytes
+          ? absl::ResourceExhaustedError(absl::StrCat(
+                "answers not yet taken by their clients hold ", unsent,
+                " bytes, at the limit of ", answer_limits_.max_unsent_bytes,
+                " (--grpc_unsent_answer_bytes); retry later"))
+          : scheduler_.Submit(call, static_cast<int64_t>(call->raw_request.Length()));
   if (!admitted.ok()) {
+    call->raw_request.Clear();
     call->responder.FinishWithError(ToGrpcStatus(admitted), call->answered_tag());
     if (call->Unref()) Delete(call);
   }
@@ -176,11 +201,44 @@ void InferenceService::OnRequested(InferCall* call) {
 
 void InferenceService::Answer(InferCall* call) {
   if (call->answer().ok()) {
+    call->unsent_bytes = static_cast<int64_t>(call->response.Length());
+    unsent_answer_bytes_.fetch_add(call->unsent_bytes, std::memory_order_relaxed);
+    if (answer_limits_.timeout > absl::ZeroDuration()) {
+      // Before the answer goes, so that `answered` always finds it there.
+      std::lock_guard<std::mutex> lock(unsent_mu_);
+      call->answer_ready = absl::Now();
+      call->waits_unsent = true;
+      call->older_unsent = newest_unsent_;
+      (newest_unsent_ ? newest_unsent_->newer_unsent : oldest_unsent_) = call;
+      newest_unsent_ = call;
+    }
+    HandToGrpc(call->answered_tag());  // What OnAnswered reads was set here.
     call->responder.Finish(call->response, grpc::Status::OK, call->answered_tag());
   } else {
     call->responder.FinishWithError(ToGrpcStatus(call->answer()), call->answered_tag());
   }
   if (call->Unref()) Delete(call);
+}
+
+void InferenceService::OnAnswered(InferCall* call) {
+  unsent_answer_bytes_.fetch_sub(call->unsent_bytes, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(unsent_mu_);
+  if (!call->waits_unsent) return;
+  call->waits_unsent = false;
+  (call->older_unsent ? call->older_unsent->newer_unsent : oldest_unsent_) = call->newer_unsent;
+  (call->newer_unsent ? call->newer_unsent->older_unsent : newest_unsent_) = call->older_unsent;
+}
+
+void InferenceService::DropUntakenAnswers(absl::Time now) {
+  if (answer_limits_.timeout <= absl::ZeroDuration()) return;
+  // A call stays listed (so alive) until its `answered` event, which
+  // cancelling it brings.
+  std::lock_guard<std::mutex> lock(unsent_mu_);
+  for (InferCall* call = oldest_unsent_;
+       call != nullptr && now - call->answer_ready >= answer_limits_.timeout;
+       call = call->newer_unsent) {
+    call->context.TryCancel();
+  }
 }
 
 void InferenceService::Delete(InferCall* call) {

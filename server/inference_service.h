@@ -10,11 +10,22 @@
 // methods are synchronous (gRPC's threads): a long model call never holds up
 // health checks or metadata.
 //
+// An answer stays in memory until its client has taken it whole, which a
+// client that grants no flow-control window never does (gRPC's own quota
+// does not reliably bound what it holds to send). So the service counts
+// the bytes of the answers handed to gRPC and not yet sent: past
+// `AnswerLimits::max_unsent_bytes`, new calls are refused
+// (RESOURCE_EXHAUSTED, naming the limit) before they are admitted; and an
+// answer not taken whole within `AnswerLimits::timeout` is dropped, its call
+// cancelled (by DropUntakenAnswers), so that such a client holds the budget
+// for a bounded time.
+//
 // Thread safety: gRPC calls the methods concurrently.
 #ifndef PRECOMPILE_SERVER_INFERENCE_SERVICE_H_
 #define PRECOMPILE_SERVER_INFERENCE_SERVICE_H_
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,12 +34,21 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
 #include "proto/inference.grpc.pb.h"
 #include "server/control_access.h"
 #include "server/inference_api.h"
 #include "server/request_scheduler.h"
 
 namespace precompile::server {
+
+// What answers waiting for their clients may hold (see above); zero for
+// either: no limit.
+struct AnswerLimits {
+  int64_t max_unsent_bytes = 0;
+  absl::Duration timeout = absl::ZeroDuration();
+};
 
 class InferenceService final
     : public inference::GRPCInferenceService::WithRawMethod_ModelInfer<
@@ -38,7 +58,7 @@ class InferenceService final
   // RepositoryModelLoad/Unload (ControlAccess::CheckControl).
   // REQUIRES: scheduler.run_slots() < pollers.
   InferenceService(InferenceApi& api, RequestScheduler& scheduler, ControlAccess access,
-                   int pollers);
+                   int pollers, AnswerLimits answers = {});
   // Stops serving (see StopServing): the gRPC server must be shut down first.
   ~InferenceService() override;
 
@@ -48,6 +68,14 @@ class InferenceService final
   // After the gRPC server has shut down: finishes the requests still queued
   // or running and joins the threads. Idempotent.
   void StopServing();
+
+  // Bytes of the answers handed to gRPC that their clients have not taken
+  // whole yet.
+  int64_t unsent_answer_bytes() const { return unsent_answer_bytes_.load(); }
+  // Cancels the calls whose answers have waited for their clients
+  // AnswerLimits::timeout or longer by `now`: the server calls it every
+  // second or so while it serves.
+  void DropUntakenAnswers(absl::Time now) ABSL_LOCKS_EXCLUDED(unsent_mu_);
 
   grpc::Status ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
                           inference::ServerLiveResponse*) override;
@@ -85,6 +113,8 @@ class InferenceService final
   void RequestCall();
   // Sends what the call's run decided.
   void Answer(InferCall* call);
+  // The call's answer went out, or will not: what it held is given back.
+  void OnAnswered(InferCall* call) ABSL_LOCKS_EXCLUDED(unsent_mu_);
   void Delete(InferCall* call);
 
   InferenceApi& api_;
@@ -92,6 +122,13 @@ class InferenceService final
   const ControlAccess access_;
 
   const int pollers_;
+  const AnswerLimits answer_limits_;
+  std::atomic<int64_t> unsent_answer_bytes_{0};
+  // The calls whose answers wait for their clients, oldest first (those
+  // answered while a timeout is set).
+  std::mutex unsent_mu_;
+  InferCall* oldest_unsent_ ABSL_GUARDED_BY(unsent_mu_) = nullptr;
+  InferCall* newest_unsent_ ABSL_GUARDED_BY(unsent_mu_) = nullptr;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::vector<std::thread> threads_;
   // Calls are requested until StopServing, which waits for the requests

@@ -91,6 +91,13 @@ ABSL_FLAG(int, grpc_window_bytes, 1 << 20,
 ABSL_FLAG(int64_t, grpc_memory_bytes, int64_t{1} << 30,
           "Memory gRPC may take for the messages it is receiving and sending, before any "
           "is admitted; near it, senders wait for flow-control window (0: no limit)");
+ABSL_FLAG(int64_t, grpc_unsent_answer_bytes, int64_t{1} << 30,
+          "Bytes of gRPC answers their clients have not taken whole yet (a client that "
+          "grants no flow-control window never does); at it, new inference calls get "
+          "RESOURCE_EXHAUSTED (0: no limit)");
+ABSL_FLAG(int, grpc_answer_timeout_seconds, 60,
+          "A gRPC answer its client has not taken whole this long after it was ready is "
+          "dropped and its call cancelled (0: no limit; a client's own deadline also ends it)");
 ABSL_FLAG(int, grpc_max_pollers, 64,
           "Threads kept waiting for the synchronous gRPC calls (all but ModelInfer) "
           "between bursts (0: gRPC's default of 2)");
@@ -220,6 +227,14 @@ int main(int argc, char** argv) {
   options.grpc_window_bytes = absl::GetFlag(FLAGS_grpc_window_bytes);
   if (options.grpc_window_bytes < 0) return Fail("--grpc_window_bytes must be at least 0");
   options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
+  options.grpc_answers.max_unsent_bytes = absl::GetFlag(FLAGS_grpc_unsent_answer_bytes);
+  if (options.grpc_answers.max_unsent_bytes < 0) {
+    return Fail("--grpc_unsent_answer_bytes must be at least 0");
+  }
+  if (absl::GetFlag(FLAGS_grpc_answer_timeout_seconds) < 0) {
+    return Fail("--grpc_answer_timeout_seconds must be at least 0");
+  }
+  options.grpc_answers.timeout = absl::Seconds(absl::GetFlag(FLAGS_grpc_answer_timeout_seconds));
   options.inference_threads = absl::GetFlag(FLAGS_inference_threads);
   options.inference_pollers = absl::GetFlag(FLAGS_inference_pollers);
   options.eager_threads = absl::GetFlag(FLAGS_eager_threads);

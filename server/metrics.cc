@@ -76,6 +76,10 @@ class LoadCollectable final : public prometheus::Collectable {
       gauge("precompile_inference_max_in_flight_bytes",
             "Bytes of inference requests admitted at once before RESOURCE_EXHAUSTED "
             "(--max_in_flight_request_bytes; 0: no limit)", load.max_in_flight_bytes);
+      gauge("precompile_grpc_unsent_answer_bytes",
+            "Bytes of gRPC answers their clients have not taken whole yet; at "
+            "--grpc_unsent_answer_bytes new inference calls are refused",
+            load.grpc_unsent_answer_bytes);
     }
     // /proc/self/statm: the virtual and the resident size, in pages.
     std::ifstream statm("/proc/self/statm");

@@ -74,6 +74,8 @@ struct ServerLoad {
   int max_in_flight = 0;  // 0: no limit.
   int64_t in_flight_bytes = 0;
   int64_t max_in_flight_bytes = 0;  // 0: no limit.
+  // Answers handed to gRPC that their clients have not taken whole.
+  int64_t grpc_unsent_answer_bytes = 0;
 };
 
 // Where a request's time went, for Triton's statistics: waiting for

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <utility>
 
@@ -135,18 +136,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   const ServerOptions& o = server->options_;
 
   server->metrics_ = std::make_unique<ServerMetrics>();
-  RequestScheduler* scheduler = server->scheduler_.get();
-  const ServingState* state = &server->state_;
-  server->metrics_->ExportServerLoad([scheduler, state] {
-    return ServerLoad{state->draining(),         scheduler->in_flight(),
-                      scheduler->queued(),        scheduler->eager_queued(),
-                      scheduler->batch_waiting(), scheduler->run_slots(),
-                      scheduler->max_in_flight(), scheduler->in_flight_bytes(),
-                      scheduler->max_in_flight_bytes()};
-  });
-  if (!o.metrics_address.empty()) {
-    if (absl::Status s = server->metrics_->StartHttp(o.metrics_address); !s.ok()) return s;
-  }
   RepositoryOptions repository_options;
   repository_options.root = o.model_repository;
   repository_options.load_options = o.load_options;
@@ -160,9 +149,30 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   const ControlAccess access(o.admin_token, o.allow_unauthenticated_control);
   server->api_ = std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_,
                                                 o.max_request_time);
-  server->inference_ = std::make_unique<InferenceService>(*server->api_, *server->scheduler_,
-                                                          access, o.inference_pollers);
+  server->inference_ = std::make_unique<InferenceService>(
+      *server->api_, *server->scheduler_, access, o.inference_pollers, o.grpc_answers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);
+
+  RequestScheduler* scheduler = server->scheduler_.get();
+  const ServingState* state = &server->state_;
+  const InferenceService* grpc_inference = server->inference_.get();
+  server->metrics_->ExportServerLoad([scheduler, state, grpc_inference] {
+    ServerLoad load;
+    load.draining = state->draining();
+    load.in_flight = scheduler->in_flight();
+    load.queued = scheduler->queued();
+    load.eager_queued = scheduler->eager_queued();
+    load.batch_waiting = scheduler->batch_waiting();
+    load.run_slots = scheduler->run_slots();
+    load.max_in_flight = scheduler->max_in_flight();
+    load.in_flight_bytes = scheduler->in_flight_bytes();
+    load.max_in_flight_bytes = scheduler->max_in_flight_bytes();
+    load.grpc_unsent_answer_bytes = grpc_inference->unsent_answer_bytes();
+    return load;
+  });
+  if (!o.metrics_address.empty()) {
+    if (absl::Status s = server->metrics_->StartHttp(o.metrics_address); !s.ok()) return s;
+  }
 
   if (absl::Status s = server->Listen(); !s.ok()) return s;
   if (!o.http_address.empty()) {
@@ -290,6 +300,7 @@ void Server::WatchProgress(absl::Duration bound) {
   bool stalled = false;
   bool device_lost = false;
   while (!stop_polling_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    inference_->DropUntakenAnswers(absl::Now());
     if (!device_lost) {
       if (std::optional<std::string> reason = DeviceLostReason()) {
         device_lost = true;
@@ -339,8 +350,10 @@ absl::Status Server::Stop() {
   // Stop accepting; let running calls finish. Shutdown cancels whatever is
   // still pending at the deadline, but a model call cannot be interrupted, so
   // wait for it separately and report it.
-  std::thread shutdown([this, deadline] {
+  auto grpc_shut_down = std::make_shared<Notification>();
+  std::thread shutdown([this, deadline, grpc_shut_down] {
     grpc_server_->Shutdown(absl::ToChronoTime(deadline));
+    grpc_shut_down->Notify();
   });
   // Waits for the HTTP requests being answered, which finish with the
   // scheduler's jobs.
@@ -362,6 +375,11 @@ absl::Status Server::Stop() {
         left, " inference requests were still running after the drain timeout of ",
         absl::FormatDuration(options_.drain_timeout), " (",
         absl::StrJoin(running, ", "), ")"));
+  }
+  // gRPC's shutdown waits for the answers still being sent too: those their
+  // clients do not take are dropped in time as while serving.
+  while (!grpc_shut_down->WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    inference_->DropUntakenAnswers(absl::Now());
   }
   shutdown.join();
   http_shutdown.join();

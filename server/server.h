@@ -96,6 +96,9 @@ struct ServerOptions {
   // window / round trip: 1 MiB is 10 GB/s at a cluster's 0.1 ms, 20 MB/s
   // at 50 ms. 0: gRPC's adaptive window. Default: 1 MiB.
   int grpc_window_bytes = 1 << 20;
+  // What gRPC answers not yet taken by their clients may hold, in bytes and
+  // in time (server/inference_service.h). Default: 1 GiB, 60 s.
+  AnswerLimits grpc_answers = {int64_t{1} << 30, absl::Seconds(60)};
   // Threads kept waiting for the synchronous calls (all but ModelInfer).
   // gRPC's default (2) lets the others exit after each burst and creates them
   // again for the next. Default: 64.

@@ -701,18 +701,22 @@ def test_what_requests_may_hold_fits_half_the_memory_limit(overlay):
     grpc_receiving = values.get("grpc_memory_bytes", 1 << 30)
     assert grpc_receiving > 0, (
         f"{overlay}: --grpc_memory_bytes=0 lets gRPC hold what it receives without limit")
+    grpc_unsent = values.get("grpc_unsent_answer_bytes", 1 << 30)
+    assert grpc_unsent > 0, (
+        f"{overlay}: --grpc_unsent_answer_bytes=0 lets answers nobody takes pile up")
     requests = values["max_concurrent_requests"] * message
     if request_bytes > 0:
         requests = min(requests, request_bytes)
     held = (values["http_max_body_buffer_bytes"] + grpc_receiving + requests
-            + values["max_concurrent_requests"] * message)
+            + values["max_concurrent_requests"] * message + grpc_unsent)
     limit = quantity(server_container(deployment(overlay))["resources"]["limits"]["memory"])
     assert values["max_concurrent_requests"] > 0, (
         f"{overlay}: --max_concurrent_requests=0 admits without limit: memory has no bound")
     assert held <= limit / 2, (
         f"{overlay}: HTTP bodies ({values['http_max_body_buffer_bytes']}), gRPC messages being "
-        f"received ({grpc_receiving}), admitted requests "
-        f"({requests}) and {values['max_concurrent_requests']} responses of {message} bytes may "
+        f"received ({grpc_receiving}), admitted requests ({requests}), "
+        f"{values['max_concurrent_requests']} responses of {message} bytes and gRPC answers not "
+        f"taken yet ({grpc_unsent}) may "
         f"hold {held / 2**30:.2f} GiB, more than half the memory limit ({limit / 2**30:.2f} GiB)")
     assert values["http_max_body_buffer_bytes"] >= message, (
         f"{overlay}: --http_max_body_buffer_bytes is below --max_message_bytes")

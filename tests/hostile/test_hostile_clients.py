@@ -441,7 +441,7 @@ def test_messages_many_connections_never_finish_sending_hold_bounded_memory(tmp_
     # no more window and closes connections (measured: the peak grew by
     # about 90 MiB; 450 to 530 MiB with gRPC's adaptive windows); the server
     # answers others and drains.
-    from slow_grpc_sender import SlowSender
+    from raw_http2_clients import SlowSender
 
     copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
     quota, message, connections = 64 << 20, 30 << 20, 48
@@ -472,3 +472,74 @@ def test_messages_many_connections_never_finish_sending_hold_bounded_memory(tmp_
             s.close()
     finally:
         assert process.stop() == 0, process.log()
+
+
+def test_answers_a_client_never_takes_hold_bounded_memory_for_a_bounded_time(tmp_path):
+    # A client that grants no flow-control window sends whole calls and never
+    # takes an answer: each waits in the server's memory (measured without the
+    # limit: 32 answers of 3 MiB all kept, the peak 119 MiB higher; with it,
+    # 6 kept and 36 MiB). Answers
+    # waiting count against --grpc_unsent_answer_bytes: past it new calls
+    # are refused, naming it; and --grpc_answer_timeout_seconds later the
+    # waiting ones are dropped, so the client holds the budget for a while,
+    # not for ever.
+    from raw_http2_clients import NonReader
+
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    rows, calls, budget, timeout = 1 << 18, 32, 16 << 20, 4
+    answer_bytes = rows * 3 * 4  # mlp's float32[rows, 3]: 3 MiB.
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            [f"--max_message_bytes={8 << 20}", f"--grpc_unsent_answer_bytes={budget}",
+                             f"--grpc_answer_timeout_seconds={timeout}", "--metrics_port=0"])
+    metrics_port = int(process.await_output(r"event=listening .*metrics_port=(\d+)"))
+
+    def unsent_bytes() -> int:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+        return int(float(re.search(rb"^precompile_grpc_unsent_answer_bytes (\S+)$", text, re.M)[1]))
+
+    request = inference_pb2.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="x", datatype="FP32", shape=[rows, 4])
+    request.raw_input_contents.append(np.ones((rows, 4), np.float32).tobytes())
+    message = request.SerializeToString()
+    reader = NonReader(int(process.address.rsplit(":", 1)[1]))
+    try:
+        assert_still_serving(process)
+        before = peak_memory_bytes(process)
+        streams = [reader.call(message) for _ in range(calls)]
+        states = [reader.state(s) for s in streams]
+        held = states.count("held")
+        growth = peak_memory_bytes(process) - before
+        print(f"\n{calls} answers of {answer_bytes >> 20} MiB never taken: {held} held, "
+              f"{states.count('ended')} refused, the peak grew by {growth >> 20} MiB")
+        # Admitted while less than the budget waits: its answers and one more.
+        assert 2 <= held <= budget // answer_bytes + 1, states
+        assert states.count("ended") == calls - held, states
+        # The answers' tensors and a little protobuf around each.
+        assert held * answer_bytes <= unsent_bytes() < held * (answer_bytes + 1024)
+        assert growth < budget + (32 << 20), f"the peak grew by {growth >> 20} MiB"
+
+        with grpc.insecure_channel(process.address) as channel:
+            stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+            small = inference_pb2.ModelInferRequest(model_name="mlp")
+            small.inputs.add(name="x", datatype="FP32", shape=[8, 4])
+            small.raw_input_contents.append(np.ones((8, 4), np.float32).tobytes())
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(small, timeout=PROMPT_SECONDS)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--grpc_unsent_answer_bytes" in refused.value.details()
+
+            # The waiting answers are dropped after the timeout; then others
+            # are served again.
+            deadline = time.monotonic() + timeout + 10
+            while unsent_bytes() > 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert unsent_bytes() == 0
+            assert all(reader.state(s) == "reset" for s, was in zip(streams, states) if was == "held")
+            assert stub.ModelInfer(small, timeout=PROMPT_SECONDS).outputs[0].shape == [8, 3]
+        # And one more call from the same client waits again, within bounds.
+        assert reader.state(reader.call(message)) == "held"
+        assert_still_serving(process)
+    finally:
+        code = process.stop()  # Drains with the non-reader still connected.
+        reader.close()
+        assert code == 0, process.log()

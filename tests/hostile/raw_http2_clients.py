@@ -1,0 +1,203 @@
+"""gRPC clients that misbehave as gRPC's own clients never do, over raw HTTP/2.
+
+- SlowSender starts one call and sends all but the last byte of a message
+  of the size it is given, as fast as the server's flow-control window
+  allows: the server holds what it received, waiting for the rest.
+- NonReader sends whole calls but grants the server no flow-control window
+  (its streams' initial window is 0, never raised): the server's answers
+  can never be sent, and it holds them.
+
+Just enough HTTP/2 for that (RFC 9113): the preface, SETTINGS and their
+acknowledgements, literal headers, DATA within the windows, PING answers.
+"""
+import socket, struct, threading, time
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+SETTINGS_INITIAL_WINDOW_SIZE = 4
+END_STREAM, END_HEADERS = 0x1, 0x4
+
+def frame(kind, flags, stream, payload=b""):
+    """One HTTP/2 frame."""
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+def literal(name, value):
+    # Literal header field without indexing, new name, no Huffman.
+    n, v = name.encode(), value.encode()
+    assert len(n) < 127 and len(v) < 127
+    return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
+
+def call_headers(path):
+    return b"".join(literal(k, v) for k, v in [
+        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
+        ("content-type", "application/grpc"), ("te", "trailers")])
+
+
+class Http2Connection:
+    """One connection: what the server sent, read on a thread of its own,
+    and the windows it granted for what this side sends."""
+
+    def __init__(self, port, settings=b""):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.lock = threading.Lock()
+        self.cv = threading.Condition(self.lock)
+        self.window_conn = 65535
+        self.window_stream = {}  # stream -> what the server lets it send
+        self.initial_window = 65535
+        self.closed = None  # Why the connection (or SlowSender's call) ended.
+        # stream -> frames the server sent on it: ("headers", flags), ("data", n), ("reset",)
+        self.frames = {}
+        self._send(PREFACE + frame(4, 0, 0, settings))
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _send(self, data):
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            self.closed = self.closed or "reset"
+
+    def _recv_exact(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return buf
+
+    def _read(self):
+        try:
+            while True:
+                head = self._recv_exact(9)
+                length = int.from_bytes(head[:3], "big")
+                kind, flags = head[3], head[4]
+                stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+                payload = self._recv_exact(length)
+                with self.cv:
+                    self._on_frame(kind, flags, stream, payload)
+                    self.cv.notify_all()
+        except (EOFError, OSError):
+            with self.cv:
+                self.closed = self.closed or "eof"
+                self.cv.notify_all()
+
+    def _on_frame(self, kind, flags, stream, payload):
+        if kind == 4 and not flags & 1:  # SETTINGS
+            for i in range(0, len(payload), 6):
+                ident, value = struct.unpack(">HI", payload[i:i + 6])
+                if ident == SETTINGS_INITIAL_WINDOW_SIZE:
+                    for s in self.window_stream:
+                        self.window_stream[s] += value - self.initial_window
+                    self.initial_window = value
+            self._send(frame(4, 1, 0))
+        elif kind == 8:  # WINDOW_UPDATE
+            inc = struct.unpack(">I", payload)[0] & 0x7FFFFFFF
+            if stream == 0:
+                self.window_conn += inc
+            elif stream in self.window_stream:
+                self.window_stream[stream] += inc
+        elif kind == 6 and not flags & 1:  # PING
+            self._send(frame(6, 1, 0, payload))
+        elif kind == 7:
+            self.closed = "GOAWAY"
+        elif kind == 0:
+            self.frames.setdefault(stream, []).append(("data", len(payload)))
+        elif kind == 1:
+            self.frames.setdefault(stream, []).append(("headers", flags))
+        elif kind == 3:
+            self.frames.setdefault(stream, []).append(("reset",))
+
+    def start_call(self, stream, path=INFER_PATH):
+        with self.cv:
+            self.window_stream[stream] = self.initial_window
+            self._send(frame(1, END_HEADERS, stream, call_headers(path)))
+
+    def send_data(self, stream, data, end, until_seconds):
+        """Sends `data` on `stream` as the windows allow, the last frame
+        ending the stream if `end`, until the stream or connection ends or
+        no window comes for `until_seconds`. Returns the bytes sent."""
+        deadline = time.monotonic() + until_seconds
+        sent = 0
+        with self.cv:
+            while sent < len(data) and not self.closed and not self.frames.get(stream):
+                room = min(self.window_conn, self.window_stream[stream], 16384, len(data) - sent)
+                if room <= 0:
+                    if not self.cv.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        break
+                    continue
+                last = end and sent + room == len(data)
+                self._send(frame(0, END_STREAM if last else 0, stream, data[sent:sent + room]))
+                sent += room
+                self.window_conn -= room
+                self.window_stream[stream] -= room
+        return sent
+
+    def close(self):
+        self.sock.close()
+
+
+class UnfinishedMessage:
+    """A gRPC message but its last byte, made as it is sent: a 5-byte prefix
+    (not compressed, its length), then zeros (it never arrives whole)."""
+
+    def __init__(self, message_bytes):
+        self.prefix = b"\0" + struct.pack(">I", message_bytes)
+        self.length = 5 + message_bytes - 1
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, part):
+        start, stop, _ = part.indices(self.length)
+        head = self.prefix[start:stop]
+        return head + b"\0" * (stop - start - len(head))
+
+
+class SlowSender(Http2Connection):
+    def __init__(self, port, message_bytes, path=INFER_PATH):
+        super().__init__(port)
+        self.message = UnfinishedMessage(message_bytes)
+        self.sent = 0
+        self.start_call(1, path)
+
+    def push(self, until_seconds):
+        """Sends what the windows allow, up to all but the last byte, until
+        the server closes the call or the connection, or it stops granting
+        window for `until_seconds`. Returns the bytes sent."""
+        self.sent = self.send_data(1, self.message, end=False, until_seconds=until_seconds)
+        with self.cv:
+            if self.frames.get(1):
+                self.closed = self.closed or "the server ended the call"
+        return self.sent
+
+
+class NonReader(Http2Connection):
+    def __init__(self, port):
+        super().__init__(port, settings=struct.pack(">HI", SETTINGS_INITIAL_WINDOW_SIZE, 0))
+        self.next_stream = 1
+
+    def call(self, message: bytes, until_seconds=30.0):
+        """Sends one whole call (a serialized request message) and returns its
+        stream once the server has sent its first HEADERS on it."""
+        stream, self.next_stream = self.next_stream, self.next_stream + 2
+        self.start_call(stream)
+        body = b"\0" + struct.pack(">I", len(message)) + message
+        assert self.send_data(stream, body, end=True, until_seconds=until_seconds) == len(body)
+        deadline = time.monotonic() + until_seconds
+        with self.cv:
+            while not self.frames.get(stream) and not self.closed:
+                if not self.cv.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+        return stream
+
+    def state(self, stream):
+        """'held': the answer began (headers) and waits for window; 'ended':
+        answered with trailers only (a refusal); 'reset': the server dropped
+        the call; None: nothing yet."""
+        with self.cv:
+            frames = self.frames.get(stream, [])
+        if any(f[0] == "reset" for f in frames):
+            return "reset"
+        if any(f[0] == "headers" and f[1] & END_STREAM for f in frames):
+            return "ended"
+        return "held" if frames else None
