@@ -59,6 +59,17 @@ else
   say "Python packages: up to date"
 fi
 
+# KServe's Python SDK, for its generated API models only: the deploy tests
+# check deploy/kserve against them. Without its dependencies (a model
+# server's): nothing imports the SDK's package itself.
+kserve_version=0.21.0
+if [[ ! -d .venv/kserve-sdk/kserve-$kserve_version.dist-info ]]; then
+  say "installing KServe's SDK $kserve_version (its API models) into .venv/kserve-sdk"
+  rm -rf .venv/kserve-sdk
+  .venv/bin/uv pip install -q --no-deps --python .venv/bin/python3 --target .venv/kserve-sdk \
+    "kserve==$kserve_version"
+fi
+
 # promtool checks and unit-tests the alerting rules (deploy/monitoring). It
 # is unpacked from Debian's prometheus package rather than installed: the
 # package would start a Prometheus server on every address of the machine.

@@ -142,6 +142,49 @@ def check_flag(name: str, value: str):
     return parsed
 
 
+def quantity(value) -> float:
+    """A Kubernetes quantity as a number (CPU in cores, memory in bytes)."""
+    s = str(value)
+    units = {
+        "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+        "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    }
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", s)
+    assert m, f"not a quantity: {s}"
+    return float(m.group(1)) * (units[m.group(2)] if m.group(2) else 1)
+
+
+def requests_may_hold(values: dict):
+    """What requests may hold in the server's memory at once under the flags
+    `values` (name -> parsed value; the server's defaults for those left
+    out): HTTP bodies arriving or answered, gRPC messages being received,
+    admitted requests, a response for each, and gRPC answers not taken yet.
+    Returns (bytes, a description of the parts); ValueError for flags that
+    leave memory unbounded."""
+    default = {name: flag.default_value() for name, flag in server_flags().items()
+               if name in ("max_in_flight_request_bytes", "grpc_memory_bytes",
+                           "grpc_unsent_answer_bytes", "http_max_body_buffer_bytes",
+                           "max_concurrent_requests", "max_message_bytes")}
+    v = {**default, **values}
+    for name in ("grpc_memory_bytes", "grpc_unsent_answer_bytes", "max_concurrent_requests"):
+        if v[name] <= 0:
+            raise ValueError(f"--{name}={v[name]} leaves what requests hold without a bound")
+    message = v["max_message_bytes"]
+    if v["http_max_body_buffer_bytes"] < message:
+        raise ValueError("--http_max_body_buffer_bytes is below --max_message_bytes")
+    requests = v["max_concurrent_requests"] * message
+    if v["max_in_flight_request_bytes"] > 0:
+        requests = min(requests, v["max_in_flight_request_bytes"])
+    responses = v["max_concurrent_requests"] * message
+    held = (v["http_max_body_buffer_bytes"] + v["grpc_memory_bytes"] + requests + responses
+            + v["grpc_unsent_answer_bytes"])
+    parts = (f"HTTP bodies ({v['http_max_body_buffer_bytes']}), gRPC messages being received "
+             f"({v['grpc_memory_bytes']}), admitted requests ({requests}), "
+             f"{v['max_concurrent_requests']} responses of {message} bytes and gRPC answers not "
+             f"taken yet ({v['grpc_unsent_answer_bytes']})")
+    return held, parts
+
+
 def split_flag(arg: str):
     """'--name=value' -> (name, value); '--name' -> (name, 'true'); else None."""
     if not arg.startswith("--"):

@@ -79,16 +79,7 @@ def flags(overlay):
     return lib.effective_flags(objects, one(objects, "Deployment"))[0]
 
 
-def quantity(value) -> float:
-    """A Kubernetes quantity as a number (CPU in cores, memory in bytes)."""
-    s = str(value)
-    units = {
-        "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-        "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-    }
-    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", s)
-    assert m, f"not a quantity: {s}"
-    return float(m.group(1)) * (units[m.group(2)] if m.group(2) else 1)
+quantity = lib.quantity
 
 
 def matches(selector: dict, labels: dict) -> bool:
@@ -695,31 +686,14 @@ def test_resources(overlay):
 @overlays
 def test_what_requests_may_hold_fits_half_the_memory_limit(overlay):
     values = flags(overlay)
-    message = values["max_message_bytes"]
-    # The server's default when the flags leave it out (server/main.cc).
-    request_bytes = values.get("max_in_flight_request_bytes", 1 << 30)
-    grpc_receiving = values.get("grpc_memory_bytes", 1 << 30)
-    assert grpc_receiving > 0, (
-        f"{overlay}: --grpc_memory_bytes=0 lets gRPC hold what it receives without limit")
-    grpc_unsent = values.get("grpc_unsent_answer_bytes", 1 << 30)
-    assert grpc_unsent > 0, (
-        f"{overlay}: --grpc_unsent_answer_bytes=0 lets answers nobody takes pile up")
-    requests = values["max_concurrent_requests"] * message
-    if request_bytes > 0:
-        requests = min(requests, request_bytes)
-    held = (values["http_max_body_buffer_bytes"] + grpc_receiving + requests
-            + values["max_concurrent_requests"] * message + grpc_unsent)
+    try:
+        held, parts = lib.requests_may_hold(values)
+    except ValueError as e:
+        pytest.fail(f"{overlay}: {e}")
     limit = quantity(server_container(deployment(overlay))["resources"]["limits"]["memory"])
-    assert values["max_concurrent_requests"] > 0, (
-        f"{overlay}: --max_concurrent_requests=0 admits without limit: memory has no bound")
     assert held <= limit / 2, (
-        f"{overlay}: HTTP bodies ({values['http_max_body_buffer_bytes']}), gRPC messages being "
-        f"received ({grpc_receiving}), admitted requests ({requests}), "
-        f"{values['max_concurrent_requests']} responses of {message} bytes and gRPC answers not "
-        f"taken yet ({grpc_unsent}) may "
-        f"hold {held / 2**30:.2f} GiB, more than half the memory limit ({limit / 2**30:.2f} GiB)")
-    assert values["http_max_body_buffer_bytes"] >= message, (
-        f"{overlay}: --http_max_body_buffer_bytes is below --max_message_bytes")
+        f"{overlay}: {parts} may hold {held / 2**30:.2f} GiB, more than half the memory limit "
+        f"({limit / 2**30:.2f} GiB)")
 
 
 @overlays
