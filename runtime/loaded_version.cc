@@ -429,7 +429,8 @@ void LoadedVersion::Impl::Report(FrameState& frame, bool is_entry, Outcome outco
                          absl::Duration run, size_t miss_signatures) {
   frame.calls[static_cast<int>(outcome)].fetch_add(1, std::memory_order_relaxed);
   if (variant >= 0) frame.hits[variant].fetch_add(1, std::memory_order_relaxed);
-  if (!observer) return;
+  std::vector<FrameCallEvent>* traced = context != nullptr ? context->frame_calls : nullptr;
+  if (!observer && traced == nullptr) return;
   FrameCallEvent event;
   event.model = options.name;
   event.frame = frame.proto->name();
@@ -441,7 +442,8 @@ void LoadedVersion::Impl::Report(FrameState& frame, bool is_entry, Outcome outco
   event.dispatch_time = dispatch;
   event.run_time = run;
   event.miss_signatures = miss_signatures;
-  observer->OnFrameCall(event);
+  if (observer) observer->OnFrameCall(event);
+  if (traced != nullptr) traced->push_back(std::move(event));
 }
 
 absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(

@@ -153,6 +153,10 @@ class LoadedVersion {
     // CallResult::variant_id names the variant that would run, or
     // no_variant is set; nothing runs and nothing is recorded.
     bool match_only = false;
+    // When set, each frame call of this call (the entry's and those its
+    // eager program makes) is appended as the observer sees it: where a
+    // traced request's time went.
+    std::vector<FrameCallEvent>* frame_calls = nullptr;
   };
   absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args,
                                   const CallContext& context);

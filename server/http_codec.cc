@@ -731,6 +731,17 @@ HttpRoute RouteOf(absl::string_view method, absl::string_view path) {
     if (p[1] == "ready") return set(K::kServerReady, "GET");
     return route;
   }
+  // Trace settings are read (GET) and changed (POST) at one path.
+  auto trace_setting = [&] {
+    if (method == "GET" || method == "HEAD" || method == "POST") {
+      route.kind = K::kTraceSetting;
+    } else {
+      route.kind = K::kWrongMethod;
+      route.method = "GET or POST";
+    }
+    return route;
+  };
+  if (p.size() == 2 && p[0] == "trace" && p[1] == "setting") return trace_setting();
   if (p.size() == 2 && p[0] == "models" && p[1] == "stats") return set(K::kModelStatistics, "GET");
   if (p[0] == "models" && p.size() >= 2 && !p[1].empty()) {
     route.model = std::string(p[1]);
@@ -745,6 +756,9 @@ HttpRoute RouteOf(absl::string_view method, absl::string_view path) {
       if (p[next] == "config") return set(K::kModelConfig, "GET");
       if (p[next] == "stats") return set(K::kModelStatistics, "GET");
       if (p[next] == "infer") return set(K::kInfer, "POST");
+    }
+    if (p.size() == next + 2 && p[next] == "trace" && p[next + 1] == "setting") {
+      return trace_setting();
     }
     route.model.clear();
     route.version.clear();

@@ -55,6 +55,7 @@ struct HttpRoute {
     kRepositoryIndex,  // POST /v2/repository/index
     kModelLoad,        // POST /v2/repository/models/{m}/load
     kModelUnload,      // POST /v2/repository/models/{m}/unload
+    kTraceSetting,     // GET or POST /v2/trace/setting, /v2/models/{m}/trace/setting
     kNotFound,
     kWrongMethod,      // A known path with the other method: `method` says which.
   };

@@ -36,6 +36,11 @@ TEST(RouteOf, NamesEveryKServePathAndItsModelAndVersion) {
   HttpRoute load = RouteOf("POST", "/v2/repository/models/mlp/unload");
   EXPECT_EQ(load.kind, K::kModelUnload);
   EXPECT_EQ(load.model, "mlp");
+  EXPECT_EQ(RouteOf("GET", "/v2/trace/setting").kind, K::kTraceSetting);
+  EXPECT_EQ(RouteOf("POST", "/v2/trace/setting").model, "");
+  HttpRoute trace = RouteOf("POST", "/v2/models/bert/trace/setting");
+  EXPECT_EQ(trace.kind, K::kTraceSetting);
+  EXPECT_EQ(trace.model, "bert");
 }
 
 TEST(RouteOf, RefusesUnknownPathsAndNamesTheMethodAKnownOneTakes) {
@@ -47,6 +52,10 @@ TEST(RouteOf, RefusesUnknownPathsAndNamesTheMethodAKnownOneTakes) {
   EXPECT_EQ(wrong.kind, K::kWrongMethod);
   EXPECT_STREQ(wrong.method, "POST");
   EXPECT_EQ(RouteOf("POST", "/v2/health/live").kind, K::kWrongMethod);
+  HttpRoute put = RouteOf("PUT", "/v2/models/m/trace/setting");
+  EXPECT_EQ(put.kind, K::kWrongMethod);
+  EXPECT_STREQ(put.method, "GET or POST");
+  EXPECT_EQ(RouteOf("GET", "/v2/trace/settings").kind, K::kNotFound);
 }
 
 TEST(HttpStatusOf, MapsCodesAsGoogleApisDo) {

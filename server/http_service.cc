@@ -1,5 +1,6 @@
 #include "server/http_service.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/json_text.h"
+#include "base/log_text.h"
 #include "base/proto_json.h"
 #include "server/http_codec.h"
 #include "server/inference_job.h"
@@ -188,6 +190,58 @@ void HttpService::Handle(HttpExchange& exchange) {
   }
 }
 
+absl::Status HttpService::CheckControl(const HttpRequest& request) const {
+  const std::string* authorization = request.head.Find("authorization");
+  return access_.CheckControlHeader(authorization ? authorization->c_str() : nullptr);
+}
+
+HttpAnswer HttpService::TraceSettingAnswer(const HttpRequest& request, const HttpRoute& route) {
+  // Triton's shape: {"trace_level": ["TIMESTAMPS"], "trace_rate": "1000", ...};
+  // a change gives a setting a string or a list of strings, or null to
+  // clear a model's own.
+  RequestTracer::Changes changes;
+  if (request.head.method == "POST" && !absl::StripAsciiWhitespace(request.body).empty()) {
+    absl::StatusOr<Json> json = ParseJson(request.body);
+    if (!json.ok()) return ErrorAnswer(json.status());
+    if (!json->is_object()) {
+      return ErrorAnswer(absl::InvalidArgumentError(
+          "trace settings must be a JSON object of setting names to values"));
+    }
+    for (const auto& [name, value] : json->items()) {
+      std::optional<std::vector<std::string>>& change = changes[name];
+      if (value.is_null()) continue;
+      change.emplace();
+      if (value.is_string()) {
+        change->push_back(value.get<std::string>());
+        continue;
+      }
+      const bool strings =
+          value.is_array() &&
+          std::all_of(value.begin(), value.end(), [](const Json& v) { return v.is_string(); });
+      if (!strings) {
+        return ErrorAnswer(absl::InvalidArgumentError(absl::StrCat(
+            "trace setting '", LoggedText(name, 64),
+            "' must be a string, a list of strings, or null")));
+      }
+      for (const Json& v : value) change->push_back(v.get<std::string>());
+    }
+  }
+  if (!changes.empty()) {
+    if (absl::Status s = CheckControl(request); !s.ok()) return ErrorAnswer(s);
+  }
+  absl::StatusOr<RequestTracer::Settings> settings = api_.TraceSetting(route.model, changes);
+  if (!settings.ok()) return ErrorAnswer(settings.status());
+  Json reply = Json::object();
+  for (const auto& [name, values] : *settings) {
+    if (name == "trace_level") {
+      reply[name] = values;
+    } else {
+      reply[name] = values.empty() ? "" : values.front();
+    }
+  }
+  return Json200(reply);
+}
+
 HttpAnswer HttpService::Answer(const HttpRequest& request) {
   const std::string& method = request.head.method;
   const std::string& path = request.head.path;
@@ -234,17 +288,13 @@ HttpAnswer HttpService::Answer(const HttpRequest& request) {
     }
     case K::kModelLoad:
     case K::kModelUnload: {
-      const std::string* authorization = request.head.Find("authorization");
-      if (absl::Status s =
-              access_.CheckControlHeader(authorization ? authorization->c_str() : nullptr);
-          !s.ok()) {
-        return ErrorAnswer(s);
-      }
+      if (absl::Status s = CheckControl(request); !s.ok()) return ErrorAnswer(s);
       const absl::Status s = route.kind == K::kModelLoad ? api_.LoadModel(route.model)
                                                          : api_.UnloadModel(route.model);
       if (!s.ok()) return ErrorAnswer(s);
       return {200, kJson, "", {}};
     }
+    case K::kTraceSetting: return TraceSettingAnswer(request, route);
     case K::kInfer: break;
   }
   return ErrorAnswer(absl::InternalError("inference is not answered here"));

@@ -36,6 +36,8 @@
 
 namespace precompile::server {
 
+struct HttpRoute;  // server/http_codec.h
+
 struct HttpOptions {
   // host:port; port 0 picks a free one (see HttpService::port()).
   std::string address = "0.0.0.0:8000";
@@ -75,6 +77,11 @@ class HttpService final : private HttpHandler {
   HttpAnswer Refusal(int status, absl::string_view message) override;
   // Every path's answer but inference's, on a worker.
   HttpAnswer Answer(const HttpRequest& request);
+  // Whether the request may load, unload or change settings (its
+  // Authorization header).
+  absl::Status CheckControl(const HttpRequest& request) const;
+  // GET reads, POST changes (with the control token) trace settings.
+  HttpAnswer TraceSettingAnswer(const HttpRequest& request, const HttpRoute& route);
 
   const HttpOptions options_;
   InferenceApi& api_;

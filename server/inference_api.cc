@@ -325,6 +325,15 @@ struct InferenceApi::RequestState {
   int64_t rows = 1;
   // It ran as part of a merged call, whose execution is recorded once.
   bool shared_execution = false;
+  // Its trace id when it is traced (else 0), its timestamps so far and
+  // its model's frame calls.
+  uint64_t trace_id = 0;
+  std::vector<std::pair<const char*, absl::Time>> trace_points;
+  std::vector<FrameCallEvent> frame_calls;
+
+  void Mark(const char* name, absl::Time t) {
+    if (trace_id != 0) trace_points.emplace_back(name, t);
+  }
 };
 
 InferenceApi::Call::Call() = default;
@@ -381,6 +390,7 @@ absl::StatusOr<bool> InferenceApi::JoinsBatch(RequestState& s, BatchTicket& tick
   ticket.max_delay = batching->max_queue_delay;
   ticket.deadline = s.deadline;
   s.model_start = absl::Now();
+  s.Mark("BATCH_QUEUE_START", s.model_start);
   return true;
 }
 
@@ -403,6 +413,7 @@ std::vector<std::optional<absl::Status>> InferenceApi::InferBatch(
     // The wait for the batch is queueing, as the wait for a run slot is.
     s.timing.queue += resumed - s.model_start;
     s.model_start = resumed;
+    s.Mark("BATCH_START", resumed);
     if (absl::Status wanted = StillWanted(call, s, resumed, "while it waited for its batch",
                                           "it waited for its batch that long");
         !wanted.ok()) {
@@ -433,6 +444,7 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
   std::optional<CallResult> merged;
   std::vector<int64_t> rows;
   int64_t total_rows = 0;
+  std::vector<FrameCallEvent> merged_frames;
   first.stage = "running a merged batch";
   const absl::Status tried = Guarded(first, [&] {
     std::vector<absl::Span<const NamedValue>> parts;
@@ -446,6 +458,7 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
     // each request then runs alone and gets the answer it gets alone.
     LoadedVersion::CallContext variant_only;
     variant_only.variant_only = true;
+    variant_only.frame_calls = &merged_frames;
     absl::StatusOr<CallResult> result = first.handle.model->Call(args.args, variant_only);
     if (result.ok() && !result->no_variant) merged = *std::move(result);
     return absl::OkStatus();
@@ -459,6 +472,8 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
     RequestState& s = *states[live[k]];
     s.timing.infer += called - s.model_start;
     s.shared_execution = true;
+    if (s.trace_id != 0) s.frame_calls = merged_frames;
+    s.Mark("COMPUTE_OUTPUT_START", called);
     CallResult mine;
     mine.outcome = merged->outcome;
     mine.variant_id = merged->variant_id;
@@ -480,6 +495,7 @@ absl::Status InferenceApi::InferEager(Call& call) {
   const absl::Time resumed = absl::Now();
   s.timing.queue += resumed - s.model_start;
   s.model_start = resumed;
+  s.Mark("EAGER_START", resumed);
   absl::Status status = Guarded(s, [&] { return RunModel(call, s, nullptr); });
   return Finish(s, std::move(status));
 }
@@ -511,6 +527,18 @@ absl::Status InferenceApi::Finish(RequestState& s, absl::Status status) {
     s.timing.inferences = s.rows;
     s.handle.metrics->RecordRequest(s.outcome, s.timing);
     if (status.ok() && !s.shared_execution) s.handle.metrics->RecordExecution(s.rows);
+  }
+  if (s.trace_id != 0) {
+    s.Mark("REQUEST_END", done);
+    RequestTrace trace;
+    trace.id = s.trace_id;
+    trace.model = s.request.model_name();
+    trace.version = s.handle.version;
+    trace.request_id = s.request.id();
+    trace.outcome = RequestOutcomeName(s.outcome);
+    trace.timestamps = std::move(s.trace_points);
+    trace.frame_calls = std::move(s.frame_calls);
+    tracer_->Write(trace);
   }
   return status;
 }
@@ -550,6 +578,10 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
   }
   s.handle = *std::move(found);
   const ModelRepository::Handle* handle = &s.handle;
+  if (tracer_ != nullptr) s.trace_id = tracer_->Sample(request.model_name());
+  s.Mark("REQUEST_START", s.received);
+  s.Mark("QUEUE_START", s.received);
+  s.Mark("COMPUTE_START", start);
   // The model's own limit, if its config.pbtxt sets one, else the server's.
   s.limit = handle->max_request_time.value_or(max_request_time_);
   if (s.limit > absl::ZeroDuration() && s.limit < absl::InfiniteDuration()) {
@@ -650,6 +682,7 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
 
   s.model_start = absl::Now();
   s.timing.input = s.model_start - start;
+  s.Mark("COMPUTE_INPUT_END", s.model_start);
   return absl::OkStatus();
 }
 
@@ -662,6 +695,7 @@ absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool* deferred)
     return call.Cancelled() || absl::Now() >= deadline;
   };
   context.defer_entry_eager = deferred != nullptr;
+  if (s.trace_id != 0) context.frame_calls = &s.frame_calls;
   s.stage = "running the model";
   absl::StatusOr<CallResult> result = s.handle.model->Call(s.args, context);
   const absl::Time called = absl::Now();
@@ -676,8 +710,10 @@ absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool* deferred)
   if (result->eager_deferred) {
     *deferred = true;
     s.model_start = called;  // InferEager counts the wait from here.
+    s.Mark("EAGER_QUEUE_START", called);
     return absl::OkStatus();
   }
+  s.Mark("COMPUTE_OUTPUT_START", called);
   if (call.Cancelled()) {
     return absl::CancelledError("the client cancelled the request or its deadline passed");
   }
@@ -714,7 +750,9 @@ absl::Status InferenceApi::Answer(Call& call, RequestState& s, CallResult result
     outputs.push_back(std::move(result.outputs[i]));
   }
   absl::Status encoded = call.Encode(response, outputs);
-  s.timing.output = absl::Now() - called;
+  const absl::Time done = absl::Now();
+  s.timing.output = done - called;
+  s.Mark("COMPUTE_END", done);
   return encoded;
 }
 
@@ -813,6 +851,21 @@ absl::Status InferenceApi::LoadModel(const std::string& name) {
 
 absl::Status InferenceApi::UnloadModel(const std::string& name) {
   return repository_.Unload(name).status();
+}
+
+absl::StatusOr<RequestTracer::Settings> InferenceApi::TraceSetting(
+    const std::string& model, const RequestTracer::Changes& changes) {
+  if (tracer_ == nullptr) return absl::UnimplementedError("this server traces no requests");
+  // Settings are kept per model named: only for models the server serves,
+  // so that clients cannot grow the table with names of their own.
+  if (!model.empty()) {
+    if (absl::StatusOr<ModelRepository::Handle> served = repository_.Get(model, "");
+        !served.ok()) {
+      return served.status();
+    }
+  }
+  if (changes.empty()) return tracer_->Get(model);
+  return tracer_->Update(model, changes);
 }
 
 }  // namespace precompile::server

@@ -1,6 +1,6 @@
 // The KServe v2 / Open Inference Protocol, with the Triton extensions that
 // standard clients and load testers rely on (ModelConfig, ModelStatistics,
-// RepositoryIndex, RepositoryModelLoad/Unload), apart from the transports
+// RepositoryIndex, RepositoryModelLoad/Unload, TraceSetting), apart from the transports
 // that carry it. The gRPC service (server/inference_service.h) and the
 // HTTP/REST endpoint (server/http_service.h) turn what arrives into these
 // protos and send what comes back, so the two mean the same thing: the same
@@ -15,6 +15,16 @@
 // "precompile_variant" (the variant's id, or ""); a model with dynamic
 // batching adds "precompile_batch_rows", the rows of the call that served
 // the request (more than its own when it ran in a batch).
+//
+// Requests the tracer samples (server/request_trace.h) are written to its
+// trace file when they end: Triton's timestamps (REQUEST_START and
+// QUEUE_START when the request arrived, COMPUTE_START when a run slot took
+// it, COMPUTE_INPUT_END once decoded, COMPUTE_OUTPUT_START when the model
+// returned, COMPUTE_END once encoded, REQUEST_END), the waits of an eager
+// miss for its thread (EAGER_QUEUE_START, EAGER_START) and of a request for
+// its batch (BATCH_QUEUE_START, BATCH_START), and every frame call of the
+// model (its guards' time, the variant or eager program that ran, its run
+// time). The differences are what ModelStatistics adds up.
 //
 // Thread safety: all methods may be called concurrently.
 #ifndef PRECOMPILE_SERVER_INFERENCE_API_H_
@@ -37,6 +47,7 @@
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/request_scheduler.h"
+#include "server/request_trace.h"
 #include "server/serving_state.h"
 
 namespace precompile::server {
@@ -80,12 +91,15 @@ class InferenceApi {
   // The references must outlive the API. `metrics` may be null. A request
   // still running `max_request_time` after it arrived ends with
   // DEADLINE_EXCEEDED (zero: no limit).
+  // `tracer` may be null: no request is traced.
   InferenceApi(ModelRepository& repository, ServerMetrics* metrics, const ServingState& state,
-               absl::Duration max_request_time = absl::ZeroDuration())
+               absl::Duration max_request_time = absl::ZeroDuration(),
+               RequestTracer* tracer = nullptr)
       : repository_(repository),
         metrics_(metrics),
         state_(state),
-        max_request_time_(max_request_time) {}
+        max_request_time_(max_request_time),
+        tracer_(tracer) {}
 
   // Runs one admitted request: decodes it, runs the model, encodes the
   // answer, and records the request in the model's metrics; returns the
@@ -131,6 +145,12 @@ class InferenceApi {
   // Loading and unloading; the transport checks who may (server/control_access.h).
   absl::Status LoadModel(const std::string& name);
   absl::Status UnloadModel(const std::string& name);
+  // Triton's trace settings of `model` ("": the server's): read when
+  // `changes` is empty, else changed (the transport checks who may).
+  // NOT_FOUND for a model the server does not serve; UNIMPLEMENTED without
+  // a tracer.
+  absl::StatusOr<RequestTracer::Settings> TraceSetting(const std::string& model,
+                                                       const RequestTracer::Changes& changes);
 
  private:
   // Infer's stages. Decode: the request into the entry's arguments.
@@ -168,6 +188,7 @@ class InferenceApi {
   ServerMetrics* const metrics_;
   const ServingState& state_;
   const absl::Duration max_request_time_;
+  RequestTracer* const tracer_;
   std::mutex log_mu_;
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 };

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -311,6 +312,29 @@ grpc::Status InferenceService::RepositoryModelUnload(
     inference::RepositoryModelUnloadResponse*) {
   if (grpc::Status s = access_.CheckControl(*context); !s.ok()) return s;
   return ToGrpcStatus(api_.UnloadModel(request->model_name()));
+}
+
+grpc::Status InferenceService::TraceSetting(grpc::ServerContext* context,
+                                            const inference::TraceSettingRequest* request,
+                                            inference::TraceSettingResponse* response) {
+  RequestTracer::Changes changes;
+  for (const auto& [name, value] : request->settings()) {
+    changes[name] = value.value().empty()
+                        ? std::nullopt
+                        : std::optional<std::vector<std::string>>(
+                              std::vector<std::string>(value.value().begin(), value.value().end()));
+  }
+  if (!changes.empty()) {
+    if (grpc::Status s = access_.CheckControl(*context); !s.ok()) return s;
+  }
+  absl::StatusOr<RequestTracer::Settings> settings =
+      api_.TraceSetting(request->model_name(), changes);
+  if (!settings.ok()) return ToGrpcStatus(settings.status());
+  for (const auto& [name, values] : *settings) {
+    auto& out = (*response->mutable_settings())[name];
+    for (const std::string& v : values) out.add_value(v);
+  }
+  return grpc::Status::OK;
 }
 
 }  // namespace precompile::server

@@ -55,7 +55,8 @@ class InferenceService final
           inference::GRPCInferenceService::Service> {
  public:
   // The references must outlive the service. `access` guards
-  // RepositoryModelLoad/Unload (ControlAccess::CheckControl).
+  // RepositoryModelLoad/Unload and changes of TraceSetting
+  // (ControlAccess::CheckControl).
   // REQUIRES: scheduler.run_slots() < pollers.
   InferenceService(InferenceApi& api, RequestScheduler& scheduler, ControlAccess access,
                    int pollers, AnswerLimits answers = {});
@@ -102,6 +103,9 @@ class InferenceService final
   grpc::Status RepositoryModelUnload(grpc::ServerContext*,
                                      const inference::RepositoryModelUnloadRequest*,
                                      inference::RepositoryModelUnloadResponse*) override;
+  // Reading needs nothing; changing settings, what loading a model needs.
+  grpc::Status TraceSetting(grpc::ServerContext*, const inference::TraceSettingRequest*,
+                            inference::TraceSettingResponse*) override;
 
  private:
   class InferCall;

@@ -134,6 +134,17 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(std::string, trace_file, "",
+          "Where request traces are written (Triton's trace JSON); empty: nowhere, and "
+          "tracing cannot be turned on");
+ABSL_FLAG(std::string, trace_level, "OFF",
+          "OFF or TIMESTAMPS: whether requests are traced (changed at run time through "
+          "/v2/trace/setting and the TraceSetting RPC, with the admin token)");
+ABSL_FLAG(int64_t, trace_rate, 1000, "Every Nth request is traced");
+ABSL_FLAG(int64_t, trace_count, -1, "How many requests are traced, then no more (-1: no end)");
+ABSL_FLAG(int64_t, trace_log_frequency, 0,
+          "0: every trace goes to --trace_file; N: every N traces go to a file of their own, "
+          "<trace_file>.0, <trace_file>.1, ...");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 
 namespace {
@@ -227,6 +238,23 @@ int main(int argc, char** argv) {
   options.grpc_window_bytes = absl::GetFlag(FLAGS_grpc_window_bytes);
   if (options.grpc_window_bytes < 0) return Fail("--grpc_window_bytes must be at least 0");
   options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
+  options.trace_file = absl::GetFlag(FLAGS_trace_file);
+  {
+    // The same parsing and limits as the settings a client changes.
+    using precompile::server::RequestTracer;
+    absl::StatusOr<precompile::server::TraceConfig> trace = RequestTracer::Parse(
+        {{"trace_level", std::vector<std::string>{absl::GetFlag(FLAGS_trace_level)}},
+         {"trace_rate", std::vector<std::string>{absl::StrCat(absl::GetFlag(FLAGS_trace_rate))}},
+         {"trace_count", std::vector<std::string>{absl::StrCat(absl::GetFlag(FLAGS_trace_count))}},
+         {"log_frequency",
+          std::vector<std::string>{absl::StrCat(absl::GetFlag(FLAGS_trace_log_frequency))}}},
+        /*allow_clear=*/false);
+    if (!trace.ok()) return Fail(std::string(trace.status().message()));
+    if (*trace->timestamps && options.trace_file.empty()) {
+      return Fail("--trace_level=TIMESTAMPS needs --trace_file");
+    }
+    options.trace = *trace;
+  }
   options.grpc_answers.max_unsent_bytes = absl::GetFlag(FLAGS_grpc_unsent_answer_bytes);
   if (options.grpc_answers.max_unsent_bytes < 0) {
     return Fail("--grpc_unsent_answer_bytes must be at least 0");

@@ -147,8 +147,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->repository_ =
       std::make_unique<ModelRepository>(std::move(repository_options), server.get());
   const ControlAccess access(o.admin_token, o.allow_unauthenticated_control);
+  server->tracer_ = std::make_unique<RequestTracer>(o.trace_file, o.trace);
   server->api_ = std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_,
-                                                o.max_request_time);
+                                                o.max_request_time, server->tracer_.get());
   server->inference_ = std::make_unique<InferenceService>(
       *server->api_, *server->scheduler_, access, o.inference_pollers, o.grpc_answers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);

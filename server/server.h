@@ -27,6 +27,7 @@
 #include "server/inference_api.h"
 #include "server/inference_service.h"
 #include "server/request_scheduler.h"
+#include "server/request_trace.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/serving_state.h"
@@ -99,6 +100,11 @@ struct ServerOptions {
   // What gRPC answers not yet taken by their clients may hold, in bytes and
   // in time (server/inference_service.h). Default: 1 GiB, 60 s.
   AnswerLimits grpc_answers = {int64_t{1} << 30, absl::Seconds(60)};
+  // Request traces (server/request_trace.h): the file they go to (empty:
+  // none, and tracing cannot be turned on) and the server's settings at
+  // start; TraceSetting changes them at run time.
+  std::string trace_file;
+  TraceConfig trace;
   // Threads kept waiting for the synchronous calls (all but ModelInfer).
   // gRPC's default (2) lets the others exit after each burst and creates them
   // again for the next. Default: 64.
@@ -174,6 +180,8 @@ class Server final : public RepositoryListener {
   std::unique_ptr<RequestScheduler> scheduler_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRepository> repository_;
+  // Outlives the API that writes to it.
+  std::unique_ptr<RequestTracer> tracer_;
   std::unique_ptr<InferenceApi> api_;
   std::unique_ptr<InferenceService> inference_;
   std::unique_ptr<AdminService> admin_;
