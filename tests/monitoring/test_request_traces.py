@@ -1,7 +1,9 @@
-"""Request traces in Triton's shape, through Triton's own clients.
+"""Request traces in Triton's shape, through Triton's own client.
 
-The real server serves the examples with --trace_file; tritonclient (HTTP and
-gRPC) reads and changes the trace settings (changes need the admin token, the
+The real server serves the examples with --trace_file; tritonclient (HTTP) and
+the generated gRPC stubs (Triton's messages; tritonclient.grpc cannot share a
+process with this project's protos) read and change the trace settings
+(changes need the admin token, the
 trace file is the server's alone), then single requests are traced: a variant
 hit over gRPC and an eager miss over HTTP. Their timestamps must be in order
 and add up to what ModelStatistics recorded for the same request, and their
@@ -12,11 +14,13 @@ import json
 import pathlib
 import sys
 
+import grpc as grpc_lib
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from proto import inference_pb2, inference_pb2_grpc
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "testing"))
@@ -57,9 +61,17 @@ def http(server):
 
 @pytest.fixture
 def grpc(server):
-    client = grpcclient.InferenceServerClient(server.address)
-    yield client
-    client.close()
+    with grpc_lib.insecure_channel(server.address) as channel:
+        yield inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def trace_setting(stub, model="", metadata=(), **settings):
+    """The TraceSetting RPC: settings name -> list of values, or None to clear."""
+    request = inference_pb2.TraceSettingRequest(model_name=model)
+    for name, values in settings.items():
+        request.settings[name].value.extend(values or [])
+    answer = stub.TraceSetting(request, metadata=metadata, timeout=10)
+    return {name: list(v.value) for name, v in answer.settings.items()}
 
 
 def traces(path: pathlib.Path) -> dict:
@@ -89,22 +101,19 @@ def test_settings_are_triton_s_and_only_the_admin_token_changes_them(server, htt
     with pytest.raises(InferenceServerException) as refused:
         http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
     assert refused.value.status() == "401" or "401" in str(refused.value)
-    with pytest.raises(InferenceServerException) as refused:
-        grpc.update_trace_settings(settings={"trace_rate": "5"})
-    assert "UNAUTHENTICATED" in str(refused.value.status())
+    with pytest.raises(grpc_lib.RpcError) as refused:
+        trace_setting(grpc, trace_rate=["5"])
+    assert refused.value.code() == grpc_lib.StatusCode.UNAUTHENTICATED
     assert http.get_trace_settings()["trace_level"] == ["OFF"]
 
     # A model's own settings override the server's and clear back to them.
     changed = http.update_trace_settings("mlp", {"trace_rate": "7"}, headers=AUTHORIZED)
     assert changed["trace_rate"] == "7" and changed["trace_level"] == ["OFF"]
-    by_grpc = grpc.get_trace_settings("mlp", as_json=True)["settings"]
-    assert by_grpc["trace_rate"]["value"] == ["7"]
+    assert trace_setting(grpc, "mlp")["trace_rate"] == ["7"]
     assert http.get_trace_settings()["trace_rate"] == "1000"
-    # gRPC metadata keys are lower case.
-    cleared = grpc.update_trace_settings("mlp", {"trace_rate": None},
-                                         headers={"authorization": f"Bearer {TOKEN}"},
-                                         as_json=True)["settings"]
-    assert cleared["trace_rate"]["value"] == ["1000"]
+    cleared = trace_setting(grpc, "mlp", metadata=(("authorization", f"Bearer {TOKEN}"),),
+                            trace_rate=None)
+    assert cleared["trace_rate"] == ["1000"]
 
     # What it cannot do is refused, naming the setting, and changes nothing.
     for bad, words in ((dict(trace_file="/etc/cron.d/x"), "--trace_file"),
@@ -124,13 +133,17 @@ def test_a_variant_hit_s_trace_adds_up_to_its_statistics(server, http, grpc):
     known = set(traces(server.trace_file))
     http.update_trace_settings("mlp", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1",
                                        "trace_count": "1"}, headers=AUTHORIZED)
-    x = grpcclient.InferInput("x", [8, 4], "FP32")
-    x.set_data_from_numpy(np.ones((8, 4), np.float32))
-    result = grpc.infer("mlp", [x], request_id="traced-hit")
+    def infer(request_id):
+        request = inference_pb2.ModelInferRequest(model_name="mlp", id=request_id)
+        request.inputs.add(name="x", datatype="FP32", shape=[8, 4])
+        request.raw_input_contents.append(np.ones((8, 4), np.float32).tobytes())
+        return grpc.ModelInfer(request, timeout=10)
+
+    result = infer("traced-hit")
     after = stats(http, "mlp")
     # The count ran out: the next request is not traced.
     assert http.get_trace_settings("mlp")["trace_count"] == "0"
-    grpc.infer("mlp", [x], request_id="not-traced")
+    infer("not-traced")
 
     new = [t for i, t in traces(server.trace_file).items() if i not in known]
     assert [t["request_id"] for t in new] == ["traced-hit"]
@@ -149,7 +162,7 @@ def test_a_variant_hit_s_trace_adds_up_to_its_statistics(server, http, grpc):
     for phase, took in phases.items():
         assert abs((after[phase] - before[phase]) - took) <= 1000, (phase, took, after, before)
     [frame] = trace["frames"]
-    variant = result.get_response().parameters["precompile_variant"].string_param
+    variant = result.parameters["precompile_variant"].string_param
     assert frame == {**frame, "frame": "forward", "entry": True, "outcome": "variant",
                      "variant": variant}
     assert 0 < frame["guards_ns"] and 0 < frame["run_ns"]
