@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/json_text.h"
 #include "base/log_text.h"
 
 namespace precompile::server {
@@ -26,24 +27,6 @@ absl::StatusOr<int64_t> ParseInteger(absl::string_view name, const std::vector<s
         LoggedText(absl::StrJoin(values, ", "), 64), "]"));
   }
   return n;
-}
-
-// A JSON string: quotes, backslashes and control bytes escaped; other bytes
-// as they are.
-void AppendJsonString(std::string& out, absl::string_view s) {
-  out.push_back('"');
-  for (const char c : s) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (u < 0x20) {
-      absl::StrAppend(&out, "\\u00", absl::Hex(u, absl::kZeroPad2));
-    } else {
-      out.push_back(c);
-    }
-  }
-  out.push_back('"');
 }
 
 int64_t Nanos(absl::Time t) { return absl::ToUnixNanos(t); }
@@ -209,32 +192,31 @@ uint64_t RequestTracer::Sample(absl::string_view model) {
 }
 
 void RequestTracer::Write(const RequestTrace& trace) {
-  std::string text;
-  text.reserve(512);
-  const std::string id = absl::StrCat("{\"id\":", trace.id);
-  absl::StrAppend(&text, id, ",\"model_name\":");
-  AppendJsonString(text, trace.model);
-  absl::StrAppend(&text, ",\"model_version\":", trace.version, ",\"request_id\":");
-  AppendJsonString(text, absl::string_view(trace.request_id).substr(0, kMaxRequestIdBytes));
-  absl::StrAppend(&text, ",\"outcome\":");
-  AppendJsonString(text, trace.outcome);
-  absl::StrAppend(&text, "},\n", id, ",\"timestamps\":[");
-  for (size_t i = 0; i < trace.timestamps.size(); ++i) {
-    absl::StrAppend(&text, i ? "," : "", "{\"name\":\"", trace.timestamps[i].first,
-                    "\",\"ns\":", Nanos(trace.timestamps[i].second), "}");
+  // Three objects, as Triton writes a trace; DumpJson keeps the file valid
+  // JSON whatever bytes a client's request id holds.
+  Json header = Json::object();
+  header["id"] = trace.id;
+  header["model_name"] = trace.model;
+  header["model_version"] = trace.version;
+  header["request_id"] = trace.request_id.substr(0, kMaxRequestIdBytes);
+  header["outcome"] = trace.outcome;
+  Json timestamps = Json::array();
+  for (const auto& [name, time] : trace.timestamps) {
+    timestamps.push_back({{"name", name}, {"ns", Nanos(time)}});
   }
-  absl::StrAppend(&text, "]},\n", id, ",\"frames\":[");
-  for (size_t i = 0; i < trace.frame_calls.size(); ++i) {
-    const FrameCallEvent& f = trace.frame_calls[i];
-    absl::StrAppend(&text, i ? "," : "", "{\"frame\":");
-    AppendJsonString(text, f.frame);
-    absl::StrAppend(&text, ",\"entry\":", f.is_entry ? "true" : "false", ",\"outcome\":\"",
-                    OutcomeName(f.outcome), "\",\"variant\":");
-    AppendJsonString(text, f.variant_id);
-    absl::StrAppend(&text, ",\"guards_ns\":", absl::ToInt64Nanoseconds(f.dispatch_time),
-                    ",\"run_ns\":", absl::ToInt64Nanoseconds(f.run_time), "}");
+  Json frames = Json::array();
+  for (const FrameCallEvent& f : trace.frame_calls) {
+    frames.push_back({{"frame", f.frame},
+                      {"entry", f.is_entry},
+                      {"outcome", std::string(OutcomeName(f.outcome))},
+                      {"variant", f.variant_id},
+                      {"guards_ns", absl::ToInt64Nanoseconds(f.dispatch_time)},
+                      {"run_ns", absl::ToInt64Nanoseconds(f.run_time)}});
   }
-  absl::StrAppend(&text, "]}");
+  const std::string text = absl::StrCat(
+      DumpJson(header, /*pretty=*/false), ",\n",
+      DumpJson({{"id", trace.id}, {"timestamps", std::move(timestamps)}}, /*pretty=*/false),
+      ",\n", DumpJson({{"id", trace.id}, {"frames", std::move(frames)}}, /*pretty=*/false));
 
   int64_t log_frequency = 0;
   {
