@@ -48,7 +48,6 @@ why. Any error leaves the repository as it was.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -58,6 +57,7 @@ import torch
 
 from .capture import capture
 from .errors import PrecompileError
+from .names import import_object, resolve_frames
 
 _DTYPES = {
     "bool": torch.bool,
@@ -125,52 +125,14 @@ def load_calls(path: str, device: str = "cpu") -> List[Tuple[List[Any], Dict[str
     return calls
 
 
-def _import(target: str) -> Tuple[Any, Any]:
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise PrecompileError(f"expected module:attribute, not {target!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise PrecompileError(f"cannot import {module_name}: {e}") from e
-    try:
-        return module, getattr(module, attr)
-    except AttributeError:
-        raise PrecompileError(f"module {module_name} has no attribute {attr!r}") from None
-
-
-def _resolve_frames(specs: Sequence[str], model: Any, model_module: Any) -> List[Any]:
-    frames: List[Any] = []
-    for spec in specs:
-        if ":" in spec:
-            frames.append(_import(spec)[1])
-            continue
-        if isinstance(model, torch.nn.Module):
-            try:
-                model.get_submodule(spec)
-                frames.append(spec)
-                continue
-            except AttributeError:
-                pass
-        fn = getattr(model_module, spec, None)
-        if callable(fn):
-            frames.append(fn)
-            continue
-        raise PrecompileError(
-            f"frame {spec!r} is neither a sub-module of the model nor a function of "
-            f"{model_module.__name__}"
-        )
-    return frames
-
-
 def _capture(args: argparse.Namespace) -> int:
     try:
-        module, factory = _import(args.model)
+        module, factory = import_object(args.model)
         model = factory if isinstance(factory, torch.nn.Module) else factory()
         device = args.device or "cpu"
         if isinstance(model, torch.nn.Module):
             model = model.to(device)
-        frames = _resolve_frames([f for f in (args.frames or "").split(",") if f], model, module)
+        frames = resolve_frames([f for f in (args.frames or "").split(",") if f], model, module)
         calls = load_calls(args.calls, device)
         cap = capture(
             model,
@@ -208,11 +170,11 @@ def _recapture(args: argparse.Namespace) -> int:
             if param in int_ranges:
                 raise PrecompileError(f"--int-range gives '{param}' twice")
             int_ranges[param] = bounds
-        module, factory = _import(args.model)
+        module, factory = import_object(args.model)
         model = factory if isinstance(factory, torch.nn.Module) else factory()
         frames = None
         if args.frames is not None:
-            frames = _resolve_frames([f for f in args.frames.split(",") if f], model, module)
+            frames = resolve_frames([f for f in args.frames.split(",") if f], model, module)
         calls: List[Tuple[List[Any], Dict[str, Any]]] = []
         if args.calls:
             # Made on the previous version's device, which the recapture keeps.

@@ -63,6 +63,7 @@ from .artifact import MANIFEST, dtype_from_proto, guards_from_proto, scalar_valu
 from .capture import _first_lines, capture
 from .errors import PrecompileError
 from .guards import DTYPE_NAMES
+from .names import resolve_frames
 from .summary import FallbackCause
 
 # What a miss's result says of it.
@@ -461,13 +462,11 @@ def _module_of(model: Any) -> types.ModuleType:
 
 
 def _default_frames(old: pb.Manifest, old_dir: str, model: Any, model_module: Optional[types.ModuleType]) -> List[Any]:
-    from .cli import _resolve_frames  # noqa: PLC0415 - the command line imports this module
-
     names = [f.name for f in old.frames if f.name != old.entry_frame]
     if not names:
         return []
     try:
-        return _resolve_frames(names, model, model_module or _module_of(model))
+        return resolve_frames(names, model, model_module or _module_of(model))
     except PrecompileError as e:
         raise PrecompileError(
             f"the frames of {old_dir} ({', '.join(names)}) cannot all be found in the model: {e}; "
