@@ -55,9 +55,9 @@ for model in loop loop_python; do
   done
 done
 
-# examples.models must be importable by the server's Python.
+# The programs carry examples.models by value.
 taskset -c "$SERVER_CPUS" "$BIN/server/precompile_server" \
-  --allow_python_programs --python_path="$ROOT" \
+  --allow_python_programs \
   --model_repository="$OUT/repository" --listen_address=127.0.0.1 --grpc_port="$PORT" \
   --metrics_port=-1 --http_port=-1 --torch_threads=1 ${SERVER_FLAGS:-} > "$OUT/server.log" 2>&1 &
 server=$!

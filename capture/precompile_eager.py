@@ -2,7 +2,9 @@
 
 A flagged frame that TorchScript cannot express gets a Python eager program:
 the capture saves (torch.save) a `Program` holding the frame's own module or
-function, by reference, with its weights. Inside it, each captured frame the
+function with its weights: code from installed distributions by reference,
+the model's own code by value (cloudpickle, which the server's environment
+then needs too). Inside it, each captured frame the
 frame calls is replaced by a `FrameCall`, whose calls go through the operator
 `precompile::call_frame`, so that the runtime serves the callee with its own
 variants (and refuses its own misses) as it does for TorchScript programs.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import importlib.util
+import linecache
 import sys
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -142,12 +145,16 @@ class Stopped(BaseException):
 
 class Program:
     """A frame's Python eager program: its module (called like the module, so
-    its hooks run) or function, and how its parameters take their values."""
+    its hooks run) or function, and how its parameters take their values.
+    `sources` holds the text of the files its by-value code came from (by
+    file name, as its code objects name them), for tracebacks at the server,
+    which has none of those files."""
 
-    def __init__(self, frame: str, target: Any, params: Sequence[Param]) -> None:
+    def __init__(self, frame: str, target: Any, params: Sequence[Param], sources: Optional[Dict[str, str]] = None) -> None:
         self.frame = frame
         self.target = target
         self.params = tuple(params)
+        self.sources = dict(sources or {})
 
     def __call__(self, values: Sequence[Any]) -> List[Any]:
         """Runs the frame on one value per parameter, in order; returns the
@@ -174,6 +181,10 @@ def load(path: str, device: str) -> Program:
         program = torch.load(path, map_location=device, weights_only=False)
     if not isinstance(program, Program):
         raise TypeError(f"{path} holds a {type(program).__qualname__}, not a precompile_eager.Program")
+    for filename, text in getattr(program, "sources", {}).items():
+        # No modification time: linecache.checkcache never drops them, and a
+        # file of that name on this machine never stands in for them.
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     if isinstance(program.target, torch.nn.Module):
         program.target.eval()
     return program

@@ -57,11 +57,11 @@ say "serving $(ls "$repository" | tr '\n' ' ')from $repository"
 set -m
 
 # Python eager programs (the gallery's bert_recentering) are code: they load
-# only with --allow_python_programs, and import the models' own code
-# (gallery.models) from --python_path.
+# only with --allow_python_programs. They carry the models' own code
+# (gallery.models) by value and import transformers from the environment.
 bazel-bin/server/precompile_server --model_repository="$repository" \
   --listen_address=127.0.0.1 --allow_unauthenticated_control \
-  --allow_python_programs --python_path="$PWD" --repository_poll_seconds=2 "$@" &
+  --allow_python_programs --repository_poll_seconds=2 "$@" &
 server=$!
 
 # While it serves: the client tools, then the gallery, smallest capture

@@ -81,6 +81,9 @@ class ArtifactContents:
     # what they need of the server's Python: (version, [(module, version)]).
     python_programs: Dict[str, str] = dataclasses.field(default_factory=dict)
     python_environment: Optional[Tuple[str, List[Tuple[str, str]]]] = None
+    # Per frame with a Python eager program: the code it carries by value
+    # (python_program.CodeByValue).
+    code_by_value: Dict[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
 
 
 def dtype_to_proto(dtype: torch.dtype) -> int:
@@ -279,7 +282,8 @@ def frames_text(contents: ArtifactContents) -> str:
             if frame.variantless_entry_fallback:
                 row += " # variantless entry: nothing to dispatch to"
             else:
-                row += f" # eager program: {'Python' if frame.name in contents.python_programs else 'TorchScript'}"
+                # The frame's choice, known before save() writes any program.
+                row += f" # eager program: {'Python' if frame.eager_program == 'python' else 'TorchScript'}"
         elif not frame.variants:
             if frame.compile_error:
                 row += " # uncovered (compile error suppressed)"
@@ -289,6 +293,9 @@ def frames_text(contents: ArtifactContents) -> str:
             row += f" # truncated (recompile limit {contents.recompile_limit} hit)"
         lines.append(row)
         names = [p.name for p in frame.params]
+        for code in contents.code_by_value.get(frame.name, []):
+            lines.append(f"  Python by value: {code.module}: {', '.join(code.qualified_names)} "
+                         f"(sha256 {code.sha256[:16]})")
         for v in frame.variants:
             lines.append(f"  {v.id}: {v.guards.describe(names, contents.device)}")
         for i, (lo, hi) in index_ranges(frame).items():
@@ -391,6 +398,9 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
             f.eager_program_path = f"frames/{dirs[frame.name]}/eager.pt"
         if frame.name in contents.python_programs:
             f.python_program.path = f"frames/{dirs[frame.name]}/python.pt"
+            for code in contents.code_by_value.get(frame.name, []):
+                f.python_program.code_by_value.add(
+                    module=code.module, qualified_names=code.qualified_names, sha256=code.sha256)
         f.truncated = frame.truncated
         f.variantless_entry_fallback = frame.variantless_entry_fallback
     s = contents.summary

@@ -712,6 +712,7 @@ class Capture:
         eager_programs: Dict[str, str],
         python_programs: Optional[Dict[str, str]] = None,
         python_environment: Optional[Tuple[str, List[Tuple[str, str]]]] = None,
+        code_by_value: Optional[Dict[str, List["python_program.CodeByValue"]]] = None,
     ) -> "ArtifactContents":
         from .artifact import ArtifactContents  # noqa: PLC0415 - the protos load only when needed
 
@@ -725,6 +726,7 @@ class Capture:
             captured_calls=list(self._entry_calls),
             python_programs=python_programs or {},
             python_environment=python_environment,
+            code_by_value=code_by_value or {},
         )
 
     def frames_text(self) -> str:
@@ -751,11 +753,13 @@ class Capture:
             paths = {f.name: os.path.join(eager_dir, f"{i}.pt") for i, f in enumerate(flagged)}
             context = self._script_context()
             build_eager_programs(context, scripted, paths)
-            environment = python_program.build_all(context, in_python, paths) if in_python else None
+            environment, code_by_value = (
+                python_program.build_all(context, in_python, paths) if in_python else (None, {}))
             contents = self._contents(
                 {f.name: paths[f.name] for f in scripted},
                 {f.name: paths[f.name] for f in in_python},
                 environment,
+                code_by_value,
             )
             return write_artifact(contents, os.fspath(directory))
         finally:

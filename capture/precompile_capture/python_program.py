@@ -3,29 +3,49 @@ embedded interpreter.
 
 TorchScript cannot express most of the Python that makes Dynamo give up
 (`**kwargs`, dataclasses, logging, most of `transformers`). Such a frame can
-instead be saved as a `precompile_eager.Program`: its module or function by
-reference (pickle names classes and functions by module and qualified name;
-the server imports them from its own Python environment) with the module's
-weights. The outermost captured sub-modules inside the frame's module are
-replaced, for the pickling only, by `precompile_eager.FrameCall`s, which call
-the frame through `precompile::call_frame`: the runtime dispatches them to
-their own variants, and their weights are not saved twice.
+instead be saved as a `precompile_eager.Program`: its module or function with
+the module's weights. The outermost captured sub-modules inside the frame's
+module, and the captured functions its code finds by name, are replaced, for
+the pickling only, by `precompile_eager.FrameCall`s, which call the frame
+through `precompile::call_frame`: the runtime dispatches them to their own
+variants, and their weights are not saved twice.
+
+Code travels two ways. Code an installed distribution provides (torch,
+transformers, torchvision, ...) goes by reference, as pickle names it (module
+and qualified name, imported from the server's Python environment). The
+model's own code goes by value (cloudpickle): whatever no distribution
+provides, i.e. a script's `__main__`, a notebook, classes and functions
+defined inside a function, and modules that are only on `sys.path`. The
+program then needs none of the user's files at the server, and serves the code
+as it was when captured; the manifest lists that code per program (module,
+qualified names, a hash of their source).
 
 The manifest records what the programs import (top-level modules and the
 versions of the distributions that provide them), found by loading each saved
-program back, and the Python version, so that a server whose environment
-cannot run them refuses the model at load with a message naming what lacks.
+program back and from the modules its by-value code refers to, and the Python
+version, so that a server whose environment cannot run them refuses the model
+at load with a message naming what lacks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import inspect
 import io
+import linecache
+import marshal
 import pickle
 import platform
 import sys
+import types
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
+import cloudpickle
 import torch
 
 import precompile_eager
@@ -53,16 +73,23 @@ def _params(frame: Frame) -> List[precompile_eager.Param]:
 def blocker(context: ScriptContext, frame: Frame) -> Optional[str]:
     """Why `frame` cannot get a Python eager program (known when it is
     flagged), or None."""
-    functions = [f.name for f in context.frames if f.function is not None and not f.is_entry]
-    if functions:
-        # A function frame is reached through a global of the calling code,
-        # which the server cannot replace for one model without replacing it
-        # for every model in the process.
-        return (
-            f"the capture has function frames ({', '.join(functions)}), and a Python eager "
-            "program routes only sub-module frames through the runtime's dispatcher"
-        )
+    for callee in _function_callees(context, frame):
+        for site in context.globals_sites.get(callee.name, []):
+            module = site.get("__name__", "")
+            if not _by_value_module(module):
+                # Its code would find the original function at the server,
+                # and a global of an imported module cannot be replaced for
+                # one model without replacing it for every model there.
+                return (
+                    f"its code calls function frame '{callee.name}' from module {module}, which an "
+                    "installed distribution provides and which so travels by reference; capture "
+                    "that callee as a sub-module, or use TorchScript"
+                )
     return None
+
+
+def _function_callees(context: ScriptContext, frame: Frame) -> List[Frame]:
+    return [f for f in context.frames if f.function is not None and not f.is_entry and f is not frame]
 
 
 def _callee(frame: Frame, caller: Frame) -> precompile_eager.FrameCall:
@@ -82,6 +109,167 @@ def _callee(frame: Frame, caller: Frame) -> precompile_eager.FrameCall:
     return precompile_eager.FrameCall(
         frame.name, _params(frame), frame.outputs.spec, [leaf.is_tensor for leaf in frame.outputs.leaves]
     )
+
+
+class _Refused:
+    """Stands in for a function frame a program cannot call (no example call
+    reached it, or it returns more than tensors): harmless unless the
+    program's code refers to it, which then fails the pickling."""
+
+    def __init__(self, error: PrecompileError) -> None:
+        self.error = error
+
+    def __reduce__(self) -> Any:
+        raise self.error
+
+
+@contextlib.contextmanager
+def _function_callees_replaced(context: ScriptContext, frame: Frame) -> Iterator[None]:
+    """Binds each captured function's name, in the globals where the model's
+    code finds it, to its `FrameCall` while the program is pickled: by-value
+    code takes its globals from there. Only the pickle sees them."""
+    undo: List[Tuple[Dict[str, Any], str, Any]] = []
+    try:
+        for callee in _function_callees(context, frame):
+            try:
+                stand_in: Any = _callee(callee, frame)
+            except PrecompileError as e:
+                stand_in = _Refused(e)
+            name = callee.function.__name__
+            for site in context.globals_sites.get(callee.name, []):
+                undo.append((site, name, site[name]))
+                site[name] = stand_in
+        yield
+    finally:
+        for site, name, original in reversed(undo):
+            site[name] = original
+
+
+@functools.lru_cache(maxsize=None)
+def _distributions() -> Dict[str, List[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def _by_value_module(module: str) -> bool:
+    """Whether code of `module` travels by value: the model's own code, which
+    no installed distribution (nor the standard library, nor the server)
+    provides."""
+    top = module.split(".")[0]
+    if top == "__main__":
+        return True
+    if top in _PROVIDED or top in sys.stdlib_module_names or top in _distributions():
+        return False
+    loaded = sys.modules.get(top)
+    if loaded is None:
+        return False
+    # Pure Python only (a namespace package has no file): an extension
+    # module's classes cannot travel.
+    file = getattr(loaded, "__file__", None)
+    return file.endswith(".py") if file else hasattr(loaded, "__path__")
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeByValue:
+    """The code of one module that a program carries by value."""
+
+    module: str
+    qualified_names: Tuple[str, ...]
+    # SHA-256 of the qualified names and their source (their compiled code
+    # where Python has no source for them), in order.
+    sha256: str
+
+
+def _source(obj: Any) -> bytes:
+    try:
+        return inspect.getsource(obj).encode()
+    except (OSError, TypeError):
+        functions = [obj] if isinstance(obj, types.FunctionType) else [
+            v for _, v in sorted(vars(obj).items()) if isinstance(v, types.FunctionType)]
+        return b"".join(marshal.dumps(f.__code__) for f in functions)
+
+
+class _Pickled:
+    """What pickling a program met: the code it carried by value, and the
+    modules it refers to by reference."""
+
+    def __init__(self) -> None:
+        self.by_value: Dict[str, Dict[str, Any]] = {}
+        self.by_reference: Set[str] = set()
+
+    def sources(self) -> Dict[str, str]:
+        """The text of the files the by-value code was defined in (a
+        notebook's cells too: IPython keeps them in linecache)."""
+        out = {}
+        for objects in self.by_value.values():
+            for obj in objects.values():
+                # Functions only: a class's methods are recorded as functions too.
+                code = getattr(obj, "__code__", None)
+                filename = code.co_filename if code is not None else None
+                if filename and filename not in out:
+                    text = "".join(linecache.getlines(filename))
+                    if text:
+                        out[filename] = text
+        return out
+
+    def code_by_value(self) -> List[CodeByValue]:
+        out = []
+        for module, objects in sorted(self.by_value.items()):
+            # A class's methods travel with it: named once, by the class.
+            names = tuple(sorted(n for n in objects if n.rpartition(".")[0] not in objects))
+            digest = hashlib.sha256()
+            for name in names:
+                digest.update(name.encode() + b"\0" + _source(objects[name]) + b"\0")
+            out.append(CodeByValue(module, names, digest.hexdigest()))
+        return out
+
+
+# Types cloudpickle names itself (types.CodeType, type(None), ...): neither
+# the user's code nor a module's.
+_NAMED_TYPES = {type(None), type(Ellipsis), type(NotImplemented), *cloudpickle.cloudpickle._BUILTIN_TYPE_NAMES}
+
+
+def _pickle_module(pickled: _Pickled) -> Any:
+    """A pickle module for torch.save whose Pickler is cloudpickle's,
+    recording into `pickled`."""
+
+    class Pickler(cloudpickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, (type, types.FunctionType, types.ModuleType)) and obj not in _NAMED_TYPES:
+                module = (obj.__name__ if isinstance(obj, types.ModuleType) else obj.__module__) or ""
+                # cloudpickle's own decision, so that what is recorded is what it does.
+                if cloudpickle.cloudpickle._should_pickle_by_reference(obj):
+                    pickled.by_reference.add(module)
+                elif not isinstance(obj, types.ModuleType):
+                    pickled.by_value.setdefault(module, {})[obj.__qualname__] = obj
+            return super().reducer_override(obj)
+
+    return types.SimpleNamespace(Pickler=Pickler, __name__="cloudpickle")
+
+
+def _save(program: precompile_eager.Program) -> Tuple[bytes, _Pickled]:
+    """`program` as torch.save writes it, the model's own modules by value.
+    Which modules those are shows only while pickling (a by-value function's
+    globals lead to more code), so it pickles until no new one appears."""
+    registered: List[types.ModuleType] = []
+    try:
+        while True:
+            pickled = _Pickled()
+            buffer = io.BytesIO()
+            torch.save(program, buffer, pickle_module=_pickle_module(pickled))
+            new = sorted({m.split(".")[0] for m in pickled.by_reference if _by_value_module(m)}
+                         - {m.__name__ for m in registered})
+            if not new:
+                sources = pickled.sources()
+                if sources == program.sources:
+                    return buffer.getvalue(), pickled
+                program.sources = sources  # Text only: it brings no code along.
+                continue
+            for top in new:
+                cloudpickle.register_pickle_by_value(sys.modules[top])
+                registered.append(sys.modules[top])
+    finally:
+        for module in registered:
+            cloudpickle.unregister_pickle_by_value(module)
 
 
 class _RecordingUnpickler(pickle.Unpickler):
@@ -108,34 +296,33 @@ def _imported_modules(path: str) -> Set[str]:
     return set(_RecordingUnpickler.modules)
 
 
-def build(context: ScriptContext, frame: Frame, path: str) -> Set[str]:
-    """Saves `frame`'s Python eager program to `path`; returns the modules
-    it imports when loaded."""
+@dataclasses.dataclass(frozen=True)
+class SavedProgram:
+    # The modules it imports when loaded.
+    modules: Set[str]
+    code_by_value: List[CodeByValue]
+
+
+def build(context: ScriptContext, frame: Frame, path: str) -> SavedProgram:
+    """Saves `frame`'s Python eager program to `path`."""
     reason = blocker(context, frame)
     if reason:
         raise PrecompileError(f"frame '{frame.name}' cannot get a Python eager program: {reason}")
-    with submodule_callees_replaced(context, frame, lambda callee: _callee(callee, frame)):
+    with submodule_callees_replaced(context, frame, lambda callee: _callee(callee, frame)), \
+            _function_callees_replaced(context, frame):
         target = frame.module if frame.module is not None else frame.function
         program = precompile_eager.Program(frame.name, target, _params(frame))
-        buffer = io.BytesIO()
         try:
-            torch.save(program, buffer)
+            data, pickled = _save(program)
         except (pickle.PicklingError, AttributeError, TypeError) as e:
-            raise PrecompileError(
-                f"frame '{frame.name}' cannot be saved as a Python eager program, which refers to "
-                f"its code by module and name: {e}. Define the model's classes and functions at "
-                "the top level of an importable module"
-            ) from e
+            raise PrecompileError(f"frame '{frame.name}' cannot be saved as a Python eager program: {e}") from e
     with open(path, "wb") as f:
-        f.write(buffer.getvalue())
-    modules = _imported_modules(path)
-    main = sorted(m for m in modules if m == "__main__" or m.startswith("__main__."))
-    if main:
-        raise PrecompileError(
-            f"frame '{frame.name}' cannot be saved as a Python eager program: it refers to code "
-            "defined in __main__, which the server cannot import; move it into an importable module"
-        )
-    return modules
+        f.write(data)
+    # Loading it back proves it loads, and names what torch's own reductions
+    # import; by-value code imports its modules by name (cloudpickle's
+    # subimport), which only the pickling saw.
+    modules = _imported_modules(path) | pickled.by_reference
+    return SavedProgram({m for m in modules if not _by_value_module(m)}, pickled.code_by_value())
 
 
 def environment(modules: Set[str]) -> Tuple[str, List[Tuple[str, str]]]:
@@ -145,10 +332,16 @@ def environment(modules: Set[str]) -> Tuple[str, List[Tuple[str, str]]]:
     return platform.python_version(), [(m, precompile_eager.distribution_version(m)) for m in tops]
 
 
-def build_all(context: ScriptContext, frames: Sequence[Frame], paths: Dict[str, str]) -> Tuple[str, List[Tuple[str, str]]]:
+def build_all(
+    context: ScriptContext, frames: Sequence[Frame], paths: Dict[str, str]
+) -> Tuple[Tuple[str, List[Tuple[str, str]]], Dict[str, List[CodeByValue]]]:
     """Saves each of `frames`' programs to `paths[frame name]`; returns what
-    they need of the server's Python (`environment`)."""
+    they need of the server's Python (`environment`) and, per frame, the code
+    its program carries by value."""
     modules: Set[str] = set()
+    code: Dict[str, List[CodeByValue]] = {}
     for frame in frames:
-        modules |= build(context, frame, paths[frame.name])
-    return environment(modules)
+        saved = build(context, frame, paths[frame.name])
+        modules |= saved.modules
+        code[frame.name] = saved.code_by_value
+    return environment(modules), code

@@ -4,7 +4,11 @@ TorchScript cannot script, and what it refuses."""
 import importlib.metadata
 import os
 import platform
+import subprocess
+import sys
+import zipfile
 
+import cloudpickle
 import pytest
 import torch
 
@@ -12,7 +16,7 @@ import precompile_capture
 import precompile_eager
 from conftest import read_manifest
 from examples.models import make_blocks, make_loop, make_nested, opaque, scale, wobble
-from precompile_capture import PrecompileError, ops
+from precompile_capture import PrecompileError, ops, python_program
 
 BLOCKS = ["blocks.0", "blocks.1"]
 
@@ -40,10 +44,19 @@ def test_auto_saves_a_python_program_for_a_frame_torchscript_cannot_script(block
     assert forward.eager_program_path == ""
     assert not frame_proto(m, "blocks.0").HasField("python_program")
     assert m.python.python_version == platform.python_version()
-    # What the program imports: the model's own package and torch.
+    # What the program imports: torch, and cloudpickle to rebuild the model's
+    # own code (examples.models: no distribution provides it), which travels
+    # by value and so is no module the server must have.
     assert [(mod.name, mod.version) for mod in m.python.modules] == [
-        ("examples", ""), ("torch", importlib.metadata.version("torch"))]
-    assert "# eager program: Python" in open(os.path.join(path, "FRAMES")).read()
+        ("cloudpickle", importlib.metadata.version("cloudpickle")),
+        ("torch", importlib.metadata.version("torch"))]
+    [code] = forward.python_program.code_by_value
+    # Block is there as the class Blocks.__init__ names, not as the blocks,
+    # which are frames of their own.
+    assert (code.module, list(code.qualified_names)) == ("examples.models", ["Block", "Blocks", "opaque"])
+    frames = open(os.path.join(path, "FRAMES")).read()
+    assert "# eager program: Python" in frames
+    assert f"  Python by value: examples.models: Block, Blocks, opaque (sha256 {code.sha256[:16]})" in frames
 
 
 def test_the_program_is_the_frames_code_with_its_callees_dispatched(blocks_artifact):
@@ -53,7 +66,8 @@ def test_the_program_is_the_frames_code_with_its_callees_dispatched(blocks_artif
     # The blocks are callers of the dispatcher, not copies of the blocks, and
     # so their weights are not in the file.
     assert [type(b) for b in program.target.blocks] == [precompile_eager.FrameCall] * 2
-    assert os.path.getsize(os.path.join(path, "frames", "forward", "python.pt")) < 8192
+    with zipfile.ZipFile(os.path.join(path, "frames", "forward", "python.pt")) as saved:
+        assert not [n for n in saved.namelist() if "/data/" in n]  # No tensor at all.
     calls = []
     for i, block in enumerate(model.blocks):
         ops.register_frame(BLOCKS[i], lambda x, block=block, i=i: calls.append(i) or block(x))
@@ -80,34 +94,114 @@ def test_python_can_be_asked_for_a_frame_torchscript_could_script(tmp_path):
     cap(x, n=1)
     m = read_manifest(cap.save(tmp_path / "out"))
     assert frame_proto(m, "forward").python_program.path == "frames/forward/python.pt"
-    # Loop has no weights: its pickle names no torch class.
-    assert [mod.name for mod in m.python.modules] == ["examples"]
+    # Loop has no weights, but its code, which travels by value, refers to
+    # torch (the module and the base class).
+    assert [mod.name for mod in m.python.modules] == ["cloudpickle", "torch"]
 
 
-def test_function_frames_keep_a_frame_from_a_python_program():
+def test_function_frames_called_from_imported_code_keep_a_frame_from_a_python_program(monkeypatch):
+    # As if an installed distribution provided examples: its code would go by
+    # reference, and at the server it would call the original `scale` and
+    # `wobble` instead of dispatching them.
+    monkeypatch.setitem(python_program._distributions(), "examples", ["examples-dist"])
     cap = precompile_capture.capture(make_nested(), name="nested", frames=["encoder", scale, wobble],
                                      eager="python")
     with pytest.raises(PrecompileError) as e:
         cap(torch.randn(8, 4), 1)
-    assert "cannot get a Python eager program: the capture has function frames (scale, wobble)" in str(e.value)
+    assert ("cannot get a Python eager program: its code calls function frame 'scale' from module "
+            "examples.models, which an installed distribution provides") in str(e.value)
 
 
-def test_code_the_server_cannot_import_is_refused_at_save(tmp_path):
+LOAD_ELSEWHERE = """
+import sys, torch
+sys.path[:0] = sys.argv[3:]
+import precompile_eager
+for module in ("examples.models", "test_python_program"):
+    try:
+        __import__(module)
+        raise SystemExit(f"{module} is importable here")
+    except ImportError:
+        pass
+program = precompile_eager.load(sys.argv[1], "cpu")
+x, expected = torch.load(sys.argv[2])
+print(torch.equal(program([x, 2])[0], expected) or program([x, 2])[0])
+"""
+
+
+def test_code_defined_in_a_function_travels_by_value(tmp_path):
+    factor = 2.0
+
     class Defined(torch.nn.Module):  # In a function: pickle cannot name it.
         def forward(self, x: torch.Tensor, n: int = 0) -> torch.Tensor:
             for _ in range(n):
                 x = opaque(x)
-            return x * 2.0
+            return x * factor
 
     cap = precompile_capture.capture(Defined(), name="local", eager="python")
     x = torch.randn(8, 4)
     cap(x, n=0)
     cap(x, n=1)
-    with pytest.raises(PrecompileError) as e:
-        cap.save(tmp_path / "out")
-    assert "frame 'forward' cannot be saved as a Python eager program" in str(e.value)
-    assert "top level of an importable module" in str(e.value)
-    assert not (tmp_path / "out").exists()
+    path = cap.save(tmp_path / "out")
+    m = read_manifest(path)
+    codes = {c.module: list(c.qualified_names) for c in frame_proto(m, "forward").python_program.code_by_value}
+    assert codes == {
+        "examples.models": ["opaque"],
+        __name__: ["test_code_defined_in_a_function_travels_by_value.<locals>.Defined"],
+    }
+    # Loaded where neither this file nor examples.models can be imported, it runs
+    # the code as it was captured (its closure's factor included).
+    torch.save((x, Defined()(x, n=2)), tmp_path / "x.pt")
+    capture_dir = os.path.dirname(os.path.dirname(precompile_capture.__file__))
+    run = subprocess.run(
+        [sys.executable, "-c", LOAD_ELSEWHERE, os.path.join(path, "frames", "forward", "python.pt"),
+         str(tmp_path / "x.pt"), capture_dir],
+        capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]}, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "True", run.stdout + run.stderr
+
+
+def test_a_namespace_package_only_on_sys_path_travels_by_value_with_what_it_imports(tmp_path, monkeypatch):
+    # No __init__.py: a namespace package, as much code on sys.path is. Its
+    # modules reach each other through a module global, which only pickling
+    # by value reveals.
+    package = tmp_path / "code" / "userns"
+    package.mkdir(parents=True)
+    (package / "helpers.py").write_text("def shift(x):\n    return x + 1.5\n")
+    (package / "mods.py").write_text(
+        "import torch\nfrom userns import helpers\n\n"
+        "class Shifted(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return helpers.shift(x) * 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    from userns import mods  # noqa: PLC0415
+
+    program = precompile_eager.Program("forward", mods.Shifted(), [P("x", precompile_eager.POSITIONAL_OR_KEYWORD)])
+    data, pickled = python_program._save(program)
+    assert sorted(pickled.by_value) == ["userns.helpers", "userns.mods"]
+    assert "userns" not in {m.split(".")[0] for m in pickled.by_reference}
+    # The registrations were undone: nothing else pickles userns by value.
+    assert not cloudpickle.list_registry_pickle_by_value()
+    (tmp_path / "python.pt").write_bytes(data)
+    x = torch.randn(3)
+    torch.save((x, mods.Shifted()(x)), tmp_path / "x.pt")
+    capture_dir = os.path.dirname(os.path.dirname(precompile_capture.__file__))
+    run = subprocess.run(
+        [sys.executable, "-c", LOAD_ONE_ARGUMENT, str(tmp_path / "python.pt"), str(tmp_path / "x.pt"), capture_dir],
+        capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]}, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "True", run.stdout + run.stderr
+
+
+LOAD_ONE_ARGUMENT = """
+import sys, torch
+sys.path[:0] = sys.argv[3:]
+import precompile_eager
+try:
+    import userns
+    raise SystemExit("userns is importable here")
+except ImportError:
+    pass
+program = precompile_eager.load(sys.argv[1], "cpu")
+x, expected = torch.load(sys.argv[2])
+print(torch.equal(program([x])[0], expected))
+"""
 
 
 P = precompile_eager.Param

@@ -215,11 +215,17 @@ class CallsAsDict(torch.nn.Module):
         return as_dict(x)
 
 
-def test_a_flagged_frame_that_calls_a_frame_returning_a_dict_is_refused_by_name():
-    cap = precompile_capture.capture(Calls(CallsAsDict()), name="m", frames=["inner", as_dict])
+def test_a_flagged_frame_that_calls_a_frame_returning_a_dict_gets_python_not_torchscript():
+    cap = precompile_capture.capture(Calls(CallsAsDict()), name="m", frames=["inner", as_dict],
+                                     eager="torchscript")
     with pytest.raises(PrecompileError) as e:
         cap(torch.randn(2))
     assert "frame 'inner' calls captured frame 'as_dict', but its TorchScript eager program cannot" in str(e.value)
+    # Its Python eager program calls as_dict through the runtime and rebuilds the dict.
+    cap = precompile_capture.capture(Calls(CallsAsDict()), name="m", frames=["inner", as_dict])
+    cap(torch.randn(2))
+    [inner] = [line for line in cap.frames_text().splitlines() if line.startswith("inner:")]
+    assert inner.endswith("# eager program: Python"), inner
 
 
 def test_a_frame_torchscript_cannot_express_does_not_stop_another_from_being_scripted():

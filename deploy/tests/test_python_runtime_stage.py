@@ -103,9 +103,10 @@ def test_libraries_resolve_in_the_image(staged):
 
 
 def test_serves_a_python_eager_program_from_the_staged_layout(staged, tmp_path):
-    """The staged server, given only the staged environment and the model's
-    own code on --python_path, runs blocks' misses in Python (outputs equal to
-    eager PyTorch) and maps no library of the build machine's Python or .venv."""
+    """The staged server, given only the staged environment (the program
+    carries the model's own code), runs blocks' misses in Python (outputs
+    equal to eager PyTorch) and maps no library of the build machine's Python
+    or .venv."""
     artifact = os.environ.get("BLOCKS_ARTIFACT")
     if not artifact:
         pytest.skip("BLOCKS_ARTIFACT is not set (bazel test sets it)")
@@ -117,7 +118,7 @@ def test_serves_a_python_eager_program_from_the_staged_layout(staged, tmp_path):
     repository = tmp_path / "models"
     shutil.copytree(artifact, repository / "blocks" / "1", symlinks=False)
     command = [str(staged / "bin/precompile_server"), f"--model_repository={repository}",
-               f"--python_env={staged}/venv", "--allow_python_programs", f"--python_path={code}",
+               f"--python_env={staged}/venv", "--allow_python_programs",
                "--listen_address=127.0.0.1", "--grpc_port=0", "--http_port=0",
                "--metrics_port=-1", "--drain_timeout_seconds=5"]
     log = tmp_path / "server.log"

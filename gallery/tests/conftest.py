@@ -33,11 +33,10 @@ def server(tmp_path_factory):
         # The artifact's real directory: in runfiles each file is a link.
         artifact = (ROOT / "gallery" / name / "MANIFEST.pb").resolve().parent
         (repository / name / "1").symlink_to(artifact)
-    # bert_recentering's eager program is Python: the server imports
-    # gallery.models from the runfiles (--python_path) and transformers from
-    # its environment.
+    # bert_recentering's eager program is Python: it carries gallery.models'
+    # code by value, and the server imports transformers from its environment.
     process = ServerProcess(ROOT / "server" / "precompile_server", repository,
-                            ["--allow_python_programs", f"--python_path={ROOT}",
+                            ["--allow_python_programs",
                              # Well above any call here; a test runs past it.
                              "--max_request_seconds=10"])
     yield process
