@@ -20,6 +20,14 @@ configuration, once, and every configuration (plain, --config=asan,
 capture itself is the target `<name>.captured` (tagged manual: `//...` does not
 build it on its own).
 
+A script that captures its own models, as users write them (classes in
+`__main__`, their code nowhere else), is run the same way:
+
+    precompile_script_artifacts(
+        name = "user_script",                 # bazel-bin/<package>/user_script/<artifact>
+        script = "user_script.py",            # run as `python user_script.py OUT`
+    )
+
 AOTInductor compiles C++ for every variant; its cache and precompiled headers
 live in a stable directory under /tmp (TORCHINDUCTOR_CACHE_DIR, TMPDIR) so that
 actions and rebuilds reuse them. That directory is outside Bazel's view by
@@ -28,10 +36,48 @@ design: it only makes compiles faster, never changes what they produce.
 
 _INDUCTOR_DIR = "/tmp/precompile-serve-inductor"
 
+def _run_capture(ctx, out, args, inputs, roots, progress):
+    """Runs `args` (the interpreter first) as a capture runs, writing the
+    directory `out`: the import roots (absolute; `roots` first, then the
+    generated protos and the capture package) and the compiler caches."""
+    capture_lib = ctx.attr._capture
+    roots = roots + [
+        "$PWD/" + ctx.bin_dir.path,
+        "$PWD/" + (capture_lib.label.workspace_root + "/" if capture_lib.label.workspace_root else "") + capture_lib.label.package,
+    ]
+    command = " && ".join([
+        "export PYTHONPATH=\"{}\"".format(":".join(roots)),
+        "export PYTHONDONTWRITEBYTECODE=1",
+        "export TORCHINDUCTOR_CACHE_DIR={}/cache".format(_INDUCTOR_DIR),
+        "export TMPDIR={}/tmp".format(_INDUCTOR_DIR),
+        # Inductor proves each vector ISA the CPU reports by compiling a probe
+        # and loading it in a new Python that imports torch: 10 to 30 s of
+        # every capture. The g++ that tools/setup.sh installs builds them all.
+        "export TORCHINDUCTOR_VEC_ISA_OK=1",
+        "export AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL={}".format(ctx.attr.wrapper_opt_level),
+        "mkdir -p \"$TORCHINDUCTOR_CACHE_DIR\" \"$TMPDIR\"",
+        "exec \"$@\"",
+    ])
+    ctx.actions.run_shell(
+        command = command,
+        arguments = [args],
+        inputs = depset(transitive = [inputs, capture_lib[DefaultInfo].files, capture_lib[DefaultInfo].default_runfiles.files]),
+        tools = [ctx.attr._python[DefaultInfo].files_to_run],
+        outputs = [out],
+        use_default_shell_env = True,
+        execution_requirements = {
+            # The compiler cache under /tmp is shared on purpose: run it here
+            # (its result may still come from Bazel's disk cache).
+            "no-remote-exec": "1",
+        },
+        mnemonic = "PrecompileCapture",
+        progress_message = progress + " (AOTInductor compiles take a while)",
+    )
+    return [DefaultInfo(files = depset([out]), runfiles = ctx.runfiles(files = [out]))]
+
 def _capture_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
-    capture_lib = ctx.attr._capture
-    transitive = [capture_lib[DefaultInfo].files, capture_lib[DefaultInfo].default_runfiles.files]
+    transitive = []
     for dep in ctx.attr.deps:
         transitive.append(dep[DefaultInfo].files)
         transitive.append(dep[DefaultInfo].default_runfiles.files)
@@ -52,42 +98,8 @@ def _capture_impl(ctx):
     if ctx.attr.allow_incomplete:
         args.add("--allow-incomplete")
 
-    # Import roots, absolute: the workspace root (the model's package), the
-    # generated protos (proto/artifact_pb2.py) and the capture package.
-    roots = [
-        "$PWD",
-        "$PWD/" + ctx.bin_dir.path,
-        "$PWD/" + (capture_lib.label.workspace_root + "/" if capture_lib.label.workspace_root else "") + capture_lib.label.package,
-    ]
-    command = " && ".join([
-        "export PYTHONPATH=\"{}\"".format(":".join(roots)),
-        "export PYTHONDONTWRITEBYTECODE=1",
-        "export TORCHINDUCTOR_CACHE_DIR={}/cache".format(_INDUCTOR_DIR),
-        "export TMPDIR={}/tmp".format(_INDUCTOR_DIR),
-        # Inductor proves each vector ISA the CPU reports by compiling a probe
-        # and loading it in a new Python that imports torch: 10 to 30 s of
-        # every capture. The g++ that tools/setup.sh installs builds them all.
-        "export TORCHINDUCTOR_VEC_ISA_OK=1",
-        "export AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL={}".format(ctx.attr.wrapper_opt_level),
-        "mkdir -p \"$TORCHINDUCTOR_CACHE_DIR\" \"$TMPDIR\"",
-        "exec \"$@\"",
-    ])
-    ctx.actions.run_shell(
-        command = command,
-        arguments = [args],
-        inputs = inputs,
-        tools = [ctx.attr._python[DefaultInfo].files_to_run],
-        outputs = [out],
-        use_default_shell_env = True,
-        execution_requirements = {
-            # The compiler cache under /tmp is shared on purpose: run it here
-            # (its result may still come from Bazel's disk cache).
-            "no-remote-exec": "1",
-        },
-        mnemonic = "PrecompileCapture",
-        progress_message = "Capturing precompile artifact %s (AOTInductor compiles take a while)" % ctx.label,
-    )
-    return [DefaultInfo(files = depset([out]), runfiles = ctx.runfiles(files = [out]))]
+    return _run_capture(ctx, out, args, inputs, roots = ["$PWD"],
+                        progress = "Capturing precompile artifact %s" % ctx.label)
 
 _capture = rule(
     implementation = _capture_impl,
@@ -114,6 +126,29 @@ _capture = rule(
         ),
         "deps": attr.label_list(doc = "Python libraries holding the model's code"),
         "srcs": attr.label_list(allow_files = True, doc = "Other files the model's code reads"),
+        "_capture": attr.label(default = Label("//capture:precompile_capture")),
+        "_python": attr.label(default = Label("@torch//:python"), executable = True, cfg = "exec"),
+    },
+)
+
+def _script_capture_impl(ctx):
+    out = ctx.actions.declare_directory(ctx.label.name)
+    inputs = depset([ctx.file.script])
+    args = ctx.actions.args()
+    args.add(ctx.executable._python)
+    args.add(ctx.file.script)
+    args.add(out.path)
+    # No workspace root on the path: the script is all the model's code, as a
+    # user's script run as `python script.py` is.
+    return _run_capture(ctx, out, args, inputs, roots = [],
+                        progress = "Running capture script %s" % ctx.label)
+
+_script_capture = rule(
+    implementation = _script_capture_impl,
+    doc = "The artifacts a script captures of its own models, run as `python script.py OUT`.",
+    attrs = {
+        "script": attr.label(mandatory = True, allow_single_file = [".py"]),
+        "wrapper_opt_level": attr.string(default = "O0", values = ["O0", "O1", "O2", "O3"]),
         "_capture": attr.label(default = Label("//capture:precompile_capture")),
         "_python": attr.label(default = Label("@torch//:python"), executable = True, cfg = "exec"),
     },
@@ -159,6 +194,32 @@ def precompile_artifact(name, model_name = None, visibility = None, testonly = N
         visibility = ["//visibility:private"],
         testonly = testonly,
         **kwargs
+    )
+    _artifact(
+        name = name,
+        captured = ":" + name + ".captured",
+        visibility = visibility,
+        testonly = testonly,
+    )
+
+def precompile_script_artifacts(name, script, visibility = None, testonly = None):
+    """The artifacts a user's script captures, run as its users run it: as
+    `__main__`, with the capture package importable and nothing of the
+    workspace. The script saves each artifact into a directory of its first
+    argument: bazel-bin/<package>/<name>/<artifact>.
+
+    Args:
+      name: the output directory.
+      script: the script.
+      visibility: of the directory.
+      testonly: of both targets.
+    """
+    _script_capture(
+        name = name + ".captured",
+        script = script,
+        tags = ["manual"],
+        visibility = ["//visibility:private"],
+        testonly = testonly,
     )
     _artifact(
         name = name,

@@ -1,19 +1,23 @@
 """Python eager programs, end to end: the real server runs the misses of a
 flagged frame that TorchScript cannot script in its embedded interpreter.
 
-The model is examples/models.py's `blocks`: its entry takes **kwargs and logs,
-is compiled at batch 8 with steps=0 and flagged eager_fallback (a graph break
-in a loop at steps >= 1); its blocks are frames compiled at batch 8. Its
-artifact (bazel build //examples:blocks) has a Python eager program for
-`forward`; the server loads it only with --allow_python_programs, and imports
-`examples.models` from --python_path (its interpreter reads no PYTHONPATH).
+The models: examples/models.py's `blocks` (its entry takes **kwargs and logs,
+is compiled at batch 8 with steps=0 and flagged eager_fallback, a graph break
+in a loop at steps >= 1; its blocks are frames compiled at batch 8), and the
+two models user_script.py captures of its own classes, run as `__main__` (one
+calls a captured function frame, one is defined inside a function). Each
+program carries the model's own code by value, so the server, which reads no
+PYTHONPATH and gets no --python_path here, needs none of it; it loads them
+only with --allow_python_programs.
 
 Needs the Bazel build outputs: bazel build //server:precompile_server
-//examples:artifacts //examples:blocks (the server pulls in the Python plugin).
+//examples:artifacts //examples:blocks //tests/python_eager:user_script (the
+server pulls in the Python plugin).
 Runs with the project's environment: .venv/bin/python -m pytest tests/python_eager
 """
 
 import contextlib
+import importlib.util
 import os
 import pathlib
 import re
@@ -36,11 +40,12 @@ from examples import models  # noqa: E402
 from proto import artifact_pb2  # noqa: E402
 
 BIN = ROOT / "bazel-bin"
+USER_SCRIPT = BIN / "tests" / "python_eager" / "user_script"
 # A server with a model that failed to load is not ready (strict readiness).
 NOT_READY = r"event=not_ready models_ready=1 models_failed=1"
 
 
-def serve(root: pathlib.Path, artifacts, flags=(), python_path=str(ROOT), allow=True,
+def serve(root: pathlib.Path, artifacts, flags=(), python_path="", allow=True,
           ready=r"event=ready") -> ServerProcess:
     """A server on a repository of (model, artifact directory, manifest edit),
     with --python_path (none when empty) and --allow_python_programs when
@@ -210,19 +215,93 @@ def test_an_environment_that_cannot_run_the_program_refuses_the_model_only(tmp_p
         assert server.stop() == 0
 
 
-def test_code_the_environment_cannot_import_refuses_the_model(tmp_path):
-    # Without --python_path, examples.models (the program's own code) is not
-    # importable: the PYTHONPATH of the server's environment does not count.
-    server = serve(tmp_path, [("blocks", BIN / "examples" / "blocks", None),
-                              ("mlp", BIN / "examples" / "mlp", None)], python_path="",
-                   ready=NOT_READY)
+def test_code_changed_after_the_capture_still_serves_what_was_captured(tmp_path, model):
+    # The server finds an examples.models whose code differs from the
+    # captured one; the program carries its own, and never imports it.
+    changed = tmp_path / "changed" / "examples"
+    changed.mkdir(parents=True)
+    (changed / "__init__.py").write_text("")
+    (changed / "models.py").write_text(
+        "def opaque(y):\n    raise RuntimeError('the changed examples.models ran')\n"
+        "class Blocks:\n    def forward(self, *args, **kwargs):\n"
+        "        raise RuntimeError('the changed examples.models ran')\n")
+    server = serve(tmp_path, [("blocks", BIN / "examples" / "blocks", None)],
+                   python_path=str(tmp_path / "changed"))
     try:
-        failure = server.await_output(r"event=model_load_failed model=blocks version=1 reason=\"([^\"]*)\"")
-        assert re.search(r"module.*'?examples", failure), failure
-        with http_client(server) as client:
-            assert client.is_model_ready("mlp")
+        x = np.random.default_rng(1).standard_normal((8, 4), dtype=np.float32)
+        result = infer(server, x, 2)
+        assert result.get_response()["parameters"]["precompile_outcome"] == "eager_fallback"
+        np.testing.assert_allclose(result.as_numpy("output0"),
+                                   model(torch.from_numpy(x), steps=2).detach().numpy(), rtol=1e-6, atol=1e-6)
     finally:
         assert server.stop() == 0
+
+
+def load_user_script():
+    """user_script.py as a module of this process, for the models' eager results."""
+    spec = importlib.util.spec_from_file_location("user_script", pathlib.Path(__file__).parent / "user_script.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def script_server(tmp_path_factory):
+    server = serve(tmp_path_factory.mktemp("script"),
+                   [("script", USER_SCRIPT / "script", None), ("local", USER_SCRIPT / "local", None)])
+    yield server
+    assert server.stop() == 0
+
+
+def infer_model(server, name, x, steps):
+    t = httpclient.InferInput("x", list(x.shape), "FP32")
+    t.set_data_from_numpy(x)
+    with http_client(server) as client:
+        return client.infer(name, [t], parameters={"steps": steps})
+
+
+@pytest.mark.parametrize("name, make", [("script", "make_model"), ("local", "make_local")])
+def test_a_scripts_own_models_serve_without_the_script(script_server, name, make):
+    eager = getattr(load_user_script(), make)()
+    rng = np.random.default_rng(2)
+    for steps, outcome in [(0, "variant"), (1, "eager_fallback"), (3, "eager_fallback")]:
+        x = rng.standard_normal((8, 4), dtype=np.float32)
+        result = infer_model(script_server, name, x, steps)
+        assert result.get_response()["parameters"]["precompile_outcome"] == outcome
+        np.testing.assert_allclose(result.as_numpy("output0"),
+                                   eager(torch.from_numpy(x), steps=steps).detach().numpy(),
+                                   rtol=1e-6, atol=1e-6, err_msg=f"{name} steps={steps}")
+
+
+def variant_hits(server, model_name, variant):
+    hits = re.search(r'precompile_variant_hits_total\{[^}]*model="' + model_name + r'"[^}]*variant="'
+                     + re.escape(variant) + r'"[^}]*\} (\d+)', metrics(server))
+    return int(hits.group(1)) if hits else 0
+
+
+def test_a_function_frame_called_from_a_scripts_python_runs_its_own_variants(script_server):
+    before = variant_hits(script_server, "script", "scale#0")
+    infer_model(script_server, "script", np.ones((8, 4), dtype=np.float32), 2)
+    assert variant_hits(script_server, "script", "scale#0") == before + 1
+    # At batch 3 the Python runs (forward's variant is batch 8), and `scale`,
+    # not flagged and compiled at batch 8 only, refuses the call.
+    with pytest.raises(InferenceServerException) as refused:
+        infer_model(script_server, "script", np.ones((3, 4), dtype=np.float32), 1)
+    assert refused.value.status() == "400"
+    assert "no captured variant matches this call of frame 'scale'" in refused.value.message()
+
+
+def test_the_manifest_and_frames_name_the_code_the_program_carries():
+    manifest = artifact_pb2.Manifest()
+    manifest.ParseFromString((USER_SCRIPT / "script" / "MANIFEST.pb").read_bytes())
+    forward = next(f for f in manifest.frames if f.name == "forward")
+    [code] = forward.python_program.code_by_value
+    # `scale` is a frame: the program calls it through the server.
+    assert (code.module, list(code.qualified_names)) == ("__main__", ["Model", "note"])
+    assert re.fullmatch(r"[0-9a-f]{64}", code.sha256)
+    assert [m.name for m in manifest.python.modules] == ["cloudpickle", "torch"]
+    frames = (USER_SCRIPT / "script" / "FRAMES").read_text()
+    assert f"Python by value: __main__: Model, note (sha256 {code.sha256[:16]})" in frames
 
 
 def test_python_programs_load_only_when_the_server_allows_them(tmp_path):
