@@ -37,7 +37,8 @@ struct BatchingConfig {
   bool dynamic = false;
   // How long a batch waits for more requests after its first joined.
   absl::Duration max_queue_delay;
-  // As the config lists them, in order.
+  // As the config lists them, in order. A batch that reaches one runs at
+  // once if no other request waits to join it.
   std::vector<int64_t> preferred_batch_sizes;
   // A batch runs as soon as it has this many rows: the largest preferred
   // size, or max_batch_size when none is given.

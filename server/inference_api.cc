@@ -387,6 +387,7 @@ absl::StatusOr<bool> InferenceApi::JoinsBatch(RequestState& s, BatchTicket& tick
   ticket.rows = *rows;
   ticket.max_rows = batching->max_batch_size;
   ticket.full_rows = batching->full_rows;
+  ticket.preferred_rows = batching->preferred_batch_sizes;
   ticket.max_delay = batching->max_queue_delay;
   ticket.deadline = s.deadline;
   s.model_start = absl::Now();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/algorithm/container.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -187,7 +188,12 @@ std::vector<std::vector<RequestScheduler::Job*>> RequestScheduler::JoinBatch(Job
     open.members.push_back(job);
     open.rows += ticket->rows;
     batch_waiting_.fetch_add(1);
-    if (open.rows >= ticket->full_rows) take(open);
+    // A preferred size is worth running now only if nothing queued might
+    // still join: queued requests join when a slot pops them, one by one.
+    if (open.rows >= ticket->full_rows ||
+        (queued_.load() == 0 && absl::c_linear_search(ticket->preferred_rows, open.rows))) {
+      take(open);
+    }
     if (open.members.empty()) open_batches_.erase(ticket->key);
     // A batch that left may have been the earliest due; one that came or
     // got an earlier deadline only moves the earliest forward.

@@ -27,7 +27,9 @@
 // A request to a model that batches (server/dynamic_batching.h) joins an
 // open batch of requests with the same key when Run() says so (kBatch): it
 // gives its slot back, like a miss, and waits there until the batch is
-// full (its rows reach the ticket's full_rows), until the batch's delay
+// full (its rows reach the ticket's full_rows, or one of its preferred_rows
+// while nothing waits in the queue, as Triton cuts at a preferred batch
+// size when no more requests are pending), until the batch's delay
 // passes while a slot is free, or until a request that would not fit
 // comes. Then one slot runs the whole batch (RunBatch). Requests queued
 // before a batch opened run first, and may join it; a batch whose delay
@@ -73,6 +75,10 @@ struct BatchTicket {
   // The most rows a batch may have, and those at which it runs at once.
   int64_t max_rows = 1;
   int64_t full_rows = 1;
+  // Rows at which it also runs at once if no request waits in the queue
+  // that might still join it (the model's preferred batch sizes; they
+  // outlive the request).
+  absl::Span<const int64_t> preferred_rows;
   // How long the batch waits for more after its first request joined.
   absl::Duration max_delay;
   // The batch runs by then at the latest (the request's own deadline).

@@ -591,6 +591,56 @@ TEST(RequestScheduler, ARequestThatWouldOverflowABatchRunsItAndOpensTheNext) {
   EXPECT_EQ(scheduler.in_flight(), 0);
 }
 
+TEST(RequestScheduler, ABatchAtAPreferredSizeRunsAtOnceWhenNothingWaitsToJoinIt) {
+  BatchLog log;
+  const std::vector<int64_t> preferred = {2, 6};
+  std::vector<std::unique_ptr<BatchJob>> jobs;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(std::make_unique<BatchJob>(i, &log, "m"));
+    jobs.back()->ticket.full_rows = 6;
+    jobs.back()->ticket.preferred_rows = preferred;
+  }
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  ASSERT_TRUE(scheduler.Submit(jobs[0].get()).ok());
+  EXPECT_TRUE(log.Batches().empty()) << "1 row is no preferred size: it waits (an hour)";
+  ASSERT_TRUE(scheduler.Submit(jobs[1].get()).ok());
+  EXPECT_THAT(log.Batches(), ::testing::ElementsAre(std::vector<int>{0, 1}));
+  EXPECT_EQ(log.threads[0], std::this_thread::get_id());
+  ASSERT_TRUE(scheduler.Submit(jobs[2].get()).ok());
+  EXPECT_EQ(log.Batches().size(), 1u) << "the next batch opened and waits";
+  EXPECT_EQ(scheduler.batch_waiting(), 1);
+}
+
+TEST(RequestScheduler, ABatchAtAPreferredSizeWaitsForRequestsQueuedToJoinIt) {
+  BatchLog log;
+  Notification release;
+  RecordingJob blocking(&release);
+  const std::vector<int64_t> preferred = {2, 6};
+  std::vector<std::unique_ptr<BatchJob>> jobs;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(std::make_unique<BatchJob>(i, &log, "m"));
+    jobs.back()->ticket.full_rows = 6;
+    jobs.back()->ticket.preferred_rows = preferred;
+  }
+  RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
+  std::thread runner([&] { EXPECT_TRUE(scheduler.Submit(&blocking).ok()); });
+  blocking.started.WaitForNotification();
+  for (const auto& job : jobs) ASSERT_TRUE(scheduler.Submit(job.get()).ok());
+  release.Notify();
+  runner.join();
+  // At 2 rows the third was still queued: it joined, and 3 rows, no
+  // preferred size, wait for more.
+  EXPECT_TRUE(log.Batches().empty());
+  EXPECT_EQ(scheduler.batch_waiting(), 3);
+  BatchJob fourth(3, &log, "m"), fifth(4, &log, "m"), sixth(5, &log, "m");
+  for (BatchJob* job : {&fourth, &fifth, &sixth}) {
+    job->ticket.full_rows = 6;
+    job->ticket.preferred_rows = preferred;
+    ASSERT_TRUE(scheduler.Submit(job).ok());
+  }
+  EXPECT_THAT(log.Batches(), ::testing::ElementsAre(std::vector<int>{0, 1, 2, 3, 4, 5}));
+}
+
 TEST(RequestScheduler, RequestsWithDifferentKeysNeverShareABatch) {
   BatchLog log;
   BatchJob a0(0, &log, "a"), b(1, &log, "b"), a1(2, &log, "a");

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -43,9 +44,11 @@ constexpr bool kParsesMapFields = false;
 constexpr bool kParsesMapFields = true;
 #endif
 
+// No sum of the tests' requests but 8 is a preferred size: they wait for the
+// others, whatever order they come in.
 constexpr char kBatched[] = R"pb(
   max_batch_size: 16
-  dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [4, 8] }
+  dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [7, 8] }
 )pb";
 
 // A float32 request for `model` of `rows` rows of `width`, its values
@@ -98,6 +101,10 @@ class BatchingTest : public ::testing::Test {
     const std::string root = NewTempDirectory("batching");
     AddModel(root, "mlp", "mlp", kBatched);
     AddModel(root, "mlp_alone", "mlp", "");
+    AddModel(root, "mlp_preferred", "mlp", R"pb(
+      max_batch_size: 16
+      dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [2, 8] }
+    )pb");
 #if !defined(__SANITIZE_THREAD__)  // See kParsesMapFields.
     // Its deadline comes long before its batch's delay.
     AddModel(root, "mlp_deadline", "mlp",
@@ -203,6 +210,27 @@ TEST_F(BatchingTest, MergesConcurrentRequestsIntoOneRunAndAnswersEachWithItsRows
             4);
 }
 
+TEST_F(BatchingTest, ABatchAtAPreferredSizeRunsWithoutWaitingWhenNoOtherRequestIsThere) {
+  const inference::ModelStatistics before = Statistics("mlp_preferred");
+  // 2 rows is a preferred size, and nothing else waits: it runs now, not
+  // after the 30 s delay.
+  std::promise<std::pair<grpc::Status, inference::ModelInferResponse>> answer;
+  std::thread client([&] {
+    inference::ModelInferResponse response;
+    grpc::Status status = Infer(Request("mlp_preferred", 2, 4, 40), &response);
+    answer.set_value({status, response});
+  });
+  std::future<std::pair<grpc::Status, inference::ModelInferResponse>> done = answer.get_future();
+  const bool answered = done.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  client.join();
+  ASSERT_TRUE(answered) << "it waited for the batch's delay";
+  const auto [status, response] = done.get();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.parameters().at("precompile_batch_rows").int64_param(), 2);
+  const inference::ModelStatistics after = Statistics("mlp_preferred");
+  EXPECT_EQ(after.execution_count() - before.execution_count(), 1u);
+}
+
 TEST_F(BatchingTest, GrpcAndHttpRequestsShareABatch) {
   const inference::ModelStatistics before = Statistics("mlp");
   // Two gRPC requests of 2 rows wait; an HTTP request of 4 rows fills the
@@ -300,7 +328,7 @@ TEST_F(BatchingTest, ReportsItsConfigAndShapesAsTritonDoesForBatchingModels) {
   ASSERT_TRUE(stub_->ModelConfig(&c1, config_request, &config).ok());
   EXPECT_EQ(config.config().max_batch_size(), 16);
   EXPECT_THAT(config.config().input(0).dims(), ElementsAre(4)) << "without the batch";
-  EXPECT_THAT(config.config().dynamic_batching().preferred_batch_size(), ElementsAre(4, 8));
+  EXPECT_THAT(config.config().dynamic_batching().preferred_batch_size(), ElementsAre(7, 8));
   EXPECT_EQ(config.config().dynamic_batching().max_queue_delay_microseconds(), 30000000u);
 
   grpc::ClientContext c2;
