@@ -28,13 +28,11 @@
 #include "runtime/eager_program.h"
 #include "runtime/frame_caller.h"
 #include "runtime/frame_dispatcher.h"
-#include "runtime/guard_program.h"
+#include "runtime/loaded_frame.h"
 #include "runtime/miss_log.h"
 #include "runtime/torch_dtype.h"
 #include "runtime/torch_errors.h"
-#include "runtime/python_program.h"
 #include "runtime/size_program.h"
-#include "runtime/torchscript_program.h"
 #include "runtime/variant.h"
 
 namespace precompile {
@@ -61,24 +59,6 @@ absl::string_view CauseWords(artifact::v1::FallbackCause cause) {
 
 class LoadedVersion::Impl final : public FrameCaller {
  public:
-  struct FrameState {
-    const Frame* proto = nullptr;
-    int index = 0;
-    std::vector<std::string> parameter_names;
-    std::unique_ptr<FrameDispatcher> dispatcher;
-    std::vector<std::unique_ptr<Variant>> variants;
-    std::unique_ptr<EagerProgram> eager;
-    // Indices of the tensor leaves among the values a variant or the eager
-    // program returns: the frame's outputs.
-    std::vector<int> tensor_leaves;
-    std::atomic<bool> warned{false};
-    std::array<std::atomic<uint64_t>, 4> calls{};
-    std::unique_ptr<std::atomic<uint64_t>[]> hits;
-    // Per variant, per size symbol: the (parameter, dimension) that binds it
-    // in its guards, for the size of its outputs before it runs.
-    std::vector<absl::flat_hash_map<uint32_t, std::pair<int, int>>> symbol_sources;
-  };
-
   struct FrameResult {
     std::vector<at::Tensor> outputs;
     Outcome outcome = Outcome::kVariant;
@@ -91,10 +71,10 @@ class LoadedVersion::Impl final : public FrameCaller {
   LoadOptions options;
   std::shared_ptr<CallObserver> observer;
   DeviceType device = DeviceType::kCpu;
-  std::vector<std::unique_ptr<FrameState>> frames;
-  absl::flat_hash_map<std::string, FrameState*> frames_by_name;
+  std::vector<std::unique_ptr<LoadedFrame>> frames;
+  absl::flat_hash_map<std::string, LoadedFrame*> frames_by_name;
   std::unique_ptr<MissLog> misses;
-  FrameState* entry = nullptr;
+  LoadedFrame* entry = nullptr;
 
   // Calls enter and leave with atomic operations only; `mu` and `idle` are
   // for AwaitIdle's waiters (counted in `idle_waiters`, so that the last call
@@ -117,7 +97,7 @@ class LoadedVersion::Impl final : public FrameCaller {
   absl::Status LoadFrames();
 
   // Runs `frame` on positional `args` (one per parameter).
-  absl::StatusOr<FrameResult> Dispatch(FrameState& frame,
+  absl::StatusOr<FrameResult> Dispatch(LoadedFrame& frame,
                                        std::vector<c10::IValue> args,
                                        bool is_entry);
 
@@ -139,23 +119,23 @@ class LoadedVersion::Impl final : public FrameCaller {
   // The frame's outputs among `leaves`, one value per leaf of its outputs.
   template <typename LeafValue>
   absl::StatusOr<std::vector<at::Tensor>> TensorLeaves(
-      const FrameState& frame, absl::string_view what,
+      const LoadedFrame& frame, absl::string_view what,
       std::vector<LeafValue> leaves) const;
-  absl::Status Views(const FrameState& frame,
+  absl::Status Views(const LoadedFrame& frame,
                      const std::vector<c10::IValue>& args,
                      absl::InlinedVector<ArgView, 8>& views) const;
   // INVALID_ARGUMENT when an output of variant `hit` for these arguments
   // would be larger than options.max_output_bytes (0: no limit), so that a
   // request cannot make the model compute what no response could carry.
-  absl::Status CheckOutputSizes(const FrameState& frame, int hit,
+  absl::Status CheckOutputSizes(const LoadedFrame& frame, int hit,
                                 absl::Span<const ArgView> views) const;
-  std::string Refusal(const FrameState& frame, const MissExplanation& why) const;
-  MissExplanation Explain(const FrameState& frame, absl::Span<const ArgView> views,
+  std::string Refusal(const LoadedFrame& frame, const MissExplanation& why) const;
+  MissExplanation Explain(const LoadedFrame& frame, absl::Span<const ArgView> views,
                           const GlobalState& state) const;
   // `explain` gives the miss's explanation, computed at most once per miss.
-  void WarnEagerMiss(FrameState& frame,
+  void WarnEagerMiss(LoadedFrame& frame,
                      absl::FunctionRef<const MissExplanation&()> explain);
-  void Report(FrameState& frame, bool is_entry, Outcome outcome,
+  void Report(LoadedFrame& frame, bool is_entry, Outcome outcome,
               int variant, absl::Duration dispatch, absl::Duration run,
               size_t miss_signatures = 0);
 };
@@ -165,62 +145,11 @@ thread_local const LoadedVersion::CallContext* LoadedVersion::Impl::context = nu
 absl::Status LoadedVersion::Impl::LoadFrames() {
   const auto& m = artifact.manifest;
   for (const Frame& proto : m.frames()) {
-    auto state = std::make_unique<FrameState>();
-    state->proto = &proto;
-    state->index = static_cast<int>(frames.size());
-    for (const auto& p : proto.parameters()) state->parameter_names.push_back(p.name());
-    for (int i = 0; i < proto.outputs().leaves_size(); ++i) {
-      if (proto.outputs().leaves(i).is_tensor()) state->tensor_leaves.push_back(i);
-    }
-    std::vector<GuardProgram> programs;
-    VariantOptions variant_options;
-    variant_options.device = device;
-    variant_options.device_index = options.cuda_device_index;
-    variant_options.num_runners = std::max(1, options.runners_per_variant);
-    for (const auto& v : proto.variants()) {
-      absl::StatusOr<GuardProgram> program =
-          GuardProgram::Compile(v, state->parameter_names);
-      if (!program.ok()) {
-        return absl::Status(program.status().code(),
-                            absl::StrCat("frame '", proto.name(), "': ",
-                                         program.status().message()));
-      }
-      programs.push_back(*std::move(program));
-      auto& sources = state->symbol_sources.emplace_back();
-      for (const auto& guard : v.guards()) {
-        if (!guard.has_tensor()) continue;
-        for (int d = 0; d < guard.tensor().dims_size(); ++d) {
-          if (guard.tensor().dims(d).has_symbol()) {
-            sources.emplace(guard.tensor().dims(d).symbol(),
-                            std::make_pair(static_cast<int>(guard.parameter()), d));
-          }
-        }
-      }
-      ASSIGN_OR_RETURN(std::unique_ptr<Variant> variant,
-                       Variant::Load(v.id(), artifact.PathOf(v.package_path()),
-                                     variant_options));
-      state->variants.push_back(std::move(variant));
-    }
-    state->dispatcher = std::make_unique<FrameDispatcher>(std::move(programs));
-    state->hits = std::make_unique<std::atomic<uint64_t>[]>(proto.variants_size());
-    for (int i = 0; i < proto.variants_size(); ++i) state->hits[i] = 0;
-    if (!proto.eager_program_path().empty()) {
-      ASSIGN_OR_RETURN(state->eager,
-                       LoadTorchScriptProgram(
-                           proto.name(), artifact.PathOf(proto.eager_program_path()),
-                           device));
-    } else if (proto.has_python_program()) {
-      ASSIGN_OR_RETURN(state->eager,
-                       LoadPythonProgram(proto.name(),
-                                         artifact.PathOf(proto.python_program().path()), device,
-                                         m.python(),
-                                         {options.allow_python_programs,
-                                          options.python_environment, options.python_plugin,
-                                          options.python_path}));
-    }
-    frames_by_name[proto.name()] = state.get();
-    if (proto.name() == m.entry_frame()) entry = state.get();
-    frames.push_back(std::move(state));
+    ASSIGN_OR_RETURN(std::unique_ptr<LoadedFrame> frame,
+                     LoadFrame(artifact, proto, static_cast<int>(frames.size()), device, options));
+    frames_by_name[proto.name()] = frame.get();
+    if (proto.name() == m.entry_frame()) entry = frame.get();
+    frames.push_back(std::move(frame));
   }
   std::vector<std::vector<std::string>> names;
   for (const auto& frame : frames) names.push_back(frame->parameter_names);
@@ -237,7 +166,7 @@ at::Tensor TakeTensor(c10::IValue& v) { return std::move(v).toTensor(); }
 
 template <typename LeafValue>
 absl::StatusOr<std::vector<at::Tensor>> LoadedVersion::Impl::TensorLeaves(
-    const FrameState& frame, absl::string_view what,
+    const LoadedFrame& frame, absl::string_view what,
     std::vector<LeafValue> leaves) const {
   const auto& schema = frame.proto->outputs().leaves();
   if (leaves.size() != static_cast<size_t>(schema.size())) {
@@ -258,7 +187,7 @@ absl::StatusOr<std::vector<at::Tensor>> LoadedVersion::Impl::TensorLeaves(
   return tensors;
 }
 
-absl::Status LoadedVersion::Impl::CheckOutputSizes(const FrameState& frame, int hit,
+absl::Status LoadedVersion::Impl::CheckOutputSizes(const LoadedFrame& frame, int hit,
                                                    absl::Span<const ArgView> views) const {
   if (options.max_output_bytes == 0) return absl::OkStatus();
   const auto& variant = frame.proto->variants(hit);
@@ -325,7 +254,7 @@ absl::Status LoadedVersion::Impl::CheckOutputSizes(const FrameState& frame, int 
   return absl::OkStatus();
 }
 
-absl::Status LoadedVersion::Impl::Views(const FrameState& frame,
+absl::Status LoadedVersion::Impl::Views(const LoadedFrame& frame,
                                 const std::vector<c10::IValue>& args,
                                 absl::InlinedVector<ArgView, 8>& views) const {
   views.resize(args.size());
@@ -370,7 +299,7 @@ absl::Status LoadedVersion::Impl::Views(const FrameState& frame,
   return absl::OkStatus();
 }
 
-MissExplanation LoadedVersion::Impl::Explain(const FrameState& frame,
+MissExplanation LoadedVersion::Impl::Explain(const LoadedFrame& frame,
                                              absl::Span<const ArgView> views,
                                              const GlobalState& state) const {
   std::optional<FrameDispatcher::Explanation> why =
@@ -379,7 +308,7 @@ MissExplanation LoadedVersion::Impl::Explain(const FrameState& frame,
   return {frame.proto->variants(why->variant).id(), std::move(why->reason)};
 }
 
-std::string LoadedVersion::Impl::Refusal(const FrameState& frame,
+std::string LoadedVersion::Impl::Refusal(const LoadedFrame& frame,
                                          const MissExplanation& why) const {
   std::string message = absl::StrCat(
       "no captured variant matches this call of frame '", frame.proto->name(),
@@ -394,7 +323,7 @@ std::string LoadedVersion::Impl::Refusal(const FrameState& frame,
 }
 
 void LoadedVersion::Impl::WarnEagerMiss(
-    FrameState& frame, absl::FunctionRef<const MissExplanation&()> explain) {
+    LoadedFrame& frame, absl::FunctionRef<const MissExplanation&()> explain) {
   if (frame.warned.exchange(true, std::memory_order_relaxed)) return;
   const Frame& f = *frame.proto;
   std::string closest;
@@ -424,7 +353,7 @@ void LoadedVersion::Impl::WarnEagerMiss(
   }
 }
 
-void LoadedVersion::Impl::Report(FrameState& frame, bool is_entry, Outcome outcome,
+void LoadedVersion::Impl::Report(LoadedFrame& frame, bool is_entry, Outcome outcome,
                          int variant, absl::Duration dispatch,
                          absl::Duration run, size_t miss_signatures) {
   frame.calls[static_cast<int>(outcome)].fetch_add(1, std::memory_order_relaxed);
@@ -447,7 +376,7 @@ void LoadedVersion::Impl::Report(FrameState& frame, bool is_entry, Outcome outco
 }
 
 absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
-    FrameState& frame, std::vector<c10::IValue> args, bool is_entry) {
+    LoadedFrame& frame, std::vector<c10::IValue> args, bool is_entry) {
   thread_local int depth = 0;
   if (depth >= kMaxFrameDepth) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -567,7 +496,7 @@ absl::StatusOr<std::vector<at::Tensor>> LoadedVersion::Impl::CallFrame(
         "an eager program called frame '", name,
         "', which the artifact does not have"));
   }
-  FrameState& frame = *it->second;
+  LoadedFrame& frame = *it->second;
   const auto& params = frame.proto->parameters();
   if (args.size() > static_cast<size_t>(params.size())) {
     return absl::InternalError(absl::StrCat(
