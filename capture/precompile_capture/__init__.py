@@ -8,8 +8,8 @@
     # The next version of a served model, covering the calls its server missed:
     precompile_capture.recapture(model, "repo/mlp", "misses.json")
 
-See capture.capture() for the arguments, and docs/architecture.md
-("Concepts") for the semantics of eager fallbacks, coverage and the summary.
+See capture.Capture (what capture() makes) for the arguments, and
+docs/architecture.md ("Concepts") for the semantics of eager fallbacks, coverage and the summary.
 """
 
 import warnings as _warnings

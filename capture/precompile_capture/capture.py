@@ -210,7 +210,33 @@ class _Interceptor:
 
 
 class Capture:
-    """A program under capture. See `capture()`."""
+    """A program under capture: `capture(model_or_fn, name=...)` starts one.
+
+    Call the returned object as you would call the program; every call runs
+    (eagerly, under torch.no_grad()) and is recorded as Dynamo would record it.
+    Then `summary()` says what is covered and `save(directory)` writes the
+    artifact.
+
+    Args:
+      model_or_fn: an nn.Module (entry frame "forward") or a Python function
+        (entry frame named by its __name__).
+      name: the model's name in the artifact.
+      device: "cpu" or "cuda"; the device the variants are compiled for (the
+        model and inputs must be on it).
+      frames: sub-frames: a sub-module path ("encoder", "blocks.0"), a
+        sub-module, or a function (frame named by its __name__, which must be
+        unique and bound to that name in the calling code's globals).
+      recompile_limit: variants per frame; a miss beyond it truncates the frame.
+      suppress_errors: a compile error runs the call eagerly and leaves the
+        frame uncovered instead of raising PrecompileError.
+      decline: called with each exported program before it is compiled; raising
+        torch._dynamo.exc.SkipFrame declines it (the frame falls back to eager,
+        cause BACKEND_SKIP); any other exception is a compile error.
+      eager: the eager programs of flagged frames: "torchscript" (nothing but
+        libtorch at serve time), "python" (the frame's own Python, run by the
+        server's embedded interpreter: see python_program.py), or "auto"
+        (default): TorchScript when the frame scripts, else Python.
+    """
 
     def __init__(
         self,
@@ -780,51 +806,6 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def capture(
-    model_or_fn: Union[torch.nn.Module, Callable[..., Any]],
-    *,
-    name: str,
-    device: str = "cpu",
-    frames: Sequence[Union[str, Callable[..., Any], torch.nn.Module]] = (),
-    recompile_limit: int = 8,
-    suppress_errors: bool = False,
-    decline: Optional[Callable[[torch.export.ExportedProgram], Any]] = None,
-    eager: str = "auto",
-) -> Capture:
-    """Starts capturing `model_or_fn`.
-
-    Call the returned object as you would call the program; every call runs
-    (eagerly, under torch.no_grad()) and is recorded as Dynamo would record it.
-    Then `summary()` says what is covered and `save(directory)` writes the
-    artifact.
-
-    Args:
-      model_or_fn: an nn.Module (entry frame "forward") or a Python function
-        (entry frame named by its __name__).
-      name: the model's name in the artifact.
-      device: "cpu" or "cuda"; the device the variants are compiled for (the
-        model and inputs must be on it).
-      frames: sub-frames: a sub-module path ("encoder", "blocks.0"), a
-        sub-module, or a function (frame named by its __name__, which must be
-        unique and bound to that name in the calling code's globals).
-      recompile_limit: variants per frame; a miss beyond it truncates the frame.
-      suppress_errors: a compile error runs the call eagerly and leaves the
-        frame uncovered instead of raising PrecompileError.
-      decline: called with each exported program before it is compiled; raising
-        torch._dynamo.exc.SkipFrame declines it (the frame falls back to eager,
-        cause BACKEND_SKIP); any other exception is a compile error.
-      eager: the eager programs of flagged frames: "torchscript" (nothing but
-        libtorch at serve time), "python" (the frame's own Python, run by the
-        server's embedded interpreter: see python_program.py), or "auto"
-        (default): TorchScript when the frame scripts, else Python.
-    """
-    return Capture(
-        model_or_fn,
-        name=name,
-        device=device,
-        frames=frames,
-        recompile_limit=recompile_limit,
-        suppress_errors=suppress_errors,
-        decline=decline,
-        eager=eager,
-    )
+# The documented entry point, `Capture` itself, so that its signature and
+# its defaults are written once.
+capture = Capture
