@@ -100,19 +100,6 @@ class LoadCollectable final : public prometheus::Collectable {
   std::function<ServerLoad()> probe_;
 };
 
-const char* RequestOutcomeName(RequestOutcome outcome) {
-  switch (outcome) {
-    case RequestOutcome::kVariant: return "variant";
-    case RequestOutcome::kEagerFallback: return "eager_fallback";
-    case RequestOutcome::kRefused: return "refused";
-    case RequestOutcome::kInvalid: return "invalid";
-    case RequestOutcome::kOverloaded: return "overloaded";
-    case RequestOutcome::kCancelled: return "cancelled";
-    case RequestOutcome::kError: return "error";
-  }
-  return "unknown";
-}
-
 ServerMetrics::ServerMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       requests_(prometheus::BuildCounter()

@@ -42,22 +42,10 @@
 #include "runtime/loaded_version.h"
 #include "runtime/observer.h"
 #include "server/duration_histogram.h"
+#include "server/model_recorder.h"
 #include "server/model_state.h"
 
 namespace precompile::server {
-
-// How a request ended, as the request counter labels it.
-enum class RequestOutcome : uint8_t {
-  kVariant,
-  kEagerFallback,
-  kRefused,         // FAILED_PRECONDITION: no variant and not flagged.
-  kInvalid,         // INVALID_ARGUMENT: a malformed request.
-  kOverloaded,      // RESOURCE_EXHAUSTED: over the concurrency limit.
-  kCancelled,       // The client cancelled it or its deadline passed.
-  kError,           // Anything else.
-};
-constexpr int kNumRequestOutcomes = 7;
-const char* RequestOutcomeName(RequestOutcome outcome);
 
 class ServerMetrics;
 class LoadCollectable;
@@ -78,34 +66,7 @@ struct ServerLoad {
   int64_t grpc_unsent_answer_bytes = 0;
 };
 
-// Where a request's time went, for Triton's statistics: waiting for
-// admission, decoding inputs, running the model, encoding outputs.
-struct RequestTiming {
-  absl::Duration queue;
-  absl::Duration input;
-  absl::Duration infer;
-  absl::Duration output;
-  absl::Duration total;
-  // The inferences it counts for (its rows, for a batching model).
-  int64_t inferences = 1;
-};
-
-// Cumulative counts and durations of a model version's requests, in the
-// layout of Triton's ModelStatistics (nanoseconds).
-struct InferStatistics {
-  uint64_t success_count = 0, success_ns = 0;
-  uint64_t fail_count = 0, fail_ns = 0;
-  uint64_t queue_count = 0, queue_ns = 0;
-  uint64_t input_count = 0, input_ns = 0;
-  uint64_t infer_count = 0, infer_ns = 0;
-  uint64_t output_count = 0, output_ns = 0;
-  uint64_t last_inference_ms = 0;  // Since the Unix epoch; 0 if none yet.
-  // Rows of successful requests, and runs of the model that served them.
-  uint64_t inference_count = 0;
-  uint64_t execution_count = 0;
-};
-
-class ModelMetrics final : public CallObserver {
+class ModelMetrics final : public ModelRecorder {
  public:
   ModelMetrics(ServerMetrics& server, const std::string& model, int64_t version,
                const LoadedVersion& loaded);
@@ -115,12 +76,9 @@ class ModelMetrics final : public CallObserver {
   void OnEagerFallbackWarning(absl::string_view model, absl::string_view frame,
                               absl::string_view message) override;
 
-  // A finished request of this model version.
-  void RecordRequest(RequestOutcome outcome, const RequestTiming& timing);
-  // One run of the model that served requests of `rows` rows in all (one
-  // request's, or a merged batch's).
-  void RecordExecution(int64_t rows);
-  InferStatistics Statistics() const;
+  void RecordRequest(RequestOutcome outcome, const RequestTiming& timing) override;
+  void RecordExecution(int64_t rows) override;
+  InferStatistics Statistics() const override;
 
  private:
   struct FrameSeries {

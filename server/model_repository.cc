@@ -293,7 +293,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
         continue;
       }
     }
-    std::shared_ptr<ModelMetrics> metrics;
+    std::shared_ptr<ModelRecorder> metrics;
     if (options_.metrics_factory) {
       metrics = options_.metrics_factory(name, step.version, **model);
       (*model)->SetObserver(metrics);

@@ -33,7 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "runtime/loaded_version.h"
 #include "server/dynamic_batching.h"
-#include "server/metrics.h"
+#include "server/model_recorder.h"
 #include "server/model_state.h"
 #include "server/repository_policy.h"
 
@@ -53,9 +53,9 @@ struct RepositoryOptions {
   std::string root;
   // Options for every model; the name is set per model.
   LoadOptions load_options;
-  // Called once per loaded version before it serves: the metrics of its
-  // calls and requests. May be empty.
-  std::function<std::shared_ptr<ModelMetrics>(const std::string& name,
+  // Called once per loaded version before it serves: what records its calls
+  // and requests (also set as its observer). May be empty.
+  std::function<std::shared_ptr<ModelRecorder>(const std::string& name,
                                               int64_t version, const LoadedVersion&)>
       metrics_factory;
   // Loads one version directory; empty: LoadedVersion::Load.
@@ -69,7 +69,7 @@ class ModelRepository {
   struct Handle {
     std::shared_ptr<LoadedVersion> model;
     int64_t version = 0;
-    std::shared_ptr<ModelMetrics> metrics;  // May be null.
+    std::shared_ptr<ModelRecorder> metrics;  // May be null.
     // The model's limit on a request's time, if its config.pbtxt sets one
     // (filled in by Get and GetVersions).
     std::optional<absl::Duration> max_request_time;
@@ -146,7 +146,7 @@ class ModelRepository {
     struct Version {
       std::weak_ptr<LoadedVersion> model;
       int64_t version = 0;
-      std::weak_ptr<ModelMetrics> metrics;
+      std::weak_ptr<ModelRecorder> metrics;
     };
     std::vector<Version> versions;  // Newest first.
   };
