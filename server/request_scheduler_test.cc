@@ -591,15 +591,22 @@ TEST(RequestScheduler, ARequestThatWouldOverflowABatchRunsItAndOpensTheNext) {
   EXPECT_EQ(scheduler.in_flight(), 0);
 }
 
+// Preferred sizes 2 and 6 (full): jobs `first` to `first + count - 1` of
+// one row each.
+constexpr int64_t kPreferredRows[] = {2, 6};
+std::vector<std::unique_ptr<BatchJob>> PreferringJobs(int first, int count, BatchLog* log) {
+  std::vector<std::unique_ptr<BatchJob>> jobs;
+  for (int i = first; i < first + count; ++i) {
+    jobs.push_back(std::make_unique<BatchJob>(i, log, "m"));
+    jobs.back()->ticket.full_rows = 6;
+    jobs.back()->ticket.preferred_rows = kPreferredRows;
+  }
+  return jobs;
+}
+
 TEST(RequestScheduler, ABatchAtAPreferredSizeRunsAtOnceWhenNothingWaitsToJoinIt) {
   BatchLog log;
-  const std::vector<int64_t> preferred = {2, 6};
-  std::vector<std::unique_ptr<BatchJob>> jobs;
-  for (int i = 0; i < 3; ++i) {
-    jobs.push_back(std::make_unique<BatchJob>(i, &log, "m"));
-    jobs.back()->ticket.full_rows = 6;
-    jobs.back()->ticket.preferred_rows = preferred;
-  }
+  std::vector<std::unique_ptr<BatchJob>> jobs = PreferringJobs(0, 3, &log);
   RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
   ASSERT_TRUE(scheduler.Submit(jobs[0].get()).ok());
   EXPECT_TRUE(log.Batches().empty()) << "1 row is no preferred size: it waits (an hour)";
@@ -615,13 +622,7 @@ TEST(RequestScheduler, ABatchAtAPreferredSizeWaitsForRequestsQueuedToJoinIt) {
   BatchLog log;
   Notification release;
   RecordingJob blocking(&release);
-  const std::vector<int64_t> preferred = {2, 6};
-  std::vector<std::unique_ptr<BatchJob>> jobs;
-  for (int i = 0; i < 3; ++i) {
-    jobs.push_back(std::make_unique<BatchJob>(i, &log, "m"));
-    jobs.back()->ticket.full_rows = 6;
-    jobs.back()->ticket.preferred_rows = preferred;
-  }
+  std::vector<std::unique_ptr<BatchJob>> jobs = PreferringJobs(0, 3, &log);
   RequestScheduler scheduler(/*run_slots=*/1, /*max_in_flight=*/0);
   std::thread runner([&] { EXPECT_TRUE(scheduler.Submit(&blocking).ok()); });
   blocking.started.WaitForNotification();
@@ -632,12 +633,8 @@ TEST(RequestScheduler, ABatchAtAPreferredSizeWaitsForRequestsQueuedToJoinIt) {
   // preferred size, wait for more.
   EXPECT_TRUE(log.Batches().empty());
   EXPECT_EQ(scheduler.batch_waiting(), 3);
-  BatchJob fourth(3, &log, "m"), fifth(4, &log, "m"), sixth(5, &log, "m");
-  for (BatchJob* job : {&fourth, &fifth, &sixth}) {
-    job->ticket.full_rows = 6;
-    job->ticket.preferred_rows = preferred;
-    ASSERT_TRUE(scheduler.Submit(job).ok());
-  }
+  std::vector<std::unique_ptr<BatchJob>> more = PreferringJobs(3, 3, &log);
+  for (const auto& job : more) ASSERT_TRUE(scheduler.Submit(job.get()).ok());
   EXPECT_THAT(log.Batches(), ::testing::ElementsAre(std::vector<int>{0, 1, 2, 3, 4, 5}));
 }
 
