@@ -176,20 +176,11 @@ _artifact = rule(
     },
 )
 
-def precompile_artifact(name, model_name = None, visibility = None, testonly = None, **kwargs):
-    """A precompile artifact directory, bazel-bin/<package>/<name>.
-
-    Args:
-      name: the directory, and the model's name unless model_name says otherwise.
-      model_name: the model's name in the artifact.
-      visibility: of the artifact.
-      testonly: of both targets.
-      **kwargs: the capture's attributes (model, calls, frames, deps, srcs,
-        device, recompile_limit, eager, allow_incomplete, wrapper_opt_level).
-    """
-    _capture(
+def _captured_and_copied(capture_rule, name, visibility, testonly, **kwargs):
+    """`capture_rule` as the manual target `<name>.captured`, and its output
+    copied to `<name>` in the configuration that asks for it."""
+    capture_rule(
         name = name + ".captured",
-        model_name = model_name or name,
         tags = ["manual"],
         visibility = ["//visibility:private"],
         testonly = testonly,
@@ -201,6 +192,19 @@ def precompile_artifact(name, model_name = None, visibility = None, testonly = N
         visibility = visibility,
         testonly = testonly,
     )
+
+def precompile_artifact(name, model_name = None, visibility = None, testonly = None, **kwargs):
+    """A precompile artifact directory, bazel-bin/<package>/<name>.
+
+    Args:
+      name: the directory, and the model's name unless model_name says otherwise.
+      model_name: the model's name in the artifact.
+      visibility: of the artifact.
+      testonly: of both targets.
+      **kwargs: the capture's attributes (model, calls, frames, deps, srcs,
+        device, recompile_limit, eager, allow_incomplete, wrapper_opt_level).
+    """
+    _captured_and_copied(_capture, name, visibility, testonly, model_name = model_name or name, **kwargs)
 
 def precompile_script_artifacts(name, script, visibility = None, testonly = None):
     """The artifacts a user's script captures, run as its users run it: as
@@ -214,16 +218,4 @@ def precompile_script_artifacts(name, script, visibility = None, testonly = None
       visibility: of the directory.
       testonly: of both targets.
     """
-    _script_capture(
-        name = name + ".captured",
-        script = script,
-        tags = ["manual"],
-        visibility = ["//visibility:private"],
-        testonly = testonly,
-    )
-    _artifact(
-        name = name,
-        captured = ":" + name + ".captured",
-        visibility = visibility,
-        testonly = testonly,
-    )
+    _captured_and_copied(_script_capture, name, visibility, testonly, script = script)

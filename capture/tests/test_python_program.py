@@ -112,20 +112,34 @@ def test_function_frames_called_from_imported_code_keep_a_frame_from_a_python_pr
             "examples.models, which an installed distribution provides") in str(e.value)
 
 
+# In a fresh Python with only the capture package's directory on its path:
+# checks that the modules named last cannot be imported, loads the program,
+# runs it on the saved arguments and prints whether its first output equals
+# the saved result.
 LOAD_ELSEWHERE = """
 import sys, torch
-sys.path[:0] = sys.argv[3:]
+sys.path[:0] = [sys.argv[3]]
 import precompile_eager
-for module in ("examples.models", "test_python_program"):
+for module in sys.argv[4:]:
     try:
         __import__(module)
         raise SystemExit(f"{module} is importable here")
     except ImportError:
         pass
 program = precompile_eager.load(sys.argv[1], "cpu")
-x, expected = torch.load(sys.argv[2])
-print(torch.equal(program([x, 2])[0], expected) or program([x, 2])[0])
+values, expected = torch.load(sys.argv[2])
+print(torch.equal(program(values)[0], expected) or program(values)[0])
 """
+
+
+def load_elsewhere(tmp_path, program_path, values, expected, absent):
+    """LOAD_ELSEWHERE's run: its exit status and what it printed."""
+    torch.save((values, expected), tmp_path / "call.pt")
+    capture_dir = os.path.dirname(os.path.dirname(precompile_capture.__file__))
+    return subprocess.run(
+        [sys.executable, "-c", LOAD_ELSEWHERE, str(program_path), str(tmp_path / "call.pt"), capture_dir,
+         *absent],
+        capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]}, timeout=120)
 
 
 def test_code_defined_in_a_function_travels_by_value(tmp_path):
@@ -150,12 +164,8 @@ def test_code_defined_in_a_function_travels_by_value(tmp_path):
     }
     # Loaded where neither this file nor examples.models can be imported, it runs
     # the code as it was captured (its closure's factor included).
-    torch.save((x, Defined()(x, n=2)), tmp_path / "x.pt")
-    capture_dir = os.path.dirname(os.path.dirname(precompile_capture.__file__))
-    run = subprocess.run(
-        [sys.executable, "-c", LOAD_ELSEWHERE, os.path.join(path, "frames", "forward", "python.pt"),
-         str(tmp_path / "x.pt"), capture_dir],
-        capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]}, timeout=120)
+    run = load_elsewhere(tmp_path, os.path.join(path, "frames", "forward", "python.pt"), [x, 2],
+                         Defined()(x, n=2), ["examples.models", "test_python_program"])
     assert run.returncode == 0 and run.stdout.strip() == "True", run.stdout + run.stderr
 
 
@@ -181,27 +191,8 @@ def test_a_namespace_package_only_on_sys_path_travels_by_value_with_what_it_impo
     assert not cloudpickle.list_registry_pickle_by_value()
     (tmp_path / "python.pt").write_bytes(data)
     x = torch.randn(3)
-    torch.save((x, mods.Shifted()(x)), tmp_path / "x.pt")
-    capture_dir = os.path.dirname(os.path.dirname(precompile_capture.__file__))
-    run = subprocess.run(
-        [sys.executable, "-c", LOAD_ONE_ARGUMENT, str(tmp_path / "python.pt"), str(tmp_path / "x.pt"), capture_dir],
-        capture_output=True, text=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]}, timeout=120)
+    run = load_elsewhere(tmp_path, tmp_path / "python.pt", [x], mods.Shifted()(x), ["userns"])
     assert run.returncode == 0 and run.stdout.strip() == "True", run.stdout + run.stderr
-
-
-LOAD_ONE_ARGUMENT = """
-import sys, torch
-sys.path[:0] = sys.argv[3:]
-import precompile_eager
-try:
-    import userns
-    raise SystemExit("userns is importable here")
-except ImportError:
-    pass
-program = precompile_eager.load(sys.argv[1], "cpu")
-x, expected = torch.load(sys.argv[2])
-print(torch.equal(program([x])[0], expected))
-"""
 
 
 P = precompile_eager.Param

@@ -76,11 +76,11 @@ def http_client(server: ServerProcess):
         client.close()
 
 
-def infer(server: ServerProcess, x: np.ndarray, steps: int):
+def infer(server: ServerProcess, x: np.ndarray, steps: int, model: str = "blocks"):
     t = httpclient.InferInput("x", list(x.shape), "FP32")
     t.set_data_from_numpy(x)
     with http_client(server) as client:
-        return client.infer("blocks", [t], parameters={"steps": steps})
+        return client.infer(model, [t], parameters={"steps": steps})
 
 
 def metrics(server: ServerProcess) -> str:
@@ -253,20 +253,13 @@ def script_server(tmp_path_factory):
     assert server.stop() == 0
 
 
-def infer_model(server, name, x, steps):
-    t = httpclient.InferInput("x", list(x.shape), "FP32")
-    t.set_data_from_numpy(x)
-    with http_client(server) as client:
-        return client.infer(name, [t], parameters={"steps": steps})
-
-
 @pytest.mark.parametrize("name, make", [("script", "make_model"), ("local", "make_local")])
 def test_a_scripts_own_models_serve_without_the_script(script_server, name, make):
     eager = getattr(load_user_script(), make)()
     rng = np.random.default_rng(2)
     for steps, outcome in [(0, "variant"), (1, "eager_fallback"), (3, "eager_fallback")]:
         x = rng.standard_normal((8, 4), dtype=np.float32)
-        result = infer_model(script_server, name, x, steps)
+        result = infer(script_server, x, steps, name)
         assert result.get_response()["parameters"]["precompile_outcome"] == outcome
         np.testing.assert_allclose(result.as_numpy("output0"),
                                    eager(torch.from_numpy(x), steps=steps).detach().numpy(),
@@ -281,12 +274,12 @@ def variant_hits(server, model_name, variant):
 
 def test_a_function_frame_called_from_a_scripts_python_runs_its_own_variants(script_server):
     before = variant_hits(script_server, "script", "scale#0")
-    infer_model(script_server, "script", np.ones((8, 4), dtype=np.float32), 2)
+    infer(script_server, np.ones((8, 4), dtype=np.float32), 2, "script")
     assert variant_hits(script_server, "script", "scale#0") == before + 1
     # At batch 3 the Python runs (forward's variant is batch 8), and `scale`,
     # not flagged and compiled at batch 8 only, refuses the call.
     with pytest.raises(InferenceServerException) as refused:
-        infer_model(script_server, "script", np.ones((3, 4), dtype=np.float32), 1)
+        infer(script_server, np.ones((3, 4), dtype=np.float32), 1, "script")
     assert refused.value.status() == "400"
     assert "no captured variant matches this call of frame 'scale'" in refused.value.message()
 
