@@ -232,118 +232,118 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
     directories.emplace(versions[i].first, versions[i].second);  // "01" and "1": the first listed.
     fingerprints.emplace(on_disk[i].version, on_disk[i].fingerprint);
   }
-  std::string newest_failure;
-  // `message` is logged and reported; `reason`, if given, becomes the model's
-  // reason when this is the newest failure.
-  auto failed = [&](int64_t version, const std::string& message, std::string reason = "") {
-    spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name, version,
-                  message);
-    if (listener_) listener_->OnLoadFailure(name, version, message);
-    if (newest_failure.empty()) newest_failure = reason.empty() ? message : std::move(reason);
-  };
+  std::vector<int64_t> served_before;
+  std::vector<ServedVersion> served;
+  for (const Loaded& loaded : previous_versions) {
+    served_before.push_back(loaded.handle.version);
+    served.push_back({loaded.handle.version, loaded.fingerprint});
+  }
+
   // A config the server refuses leaves nothing to try: what is served stays.
-  VersionPlan plan;
   absl::StatusOr<ModelConfigFile> config = ReadModelConfig(name, model_dir.string());
-  if (!config.ok()) {
-    failed(versions.front().first, std::string(config.status().message()));
-  } else {
-    std::vector<ServedVersion> served;
-    for (const Loaded& loaded : previous_versions) {
-      served.push_back({loaded.handle.version, loaded.fingerprint});
-    }
+  VersionPlan plan;
+  std::optional<LoadFailure> config_failure;
+  if (config.ok()) {
     plan = PlanVersions(config->policy, on_disk, served, reload);
     state.policy = config->policy;
     state.max_request_time = config->max_request_time;
     state.batching = config->batching;
+  } else {
+    config_failure = LoadFailure{versions.front().first, std::string(config.status().message())};
   }
-  auto served_copy = [&](int64_t version) -> const Loaded* {
-    for (const Loaded& loaded : previous_versions) {
-      if (loaded.handle.version == version) return &loaded;
+  absl::flat_hash_map<int64_t, Loaded> loaded;
+  const std::vector<StepResult> results = WalkPlan(plan, served_before, [&](int64_t version) {
+    absl::StatusOr<Loaded> one = LoadVersion(name, version, directories.at(version),
+                                             fingerprints.at(version), state.batching != nullptr,
+                                             absl::c_linear_search(served_before, version));
+    if (!one.ok()) {
+      return StepResult{version, StepResult::Kind::kFailed,
+                        {version, std::string(one.status().message())}};
     }
-    return nullptr;
-  };
-  std::vector<Loaded> serving;
-  for (const VersionPlan::Step& step : plan.steps) {
-    if (serving.size() >= plan.wanted) break;
-    if (!step.load) {
-      serving.push_back(*served_copy(step.version));
-      continue;
-    }
-    const std::string& directory = directories.at(step.version);
-    const absl::Time start = absl::Now();
-    LoadOptions load_options = options_.load_options;
-    load_options.name = name;
-    absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
-        options_.loader ? options_.loader(directory, load_options)
-                        : LoadedVersion::Load(directory, load_options);
-    if (!model.ok()) {
-      failed(step.version, std::string(model.status().message()),
-             absl::StrCat("version ", step.version, " failed to load: ",
-                          model.status().message()));
-      // Its copy in memory, if any, keeps serving.
-      if (const Loaded* copy = served_copy(step.version)) serving.push_back(*copy);
-      continue;
-    }
-    if (state.batching != nullptr) {
-      if (absl::Status batchable = CheckBatchable((*model)->entry_frame()); !batchable.ok()) {
-        failed(step.version, std::string(batchable.message()),
-               absl::StrCat("version ", step.version, " cannot be served as its config.pbtxt asks: ",
-                            batchable.message()));
-        if (const Loaded* copy = served_copy(step.version)) serving.push_back(*copy);
-        continue;
-      }
-    }
-    std::shared_ptr<ModelRecorder> metrics;
-    if (options_.metrics_factory) {
-      metrics = options_.metrics_factory(name, step.version, **model);
-      (*model)->SetObserver(metrics);
-    }
-    spdlog::info("event=model_loaded model={} version={} directory={} complete={} duration_ms={}{}",
-                 name, step.version, directory, (*model)->manifest().summary().complete(),
-                 absl::ToInt64Milliseconds(absl::Now() - start),
-                 served_copy(step.version) ? " reloaded=true" : "");
-    serving.push_back(
-        {Handle{*std::move(model), step.version, std::move(metrics)}, directory,
-         fingerprints.at(step.version)});
-  }
-  if (!plan.missing.empty()) {
-    failed(plan.missing.front(),
-           absl::StrCat("version_policy names ", VersionList(plan.missing),
-                        ", not in the repository"));
-  }
-  // Nothing serves: keep what was served, if anything.
-  if (serving.empty() && !previous_versions.empty()) {
-    previous.reason = newest_failure;
-    Publish(previous, std::move(previous_versions));
-    return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", newest_failure));
-  }
-  if (serving.empty()) {
-    state.phase = ModelState::Phase::kUnavailable;
-    state.reason = newest_failure;
-    state.failed = true;
-    Publish(state, {});
-    return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", newest_failure));
-  }
-  std::sort(serving.begin(), serving.end(), [](const Loaded& a, const Loaded& b) {
-    return a.handle.version > b.handle.version;
+    loaded.emplace(version, *std::move(one));
+    return StepResult{version, StepResult::Kind::kLoaded, {}};
   });
+  const LoadVerdict verdict = ResolveLoad(plan, results, served_before, config_failure);
+  for (const LoadFailure& failure : verdict.failures) {
+    spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
+                  failure.version, failure.message);
+    if (listener_) listener_->OnLoadFailure(name, failure.version, failure.message);
+  }
+  const absl::Status failed =
+      absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", verdict.reason));
+  switch (verdict.kind) {
+    case LoadVerdict::Kind::kKeepPrevious:
+      previous.reason = verdict.reason;
+      Publish(previous, std::move(previous_versions));
+      return failed;
+    case LoadVerdict::Kind::kUnavailable:
+      state.phase = ModelState::Phase::kUnavailable;
+      state.reason = verdict.reason;
+      state.failed = true;
+      Publish(state, {});
+      return failed;
+    case LoadVerdict::Kind::kServe: break;
+  }
+  std::vector<Loaded> serving;
+  for (const int64_t version : verdict.serving) {
+    if (auto it = loaded.find(version); it != loaded.end()) {
+      serving.push_back(std::move(it->second));
+    } else {
+      serving.push_back(*absl::c_find_if(previous_versions, [&](const Loaded& l) {
+        return l.handle.version == version;
+      }));
+    }
+  }
   state.phase = ModelState::Phase::kReady;
   state.version = serving.front().handle.version;
   state.directory = serving.front().directory;
-  for (const Loaded& loaded : serving) state.versions.push_back(loaded.handle.version);
-  state.reason = newest_failure;
+  state.versions = verdict.serving;
+  state.reason = verdict.reason;
   Publish(state, std::move(serving));
-  for (const Loaded& loaded : previous_versions) {
-    if (absl::c_linear_search(state.versions, loaded.handle.version)) continue;
+  for (const Loaded& retired : previous_versions) {
+    if (!absl::c_linear_search(verdict.retired, retired.handle.version)) continue;
     spdlog::info("event=model_unloaded model={} version={} calls_in_flight={} reason=\"{}\"",
-                 name, loaded.handle.version, loaded.handle.model->calls_in_flight(),
+                 name, retired.handle.version, retired.handle.model->calls_in_flight(),
                  "its version policy no longer serves it");
   }
-  if (!newest_failure.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", newest_failure,
+  if (!verdict.failures.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("model '", name, "': ", verdict.reason,
                                                       "; serving ", VersionList(state.versions)));
   }
   return state;
+}
+
+absl::StatusOr<ModelRepository::Loaded> ModelRepository::LoadVersion(
+    const std::string& name, int64_t version, const std::string& directory,
+    const std::string& fingerprint, bool batching, bool reloaded) {
+  const absl::Time start = absl::Now();
+  LoadOptions load_options = options_.load_options;
+  load_options.name = name;
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+      options_.loader ? options_.loader(directory, load_options)
+                      : LoadedVersion::Load(directory, load_options);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat("version ", version, " failed to load: ",
+                                     model.status().message()));
+  }
+  if (batching) {
+    if (absl::Status batchable = CheckBatchable((*model)->entry_frame()); !batchable.ok()) {
+      return absl::Status(batchable.code(),
+                          absl::StrCat("version ", version,
+                                       " cannot be served as its config.pbtxt asks: ",
+                                       batchable.message()));
+    }
+  }
+  std::shared_ptr<ModelRecorder> metrics;
+  if (options_.metrics_factory) {
+    metrics = options_.metrics_factory(name, version, **model);
+    (*model)->SetObserver(metrics);
+  }
+  spdlog::info("event=model_loaded model={} version={} directory={} complete={} duration_ms={}{}",
+               name, version, directory, (*model)->manifest().summary().complete(),
+               absl::ToInt64Milliseconds(absl::Now() - start), reloaded ? " reloaded=true" : "");
+  return Loaded{Handle{*std::move(model), version, std::move(metrics)}, directory, fingerprint};
 }
 
 absl::StatusOr<ModelState> ModelRepository::Load(const std::string& name) {

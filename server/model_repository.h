@@ -163,6 +163,13 @@ class ModelRepository {
   // not only those whose files changed (a rescan).
   absl::StatusOr<ModelState> LoadLocked(const std::string& name, bool reload)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+  // One version of `name`, loaded and given its recorder; `batching`: the
+  // config asks for dynamic batching, which the entry frame must allow.
+  // The error's message names the version.
+  absl::StatusOr<Loaded> LoadVersion(const std::string& name, int64_t version,
+                                     const std::string& directory,
+                                     const std::string& fingerprint, bool batching,
+                                     bool reloaded);
   // Replaces what the repository holds for `state.name` with `state` and
   // `versions` (empty: nothing served).
   void Publish(const ModelState& state, std::vector<Loaded> versions);

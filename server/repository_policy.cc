@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace precompile::server {
 
 RescanAction DecideRescan(const ModelOnDisk* disk, const ModelKnown* known) {
@@ -42,6 +45,64 @@ VersionPlan PlanVersions(const VersionPolicy& policy, const std::vector<VersionO
                     ? std::min(plan.steps.size(), static_cast<size_t>(std::max<int64_t>(policy.latest, 0)))
                     : plan.steps.size();
   return plan;
+}
+
+namespace {
+
+bool Contains(const std::vector<int64_t>& versions, int64_t version) {
+  return std::find(versions.begin(), versions.end(), version) != versions.end();
+}
+
+bool Serves(const StepResult& result, const std::vector<int64_t>& served_before) {
+  return result.kind != StepResult::Kind::kFailed || Contains(served_before, result.version);
+}
+
+}  // namespace
+
+std::vector<StepResult> WalkPlan(const VersionPlan& plan,
+                                 const std::vector<int64_t>& served_before,
+                                 const std::function<StepResult(int64_t version)>& load) {
+  std::vector<StepResult> results;
+  size_t serving = 0;
+  for (const VersionPlan::Step& step : plan.steps) {
+    if (serving >= plan.wanted) break;
+    results.push_back(step.load ? load(step.version)
+                                : StepResult{step.version, StepResult::Kind::kKept, {}});
+    if (Serves(results.back(), served_before)) ++serving;
+  }
+  return results;
+}
+
+LoadVerdict ResolveLoad(const VersionPlan& plan, const std::vector<StepResult>& results,
+                        const std::vector<int64_t>& served_before,
+                        const std::optional<LoadFailure>& config_failure) {
+  LoadVerdict verdict;
+  if (config_failure) {
+    verdict.failures.push_back(*config_failure);
+  } else {
+    for (const StepResult& result : results) {
+      if (result.kind == StepResult::Kind::kFailed) verdict.failures.push_back(result.failure);
+      if (Serves(result, served_before)) verdict.serving.push_back(result.version);
+    }
+    if (!plan.missing.empty()) {
+      verdict.failures.push_back(
+          {plan.missing.front(),
+           absl::StrCat("version_policy names ", plan.missing.size() == 1 ? "version " : "versions ",
+                        absl::StrJoin(plan.missing, ", "), ", not in the repository")});
+    }
+  }
+  if (!verdict.failures.empty()) verdict.reason = verdict.failures.front().message;
+  if (verdict.serving.empty()) {
+    verdict.kind = served_before.empty() ? LoadVerdict::Kind::kUnavailable
+                                         : LoadVerdict::Kind::kKeepPrevious;
+    return verdict;
+  }
+  verdict.kind = LoadVerdict::Kind::kServe;
+  std::sort(verdict.serving.begin(), verdict.serving.end(), std::greater<int64_t>());
+  for (const int64_t version : served_before) {
+    if (!Contains(verdict.serving, version)) verdict.retired.push_back(version);
+  }
+  return verdict;
 }
 
 }  // namespace precompile::server

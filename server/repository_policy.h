@@ -1,6 +1,6 @@
 // The model repository's decisions, as pure functions over plain snapshots
 // of what is on disk and what is loaded: which models a rescan loads or
-// retires, and which versions a load serves. ModelRepository
+// retires, which versions a load tries, and what its results mean. ModelRepository
 // (server/model_repository.h) gathers the snapshots and carries the
 // decisions out; these functions touch no file, no lock and no model, so
 // they are tested on their own.
@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,6 +102,57 @@ struct VersionPlan {
 // remains. `specific` and `all` try each version they name that is on disk.
 VersionPlan PlanVersions(const VersionPolicy& policy, const std::vector<VersionOnDisk>& on_disk,
                          const std::vector<ServedVersion>& served, bool reload);
+
+// Why a version does not serve (or, for a refused config, why no version
+// was tried).
+struct LoadFailure {
+  int64_t version = 0;
+  std::string message;
+};
+
+// What became of one step of a plan.
+struct StepResult {
+  enum class Kind {
+    kLoaded,  // It loaded.
+    kKept,    // The served copy is current and stays.
+    kFailed,  // It did not load: `failure` says why.
+  };
+  int64_t version = 0;
+  Kind kind = Kind::kLoaded;
+  LoadFailure failure;
+};
+
+// Walks `plan`'s steps in order, calling `load` for each step that loads
+// (and none that keeps), until `plan.wanted` versions serve. A version
+// serves when it loads or is kept, or when its reload fails while
+// `served_before` holds an earlier copy of it (that copy keeps serving).
+std::vector<StepResult> WalkPlan(const VersionPlan& plan,
+                                 const std::vector<int64_t>& served_before,
+                                 const std::function<StepResult(int64_t version)>& load);
+
+// What a load's results mean.
+struct LoadVerdict {
+  enum class Kind {
+    kServe,         // `serving` serve; `retired` stop serving.
+    kKeepPrevious,  // Nothing serves anew: what was served stays as it was.
+    kUnavailable,   // Nothing serves, and nothing did before.
+  };
+  Kind kind = Kind::kUnavailable;
+  std::vector<int64_t> serving;  // Newest first.
+  std::vector<int64_t> retired;  // Served before, not in `serving`.
+  // Every failure, to log and report in this order: the steps', then the
+  // versions the policy names that are not on disk.
+  std::vector<LoadFailure> failures;
+  // The model's reason: the first failure's message, or empty.
+  std::string reason;
+};
+
+// Resolves a walk of `plan` (`results`, from WalkPlan) against what was
+// served before. `config_failure`, when set, is why the model's config was
+// refused: nothing was planned, so what was served stays.
+LoadVerdict ResolveLoad(const VersionPlan& plan, const std::vector<StepResult>& results,
+                        const std::vector<int64_t>& served_before,
+                        const std::optional<LoadFailure>& config_failure = std::nullopt);
 
 }  // namespace precompile::server
 
