@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "server/http_codec.h"
+#include "server/http/http_codec.h"
 
 namespace precompile::server {
 namespace {

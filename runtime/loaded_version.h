@@ -141,13 +141,13 @@ class LoadedVersion {
     // eager_deferred, no outputs, nothing recorded (no miss, warning or
     // frame call). Calling again with the same arguments, unset, runs it.
     // A server moves misses to threads of their own this way
-    // (server/request_scheduler.h); the entry's guards are evaluated twice.
+    // (server/scheduling/request_scheduler.h); the entry's guards are evaluated twice.
     bool defer_entry_eager = false;
     // When set, a call whose entry frame no variant matches returns without
     // running anything: CallResult::no_variant, no outputs, nothing recorded
     // (no miss, warning, refusal or frame call). A server tries a merged
     // batch of requests this way, and runs them one by one when it misses
-    // (server/dynamic_batching.h).
+    // (server/scheduling/dynamic_batching.h).
     bool variant_only = false;
     // When set, the call stops once the entry's guards are evaluated:
     // CallResult::variant_id names the variant that would run, or

@@ -19,7 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/torch_threads.h"
-#include "server/control_access.h"
+#include "server/api/control_access.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, model_repository, "",

@@ -22,15 +22,15 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/notification.h"
-#include "server/admin_service.h"
-#include "server/http_service.h"
-#include "server/inference_api.h"
-#include "server/inference_service.h"
-#include "server/request_scheduler.h"
-#include "server/request_trace.h"
-#include "server/metrics.h"
-#include "server/model_repository.h"
-#include "server/serving_state.h"
+#include "server/api/inference_api.h"
+#include "server/api/request_trace.h"
+#include "server/api/serving_state.h"
+#include "server/grpc/admin_service.h"
+#include "server/grpc/inference_service.h"
+#include "server/http/http_service.h"
+#include "server/metrics/metrics.h"
+#include "server/repository/model_repository.h"
+#include "server/scheduling/request_scheduler.h"
 
 namespace precompile::server {
 
@@ -41,7 +41,7 @@ struct ServerOptions {
   std::string grpc_address = "0.0.0.0:8001";
   // Where /metrics listens; empty disables it.
   std::string metrics_address = "0.0.0.0:8002";
-  // Where KServe v2 HTTP/REST listens (server/http_service.h): host:port or
+  // Where KServe v2 HTTP/REST listens (server/http/http_service.h): host:port or
   // [host]:port; port 0 picks a free port (see http_port()). Empty (the
   // default here; the server binary's is port 8000) disables it.
   std::string http_address;
@@ -77,7 +77,7 @@ struct ServerOptions {
   int inference_pollers = 0;
   // Threads running entry frames' eager programs (eager misses), with their
   // nice value raised by eager_nice so that variant hits go first when the
-  // cores are busy (server/request_scheduler.h). 0: one per inference thread.
+  // cores are busy (server/scheduling/request_scheduler.h). 0: one per inference thread.
   int eager_threads = 0;
   // 0 to 19; 0 runs eager misses at the priority of the other requests.
   int eager_nice = 10;
@@ -98,9 +98,9 @@ struct ServerOptions {
   // at 50 ms. 0: gRPC's adaptive window. Default: 1 MiB.
   int grpc_window_bytes = 1 << 20;
   // What gRPC answers not yet taken by their clients may hold, in bytes and
-  // in time (server/inference_service.h). Default: 1 GiB, 60 s.
+  // in time (server/grpc/inference_service.h). Default: 1 GiB, 60 s.
   AnswerLimits grpc_answers = {int64_t{1} << 30, absl::Seconds(60)};
-  // Request traces (server/request_trace.h): the file they go to (empty:
+  // Request traces (server/api/request_trace.h): the file they go to (empty:
   // none, and tracing cannot be turned on) and the server's settings at
   // start; TraceSetting changes them at run time.
   std::string trace_file;
@@ -131,7 +131,7 @@ struct ServerOptions {
   // server binary's is 30 s): no limit but the client's own deadline.
   absl::Duration max_request_time = absl::ZeroDuration();
   // When non-empty, admin and repository-control calls need the metadata
-  // "authorization: Bearer <token>" (see server/control_access.h).
+  // "authorization: Bearer <token>" (see server/api/control_access.h).
   std::string admin_token;
   // Without a token, calls that load, unload or rescan models are refused
   // (PERMISSION_DENIED) unless this is set. For local development only.

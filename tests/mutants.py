@@ -1,7 +1,7 @@
 """A mutation pass over the checks that decide how a call is served.
 
 Each mutant deletes or inverts one check in runtime/guard_program.cc,
-runtime/loaded_version.cc or server/tensor_codec.cc; the tests that should notice
+runtime/loaded_version.cc or server/api/tensor_codec.cc; the tests that should notice
 run, and the mutant is recorded as killed (a test failed) or survived. The
 source is restored after each mutant, also when interrupted.
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TESTS = ["//runtime:guard_program_test", "//runtime:loaded_version_test", "//server:tensor_codec_test",
+TESTS = ["//runtime:guard_program_test", "//runtime:loaded_version_test", "//server/api:tensor_codec_test",
          "//tests:server_e2e_test", "//tests/fuzz:fuzz_regression_test",
          "//tests/guards:guard_agreement_test", "//gallery:gallery_test"]
 
@@ -61,10 +61,10 @@ MUTANTS = [
      "a non-tensor where a tensor output belongs goes unnoticed"),
     ("runtime/loaded_version.cc", "  if (!frame.proto->eager_fallback()) {", "  if (false) {",
      "an unflagged frame's miss is not refused"),
-    ("server/tensor_codec.cc", "    if (raw.size() != expected_bytes) {", "    if (false) {",
+    ("server/api/tensor_codec.cc", "    if (raw.size() != expected_bytes) {", "    if (false) {",
      "raw byte counts never checked against shapes"),
-    ("server/tensor_codec.cc", "    if (d < 0) {", "    if (false) {", "negative dimensions accepted"),
-    ("server/tensor_codec.cc",
+    ("server/api/tensor_codec.cc", "    if (d < 0) {", "    if (false) {", "negative dimensions accepted"),
+    ("server/api/tensor_codec.cc",
      "    if (d != 0 && numel > (uint64_t{1} << 62) / element_size / static_cast<uint64_t>(d)) {",
      "    if (false) {", "element counts may overflow"),
 ]

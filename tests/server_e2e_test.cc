@@ -21,8 +21,8 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/inference.grpc.pb.h"
 #include "runtime/torch_dtype.h"
-#include "server/infer_response.h"
-#include "server/tensor_codec.h"
+#include "server/api/tensor_codec.h"
+#include "server/grpc/infer_response.h"
 #include "server/server.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/http.h"
@@ -459,7 +459,7 @@ TEST_F(ServerTest, RefusesBytesThatAreNotARequestAndKeepsServing) {
 
 TEST_F(ServerTest, SendsLargeOutputsIntact) {
   // 1024 rows: a [1024, 3] FP32 output, large enough to be sent from the
-  // output tensor itself rather than copied (server/infer_response.h).
+  // output tensor itself rather than copied (server/grpc/infer_response.h).
   const ReferenceCall ref = Reference("mlp", "batch8");
   const at::Tensor x = ref.tensors[0].repeat({128, 1}).contiguous();
   inference::ModelInferRequest request = RequestFor("mlp", ref);

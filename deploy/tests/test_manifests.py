@@ -54,7 +54,7 @@ def tls_variant(overlay):
 
 tls_overlays = pytest.mark.parametrize("overlay", sorted(o for o in OVERLAYS if tls_variant(o)))
 
-# The server's HTTP health paths each probe asks (server/http_service.cc):
+# The server's HTTP health paths each probe asks (server/http/http_service.cc):
 # /v2/health/ready is 200 only when ready (400 while loading, with a failed
 # model under --strict_readiness, and from SIGTERM on), as the gRPC health
 # service "" is SERVING; /v2/health/live is 200 whenever the server answers.

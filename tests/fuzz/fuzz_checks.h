@@ -43,7 +43,7 @@ namespace precompile::fuzz {
 // violated invariant.
 absl::Status CheckRequestDecoding(const uint8_t* data, size_t size);
 
-// The HTTP endpoint's decoders (server/http_codec.h) on arbitrary bytes.
+// The HTTP endpoint's decoders (server/http/http_codec.h) on arbitrary bytes.
 // `data`'s first byte chooses: bit 0 set, the next two bytes (little-endian)
 // are an Inference-Header-Content-Length, taken modulo the body's size plus
 // one; the rest is an infer request body for DecodeInferRequest, and also a

@@ -1,4 +1,4 @@
-// libFuzzer target: the HTTP endpoint's request decoding (server/http_codec.h)
+// libFuzzer target: the HTTP endpoint's request decoding (server/http/http_codec.h)
 // on arbitrary bytes. The check is in fuzz_checks.h (CheckHttpRequest);
 // tests/fuzz/run_fuzzers.sh builds and runs this target,
 // fuzz_regression_test replays its corpus.

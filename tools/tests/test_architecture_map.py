@@ -114,11 +114,13 @@ def allowed_dependencies(column: str):
 
 
 def library_dependencies(package: str):
-    """(package, target) of every project dependency of `package`'s
-    non-test rules (a test may reach further, e.g. the test server)."""
-    build = (ROOT / package / "BUILD.bazel").read_text()
+    """(package, target) of every project dependency of the non-test rules
+    of `package` and its subpackages (a test may reach further, e.g. the
+    test server)."""
     found = set()
-    for kind, body in RULE.findall(build):
+    rules = [rule for build in sorted((ROOT / package).rglob("BUILD.bazel"))
+             for rule in RULE.findall(build.read_text())]
+    for kind, body in rules:
         if kind.endswith("_test") or re.search(r'name = "\w*_test"', body):
             continue
         for dep_package, target in re.findall(r'"//([\w/]+)(?::(\w+))?"', body):
@@ -150,6 +152,40 @@ def dependency_problems(text: str):
                     problems.append(f"{package} depends on //{dep_package}:{target}, not among "
                                     f"the {dep_package} targets the map lists")
     return problems
+
+
+SERVER_ROW = re.compile(r"^\| \[server/(\w+)/\]\(\.\./server/\w+/\) \| .* \| (.*) \|$", re.M)
+
+
+def server_package_problems(text: str):
+    """Where a server package depends on another that its row's "uses"
+    column does not name (or a row names a package that does not exist)."""
+    problems = []
+    rows = dict(SERVER_ROW.findall(text))
+    packages = {b.parent.name for b in (ROOT / "server").glob("*/BUILD.bazel")}
+    for package in sorted(packages - rows.keys()):
+        problems.append(f"server/{package} has no row in the server's table")
+    for package, uses in rows.items():
+        if package not in packages:
+            problems.append(f"server/{package} is in the table but not in the tree")
+            continue
+        build = (ROOT / "server" / package / "BUILD.bazel").read_text()
+        for kind, body in RULE.findall(build):
+            if kind.endswith("_test"):
+                continue
+            for used in re.findall(r'"//server/(\w+)[:"]', body):
+                if used != package and not re.search(rf"\b{used}\b", uses):
+                    problems.append(f"server/{package} uses server/{used}; its row does not say so")
+    return sorted(set(problems))
+
+
+def test_the_server_table_names_each_package_and_what_it_uses():
+    assert not server_package_problems(MAP.read_text())
+    # An arrow the table does not show, and a package it lacks, are caught.
+    table = MAP.read_text().replace("| api, scheduling |", "| scheduling |")
+    assert "server/http uses server/api; its row does not say so" in server_package_problems(table)
+    table = re.sub(r"^\| \[server/metrics/\].*$", "", MAP.read_text(), flags=re.M)
+    assert "server/metrics has no row in the server's table" in server_package_problems(table)
 
 
 def test_the_package_table_names_real_targets_and_every_dependency():

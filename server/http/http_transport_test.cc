@@ -1,0 +1,448 @@
+// The HTTP transport on loopback with raw sockets: what a client that
+// follows no library's rules can send, and what it gets back.
+#include "server/http/http_transport.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace precompile::server {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// Echoes "<method> <path> <body>" from a worker; GET /probe is answered by
+// Screen, POST /refuse-early is refused by Screen, POST /hold waits until
+// Release() (recording whether the client had gone by then), and GET /big/N
+// answers N bytes.
+class EchoHandler final : public HttpHandler {
+ public:
+  std::optional<HttpAnswer> Screen(const HttpRequest& request) override {
+    if (request.head.path == "/probe") return HttpAnswer{200, "text/plain", "alive", {}};
+    if (request.head.path == "/refuse-early") return HttpAnswer{415, "text/plain", "no", {}};
+    return std::nullopt;
+  }
+  void Handle(HttpExchange& exchange) override {
+    const HttpRequest& request = exchange.request();
+    if (request.head.path == "/hold") {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++holding_;
+      changed_.notify_all();
+      changed_.wait(lock, [this] { return released_; });
+      --holding_;
+      saw_cancelled_ = exchange.cancelled();
+      changed_.notify_all();
+    }
+    if (request.head.path == "/throw") throw std::runtime_error("secret detail");
+    if (absl::StartsWith(request.head.path, "/big/")) {
+      size_t size = 0;
+      if (absl::SimpleAtoi(request.head.path.substr(5), &size)) {
+        return exchange.Answer(HttpAnswer{200, "text/plain", std::string(size, 'z'), {}});
+      }
+    }
+    exchange.Answer(HttpAnswer{
+        200, "text/plain", absl::StrCat(request.head.method, " ", request.head.path, " ",
+                                        request.body),
+        {}});
+  }
+  HttpAnswer Refusal(int status, absl::string_view message) override {
+    return HttpAnswer{status, "text/plain", std::string(message), {}};
+  }
+
+  void AwaitHolding(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return holding_ == n; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    changed_.notify_all();
+  }
+  bool saw_cancelled() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return saw_cancelled_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  int holding_ = 0;
+  bool released_ = false;
+  bool saw_cancelled_ = false;
+};
+
+// A blocking client socket on loopback.
+class Client {
+ public:
+  explicit Client(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~Client() { close(fd_); }
+  bool connected() const { return connected_; }
+
+  bool Send(const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  void ShutdownWrite() { shutdown(fd_, SHUT_WR); }
+
+  // One answer: the head and as many body bytes as its Content-Length says;
+  // "" when the server closes first or nothing comes within `timeout`.
+  std::string Answer(absl::Duration timeout = absl::Seconds(10)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      const size_t end = buffer_.find("\r\n\r\n");
+      if (end != std::string::npos) {
+        size_t length = 0;
+        const size_t field = buffer_.find("Content-Length: ");
+        if (field != std::string::npos && field < end) {
+          length = std::stoul(buffer_.substr(field + 16, 20));  // Not the whole buffer.
+        }
+        const bool head_only = buffer_.compare(0, 12, "HTTP/1.1 100") == 0 || head_only_;
+        const size_t total = end + 4 + (head_only ? 0 : length);
+        if (buffer_.size() >= total) {
+          std::string answer = buffer_.substr(0, total);
+          buffer_.erase(0, total);
+          return answer;
+        }
+      }
+      if (!ReadMore(deadline)) return "";
+    }
+  }
+  void set_head_only(bool head_only) { head_only_ = head_only; }
+
+  // Whether the server closes the connection (within `timeout`), dropping
+  // whatever it still sends.
+  bool Closed(absl::Duration timeout = absl::Seconds(10)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      pollfd p{fd_, POLLIN, 0};
+      const int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (ms <= 0 || poll(&p, 1, ms) <= 0) return false;
+      char chunk[4096];
+      const ssize_t n = recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) return true;
+    }
+  }
+
+ private:
+  bool ReadMore(absl::Time deadline) {
+    pollfd p{fd_, POLLIN, 0};
+    const int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (ms <= 0 || poll(&p, 1, ms) <= 0) return false;
+    char chunk[65536];
+    const ssize_t n = recv(fd_, chunk, sizeof chunk, 0);
+    if (n <= 0) return false;
+    buffer_.append(chunk, static_cast<size_t>(n));
+    return true;
+  }
+
+  int fd_ = -1;
+  bool connected_ = false;
+  bool head_only_ = false;
+  std::string buffer_;
+};
+
+class HttpTransportTest : public ::testing::Test {
+ protected:
+  void Start(HttpTransportOptions options = {}) {
+    options.address = "127.0.0.1:0";
+    options.workers = options.workers == 64 ? 2 : options.workers;
+    auto started = HttpTransport::Start(options, handler_);
+    ASSERT_TRUE(started.ok()) << started.status();
+    transport_ = *std::move(started);
+  }
+  void TearDown() override {
+    handler_.Release();
+    if (transport_) transport_->Stop();
+  }
+  int port() const { return transport_->port(); }
+
+  EchoHandler handler_;
+  std::unique_ptr<HttpTransport> transport_;
+};
+
+std::string Post(absl::string_view path, absl::string_view body) {
+  return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(),
+                      "\r\n\r\n", body);
+}
+
+TEST_F(HttpTransportTest, AnswersKeptAliveAndPipelinedRequestsInOrder) {
+  Start();
+  Client client(port());
+  ASSERT_TRUE(client.Send(Post("/a", "one")));
+  EXPECT_THAT(client.Answer(), HasSubstr("POST /a one"));
+  ASSERT_TRUE(client.Send(Post("/b", "two") + "GET /probe HTTP/1.1\r\n\r\n" + Post("/c", "3")));
+  EXPECT_THAT(client.Answer(), HasSubstr("POST /b two"));
+  EXPECT_THAT(client.Answer(), HasSubstr("alive"));
+  EXPECT_THAT(client.Answer(), HasSubstr("POST /c 3"));
+}
+
+TEST_F(HttpTransportTest, HeadIsAnsweredAsGetWithoutTheBody) {
+  Start();
+  Client client(port());
+  client.set_head_only(true);
+  ASSERT_TRUE(client.Send("HEAD /x HTTP/1.1\r\n\r\n"));
+  const std::string answer = client.Answer();
+  EXPECT_THAT(answer, HasSubstr("Content-Length: 7\r\n"));  // of "GET /x ", not sent
+  EXPECT_THAT(answer, testing::EndsWith("\r\n\r\n"));
+  // The next request's answer has its body again, a refusal's too.
+  client.set_head_only(false);
+  ASSERT_TRUE(client.Send("GET /x HTTP/1.1\r\nBad Name: 1\r\n\r\n"));
+  EXPECT_THAT(client.Answer(), AllOf(StartsWith("HTTP/1.1 400"), HasSubstr("token for a name")));
+}
+
+TEST_F(HttpTransportTest, HeadsOverTheLimitsAreRefusedAndTheConnectionClosed) {
+  HttpTransportOptions options;
+  options.max_head_bytes = 1024;
+  options.max_fields = 4;
+  Start(options);
+  {
+    Client client(port());
+    // A header line that never ends: cut off at the limit, not buffered.
+    ASSERT_TRUE(client.Send("GET / HTTP/1.1\r\nX: " + std::string(4096, 'a')));
+    const std::string answer = client.Answer();
+    EXPECT_THAT(answer, StartsWith("HTTP/1.1 431"));
+    EXPECT_THAT(answer, HasSubstr("more than the server's limit of 1024 bytes"));
+    EXPECT_TRUE(client.Closed());
+  }
+  {
+    Client client(port());
+    ASSERT_TRUE(client.Send("GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\n\r\n"));
+    EXPECT_THAT(client.Answer(), AllOf(StartsWith("HTTP/1.1 431"), HasSubstr("more than 4")));
+    EXPECT_TRUE(client.Closed());
+  }
+  {
+    Client client(port());
+    ASSERT_TRUE(client.Send("GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"));
+    EXPECT_THAT(client.Answer(), AllOf(StartsWith("HTTP/1.1 400"), HasSubstr("two different")));
+    EXPECT_TRUE(client.Closed());
+  }
+}
+
+TEST_F(HttpTransportTest, BodiesAreRefusedFromTheHeadAndNotTakenForTheNextRequest) {
+  HttpTransportOptions options;
+  options.max_body_bytes = 100;
+  Start(options);
+  {
+    Client client(port());
+    // The body that follows would read as a request if the connection stayed.
+    ASSERT_TRUE(client.Send("POST /a HTTP/1.1\r\nContent-Length: 101\r\n\r\n"
+                            "GET /probe HTTP/1.1\r\n\r\n"));
+    const std::string answer = client.Answer();
+    EXPECT_THAT(answer, StartsWith("HTTP/1.1 413"));
+    EXPECT_THAT(answer, HasSubstr("101 bytes, more than the server's limit of 100 bytes "
+                                  "(--max_message_bytes)"));
+    EXPECT_THAT(answer, HasSubstr("Connection: close"));
+    EXPECT_TRUE(client.Closed());
+  }
+  {
+    Client client(port());
+    ASSERT_TRUE(client.Send("POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            "3\r\nabc\r\n0\r\n\r\n"));
+    EXPECT_THAT(client.Answer(), AllOf(StartsWith("HTTP/1.1 411"), HasSubstr("Content-Length")));
+    EXPECT_TRUE(client.Closed());
+  }
+  {
+    Client client(port());
+    ASSERT_TRUE(client.Send(Post("/refuse-early", "GET /probe HTTP/1.1\r\n\r\n")));
+    EXPECT_THAT(client.Answer(), StartsWith("HTTP/1.1 415"));
+    EXPECT_TRUE(client.Closed());
+  }
+}
+
+TEST_F(HttpTransportTest, SlowAndIdleClientsLoseTheirConnections) {
+  HttpTransportOptions options;
+  options.request_timeout = absl::Seconds(1);
+  Start(options);
+  Client slow(port());
+  Client silent(port());
+  Client body(port());
+  ASSERT_TRUE(slow.Send("GET / HTTP/1.1\r\nX-Sl"));
+  ASSERT_TRUE(body.Send("POST /a HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc"));
+  const absl::Time started = absl::Now();
+  // One byte more now and then does not keep a request alive.
+  for (int i = 0; i < 3; ++i) {
+    absl::SleepFor(absl::Milliseconds(300));
+    slow.Send("o");
+  }
+  EXPECT_THAT(slow.Answer(), AllOf(StartsWith("HTTP/1.1 408"), HasSubstr("within 1s")));
+  EXPECT_THAT(body.Answer(), StartsWith("HTTP/1.1 408"));
+  EXPECT_TRUE(silent.Closed());
+  EXPECT_LT(absl::Now() - started, absl::Seconds(5));
+}
+
+TEST_F(HttpTransportTest, ProbesAreAnsweredWhileEveryWorkerIsBusy) {
+  HttpTransportOptions options;
+  options.workers = 1;
+  Start(options);
+  Client busy(port());
+  ASSERT_TRUE(busy.Send(Post("/hold", "")));
+  handler_.AwaitHolding(1);
+  Client probe(port());
+  ASSERT_TRUE(probe.Send("GET /probe HTTP/1.1\r\n\r\n"));
+  EXPECT_THAT(probe.Answer(absl::Seconds(5)), HasSubstr("alive"));
+  handler_.Release();
+  EXPECT_THAT(busy.Answer(), HasSubstr("POST /hold"));
+}
+
+TEST_F(HttpTransportTest, AClientThatGoesCancelsItsRequest) {
+  Start();
+  {
+    Client client(port());
+    ASSERT_TRUE(client.Send(Post("/hold", "")));
+    handler_.AwaitHolding(1);
+  }
+  // The loop notices the close within a turn.
+  absl::SleepFor(absl::Milliseconds(500));
+  handler_.Release();
+  handler_.AwaitHolding(0);
+  EXPECT_TRUE(handler_.saw_cancelled());
+  Client next(port());
+  ASSERT_TRUE(next.Send(Post("/a", "after")));
+  EXPECT_THAT(next.Answer(), HasSubstr("POST /a after"));
+}
+
+TEST_F(HttpTransportTest, AnswersAClientDoesNotReadCountAgainstTheBudgetUntilSentOrDropped) {
+  HttpTransportOptions options;
+  options.max_body_buffer_bytes = 1 << 20;
+  Start(options);
+  // 64 MiB: more than loopback's socket buffers take, so most of it stays
+  // in the server while the client reads nothing.
+  constexpr size_t kBig = size_t{64} << 20;
+  auto next_answer = [this] {
+    Client next(port());
+    EXPECT_TRUE(next.Send(Post("/a", "x")));
+    return next.Answer();
+  };
+  auto eventually = [&](absl::string_view start) {
+    for (int i = 0; i < 200; ++i) {
+      if (absl::StartsWith(next_answer(), start)) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  };
+  {
+    Client silent(port());
+    ASSERT_TRUE(silent.Send(absl::StrCat("GET /big/", kBig, " HTTP/1.1\r\n\r\n")));
+    ASSERT_TRUE(eventually("HTTP/1.1 429")) << "its answer never counted";
+    EXPECT_THAT(next_answer(), HasSubstr("request bodies and unsent answers"));
+    // Read whole, it counts no more.
+    const std::string answer = silent.Answer(absl::Seconds(60));
+    EXPECT_EQ(answer.size() - answer.find("\r\n\r\n") - 4, kBig);
+    EXPECT_THAT(next_answer(), StartsWith("HTTP/1.1 200"));
+  }
+  {
+    Client silent(port());
+    ASSERT_TRUE(silent.Send(absl::StrCat("GET /big/", kBig, " HTTP/1.1\r\n\r\n")));
+    ASSERT_TRUE(eventually("HTTP/1.1 429"));
+  }  // Gone without reading: its answer is dropped, and counts no more.
+  EXPECT_TRUE(eventually("HTTP/1.1 200"));
+}
+
+TEST_F(HttpTransportTest, BodiesHeldAtOnceStayWithinTheBudget) {
+  HttpTransportOptions options;
+  options.max_body_buffer_bytes = 100;
+  Start(options);
+  Client first(port());
+  ASSERT_TRUE(first.Send("POST /a HTTP/1.1\r\nContent-Length: 60\r\n\r\nstill coming"));
+  absl::SleepFor(absl::Milliseconds(200));
+  Client second(port());
+  ASSERT_TRUE(second.Send("POST /b HTTP/1.1\r\nContent-Length: 60\r\n\r\n"));
+  const std::string refused = second.Answer();
+  EXPECT_THAT(refused, StartsWith("HTTP/1.1 429"));
+  EXPECT_THAT(refused,
+              HasSubstr("as many bytes of request bodies and unsent answers as it may (100)"));
+  // The first's share comes back once it is answered.
+  ASSERT_TRUE(first.Send(std::string(60 - 12, 'x')));
+  EXPECT_THAT(first.Answer(), HasSubstr("POST /a still coming"));
+  Client third(port());
+  ASSERT_TRUE(third.Send(Post("/c", std::string(60, 'y'))));
+  EXPECT_THAT(third.Answer(), HasSubstr("POST /c yyy"));
+}
+
+TEST_F(HttpTransportTest, AFloodOfHalfSentRequestsCannotKeepAProbeOut) {
+  HttpTransportOptions options;
+  options.max_connections = 8;
+  Start(options);
+  std::vector<std::unique_ptr<Client>> flood;
+  for (int i = 0; i < 8; ++i) {
+    flood.push_back(std::make_unique<Client>(port()));
+    ASSERT_TRUE(flood.back()->Send("GET / HTTP/1.1\r\nX: "));
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  Client probe(port());
+  ASSERT_TRUE(probe.Send("GET /probe HTTP/1.1\r\n\r\n"));
+  EXPECT_THAT(probe.Answer(absl::Seconds(5)), HasSubstr("alive"));
+  // The one that waited longest made room.
+  EXPECT_TRUE(flood.front()->Closed(absl::Seconds(1)));
+}
+
+TEST_F(HttpTransportTest, ExpectContinueGetsTheGoAheadBeforeTheBody) {
+  Start();
+  Client client(port());
+  ASSERT_TRUE(client.Send("POST /a HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n"));
+  EXPECT_THAT(client.Answer(), StartsWith("HTTP/1.1 100 Continue"));
+  ASSERT_TRUE(client.Send("body"));
+  EXPECT_THAT(client.Answer(), HasSubstr("POST /a body"));
+}
+
+TEST_F(HttpTransportTest, AHandlerThatThrowsGetsA500WithoutItsText) {
+  Start();
+  Client client(port());
+  ASSERT_TRUE(client.Send(Post("/throw", "")));
+  const std::string answer = client.Answer();
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 500"));
+  EXPECT_THAT(answer, Not(HasSubstr("secret detail")));
+  ASSERT_TRUE(client.Send(Post("/a", "next")));
+  EXPECT_THAT(client.Answer(), HasSubstr("POST /a next"));
+}
+
+TEST_F(HttpTransportTest, StopWaitsForTheRequestsBeingHandledAndClosesTheRest) {
+  Start();
+  Client busy(port());
+  Client idle(port());
+  ASSERT_TRUE(busy.Send(Post("/hold", "")));
+  handler_.AwaitHolding(1);
+  std::thread stopper([this] { transport_->Stop(); });
+  EXPECT_TRUE(idle.Closed());
+  handler_.Release();
+  const std::string answer = busy.Answer();
+  EXPECT_THAT(answer, HasSubstr("POST /hold"));
+  EXPECT_THAT(answer, HasSubstr("Connection: close"));
+  stopper.join();
+  Client late(port());
+  EXPECT_FALSE(late.connected());
+}
+
+}  // namespace
+}  // namespace precompile::server

@@ -1,0 +1,113 @@
+#include "server/repository/model_config_file.h"
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "proto/model_config.pb.h"
+
+namespace precompile::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (first.empty()) first = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  std::string first;
+};
+
+// The parameter max_request_seconds: seconds (a decimal number) or "0" for
+// no limit.
+absl::StatusOr<std::optional<absl::Duration>> ReadMaxRequestTime(
+    const inference::ModelConfig& config) {
+  auto it = config.parameters().find("max_request_seconds");
+  if (it == config.parameters().end()) return std::nullopt;
+  const std::string& text = it->second.string_value();
+  double seconds = 0;
+  // Past a million seconds is as good as none, and keeps the arithmetic finite.
+  if (!absl::SimpleAtod(text, &seconds) || !(seconds >= 0) || seconds > 1e6) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.pbtxt: parameters max_request_seconds is '", text,
+        "', not a number of seconds from 0 (no limit) to 1000000"));
+  }
+  if (seconds == 0) return absl::InfiniteDuration();
+  return absl::Seconds(seconds);
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfigFile> ParseModelConfig(absl::string_view name, const std::string& text) {
+  inference::ModelConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  parser.AllowUnknownField(true);
+  FirstError error;
+  parser.RecordErrorsTo(&error);
+  if (!parser.ParseFromString(text, &config)) {
+    return absl::InvalidArgumentError(absl::StrCat("config.pbtxt:", error.first));
+  }
+  if (!config.name().empty() && config.name() != name) {
+    return absl::InvalidArgumentError(absl::StrCat("config.pbtxt names the model '", config.name(),
+                                                   "', its directory '", name, "'"));
+  }
+  VersionPolicy policy;
+  const inference::ModelVersionPolicy& asked = config.version_policy();
+  switch (asked.policy_choice_case()) {
+    case inference::ModelVersionPolicy::kLatest:
+      if (asked.latest().num_versions() < 1) {
+        return absl::InvalidArgumentError(
+            "config.pbtxt: version_policy { latest { num_versions } } must be at least 1");
+      }
+      policy.latest = asked.latest().num_versions();
+      break;
+    case inference::ModelVersionPolicy::kAll:
+      policy.kind = VersionPolicy::Kind::kAll;
+      break;
+    case inference::ModelVersionPolicy::kSpecific:
+      policy.kind = VersionPolicy::Kind::kSpecific;
+      for (const int64_t version : asked.specific().versions()) {
+        if (version < 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "config.pbtxt: version_policy { specific } names version ", version,
+              ": versions are positive integers"));
+        }
+        policy.specific.push_back(version);
+      }
+      if (policy.specific.empty()) {
+        return absl::InvalidArgumentError(
+            "config.pbtxt: version_policy { specific } names no version");
+      }
+      break;
+    case inference::ModelVersionPolicy::POLICY_CHOICE_NOT_SET:
+      break;
+  }
+  absl::StatusOr<std::optional<absl::Duration>> max_request_time = ReadMaxRequestTime(config);
+  if (!max_request_time.ok()) return max_request_time.status();
+  absl::StatusOr<std::shared_ptr<const BatchingConfig>> batching = ReadBatchingConfig(config);
+  if (!batching.ok()) return batching.status();
+  return ModelConfigFile{std::move(policy), *max_request_time, *std::move(batching)};
+}
+
+absl::StatusOr<ModelConfigFile> ReadModelConfig(absl::string_view name,
+                                                const std::string& model_dir) {
+  const fs::path path = fs::path(model_dir) / "config.pbtxt";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return ModelConfigFile{};
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": cannot be read"));
+  return ParseModelConfig(name, text.str());
+}
+
+}  // namespace precompile::server
