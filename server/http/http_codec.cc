@@ -17,7 +17,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "base/half_float.h"
 #include "base/json_text.h"
 #include "runtime/dtype.h"
@@ -707,74 +706,6 @@ Json ParametersJson(const google::protobuf::Map<std::string, inference::InferPar
 }
 
 }  // namespace
-
-HttpRoute RouteOf(absl::string_view method, absl::string_view path) {
-  HttpRoute route;
-  std::vector<absl::string_view> parts = absl::StrSplit(path, '/');
-  // "/v2/models/m/" is "/v2/models/m": a trailing slash names the same thing.
-  if (parts.size() > 2 && parts.back().empty()) parts.pop_back();
-  if (parts.size() < 2 || !parts[0].empty() || parts[1] != "v2") return route;
-  const std::vector<absl::string_view> p(parts.begin() + 2, parts.end());
-  auto set = [&](HttpRoute::Kind kind, const char* wanted) {
-    if (method == wanted || (std::string_view(wanted) == "GET" && method == "HEAD")) {
-      route.kind = kind;
-    } else {
-      route.kind = HttpRoute::Kind::kWrongMethod;
-      route.method = wanted;
-    }
-    return route;
-  };
-  using K = HttpRoute::Kind;
-  if (p.empty()) return set(K::kServerMetadata, "GET");
-  if (p.size() == 2 && p[0] == "health") {
-    if (p[1] == "live") return set(K::kServerLive, "GET");
-    if (p[1] == "ready") return set(K::kServerReady, "GET");
-    return route;
-  }
-  // Trace settings are read (GET) and changed (POST) at one path.
-  auto trace_setting = [&] {
-    if (method == "GET" || method == "HEAD" || method == "POST") {
-      route.kind = K::kTraceSetting;
-    } else {
-      route.kind = K::kWrongMethod;
-      route.method = "GET or POST";
-    }
-    return route;
-  };
-  if (p.size() == 2 && p[0] == "trace" && p[1] == "setting") return trace_setting();
-  if (p.size() == 2 && p[0] == "models" && p[1] == "stats") return set(K::kModelStatistics, "GET");
-  if (p[0] == "models" && p.size() >= 2 && !p[1].empty()) {
-    route.model = std::string(p[1]);
-    size_t next = 2;
-    if (p.size() >= 4 && p[2] == "versions" && !p[3].empty()) {
-      route.version = std::string(p[3]);
-      next = 4;
-    }
-    if (p.size() == next) return set(K::kModelMetadata, "GET");
-    if (p.size() == next + 1) {
-      if (p[next] == "ready") return set(K::kModelReady, "GET");
-      if (p[next] == "config") return set(K::kModelConfig, "GET");
-      if (p[next] == "stats") return set(K::kModelStatistics, "GET");
-      if (p[next] == "infer") return set(K::kInfer, "POST");
-    }
-    if (p.size() == next + 2 && p[next] == "trace" && p[next + 1] == "setting") {
-      return trace_setting();
-    }
-    route.model.clear();
-    route.version.clear();
-    return route;
-  }
-  if (p[0] == "repository") {
-    if (p.size() == 2 && p[1] == "index") return set(K::kRepositoryIndex, "POST");
-    if (p.size() == 4 && p[1] == "models" && !p[2].empty()) {
-      route.model = std::string(p[2]);
-      if (p[3] == "load") return set(K::kModelLoad, "POST");
-      if (p[3] == "unload") return set(K::kModelUnload, "POST");
-      route.model.clear();
-    }
-  }
-  return route;
-}
 
 int HttpStatusOf(absl::StatusCode code) {
   switch (code) {

@@ -1,4 +1,4 @@
-// The KServe v2 HTTP/REST protocol's bodies and paths, to and from the
+// The KServe v2 HTTP/REST protocol's bodies, to and from the
 // protos of server/api/inference_api.h: what the HTTP endpoint
 // (server/http/http_service.h) needs that does not touch a socket.
 //
@@ -40,33 +40,6 @@
 #include "runtime/value.h"
 
 namespace precompile::server {
-
-// What an HTTP request asks for, from its method and path.
-struct HttpRoute {
-  enum class Kind {
-    kServerMetadata,   // GET  /v2
-    kServerLive,       // GET  /v2/health/live
-    kServerReady,      // GET  /v2/health/ready
-    kModelMetadata,    // GET  /v2/models/{m}[/versions/{v}]
-    kModelReady,       // GET  .../ready
-    kModelConfig,      // GET  .../config
-    kModelStatistics,  // GET  .../stats, and /v2/models/stats for every model
-    kInfer,            // POST .../infer
-    kRepositoryIndex,  // POST /v2/repository/index
-    kModelLoad,        // POST /v2/repository/models/{m}/load
-    kModelUnload,      // POST /v2/repository/models/{m}/unload
-    kTraceSetting,     // GET or POST /v2/trace/setting, /v2/models/{m}/trace/setting
-    kNotFound,
-    kWrongMethod,      // A known path with the other method: `method` says which.
-  };
-  Kind kind = Kind::kNotFound;
-  std::string model;    // Empty where the path names none.
-  std::string version;  // Empty: the newest served.
-  const char* method = "";  // The method the path takes, for kWrongMethod.
-};
-
-// `path` is decoded (no %-escapes) and without the query string.
-HttpRoute RouteOf(absl::string_view method, absl::string_view path);
 
 // The HTTP status for a failed call, as Google's APIs map them:
 // INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE 400; NOT_FOUND 404;

@@ -13,50 +13,6 @@ namespace precompile::server {
 namespace {
 
 using ::testing::HasSubstr;
-using K = HttpRoute::Kind;
-
-TEST(RouteOf, NamesEveryKServePathAndItsModelAndVersion) {
-  EXPECT_EQ(RouteOf("GET", "/v2").kind, K::kServerMetadata);
-  EXPECT_EQ(RouteOf("GET", "/v2/health/live").kind, K::kServerLive);
-  EXPECT_EQ(RouteOf("HEAD", "/v2/health/ready").kind, K::kServerReady);
-  EXPECT_EQ(RouteOf("GET", "/v2/models/stats").kind, K::kModelStatistics);
-  EXPECT_EQ(RouteOf("POST", "/v2/repository/index").kind, K::kRepositoryIndex);
-
-  HttpRoute infer = RouteOf("POST", "/v2/models/bert/versions/3/infer");
-  EXPECT_EQ(infer.kind, K::kInfer);
-  EXPECT_EQ(infer.model, "bert");
-  EXPECT_EQ(infer.version, "3");
-  HttpRoute meta = RouteOf("GET", "/v2/models/bert/");
-  EXPECT_EQ(meta.kind, K::kModelMetadata);
-  EXPECT_EQ(meta.model, "bert");
-  EXPECT_EQ(meta.version, "");
-  EXPECT_EQ(RouteOf("GET", "/v2/models/bert/versions/2/config").kind, K::kModelConfig);
-  EXPECT_EQ(RouteOf("GET", "/v2/models/bert/ready").kind, K::kModelReady);
-  EXPECT_EQ(RouteOf("GET", "/v2/models/bert/stats").model, "bert");
-  HttpRoute load = RouteOf("POST", "/v2/repository/models/mlp/unload");
-  EXPECT_EQ(load.kind, K::kModelUnload);
-  EXPECT_EQ(load.model, "mlp");
-  EXPECT_EQ(RouteOf("GET", "/v2/trace/setting").kind, K::kTraceSetting);
-  EXPECT_EQ(RouteOf("POST", "/v2/trace/setting").model, "");
-  HttpRoute trace = RouteOf("POST", "/v2/models/bert/trace/setting");
-  EXPECT_EQ(trace.kind, K::kTraceSetting);
-  EXPECT_EQ(trace.model, "bert");
-}
-
-TEST(RouteOf, RefusesUnknownPathsAndNamesTheMethodAKnownOneTakes) {
-  for (const char* path : {"/", "/v1/models/m", "/v2/models", "/v2/models/m/explain",
-                           "/v2/health", "/v2/models//infer", "/v2/repository/models/m/reload"}) {
-    EXPECT_EQ(RouteOf("GET", path).kind, K::kNotFound) << path;
-  }
-  HttpRoute wrong = RouteOf("GET", "/v2/models/m/infer");
-  EXPECT_EQ(wrong.kind, K::kWrongMethod);
-  EXPECT_STREQ(wrong.method, "POST");
-  EXPECT_EQ(RouteOf("POST", "/v2/health/live").kind, K::kWrongMethod);
-  HttpRoute put = RouteOf("PUT", "/v2/models/m/trace/setting");
-  EXPECT_EQ(put.kind, K::kWrongMethod);
-  EXPECT_STREQ(put.method, "GET or POST");
-  EXPECT_EQ(RouteOf("GET", "/v2/trace/settings").kind, K::kNotFound);
-}
 
 TEST(HttpStatusOf, MapsCodesAsGoogleApisDo) {
   EXPECT_EQ(HttpStatusOf(absl::StatusCode::kInvalidArgument), 400);

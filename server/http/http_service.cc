@@ -12,6 +12,7 @@
 #include "base/proto_json.h"
 #include "server/api/inference_job.h"
 #include "server/http/http_codec.h"
+#include "server/http/http_routes.h"
 
 namespace precompile::server {
 namespace {
@@ -173,7 +174,7 @@ std::optional<HttpAnswer> HttpService::Screen(const HttpRequest& request) {
 void HttpService::Handle(HttpExchange& exchange) {
   const HttpRequest& request = exchange.request();
   const HttpRoute route = RouteOf(request.head.method, request.head.path);
-  if (route.kind != HttpRoute::Kind::kInfer) return exchange.Answer(Answer(request));
+  if (route.kind != HttpRoute::Kind::kInfer) return exchange.Answer(Answer(request, route));
   std::optional<size_t> header_length;
   if (const std::string* value = request.head.Find("inference-header-content-length")) {
     absl::StatusOr<size_t> n = ParseHeaderLength(*value, request.body.size());
@@ -195,7 +196,8 @@ absl::Status HttpService::CheckControl(const HttpRequest& request) const {
   return access_.CheckControlHeader(authorization ? authorization->c_str() : nullptr);
 }
 
-HttpAnswer HttpService::TraceSettingAnswer(const HttpRequest& request, const HttpRoute& route) {
+HttpAnswer HttpService::TraceSetting(const Routed& r) {
+  const HttpRequest& request = r.http;
   // Triton's shape: {"trace_level": ["TIMESTAMPS"], "trace_rate": "1000", ...};
   // a change gives a setting a string or a list of strings, or null to
   // clear a model's own.
@@ -229,7 +231,7 @@ HttpAnswer HttpService::TraceSettingAnswer(const HttpRequest& request, const Htt
   if (!changes.empty()) {
     if (absl::Status s = CheckControl(request); !s.ok()) return ErrorAnswer(s);
   }
-  absl::StatusOr<RequestTracer::Settings> settings = api_.TraceSetting(route.model, changes);
+  absl::StatusOr<RequestTracer::Settings> settings = api_.TraceSetting(r.route.model, changes);
   if (!settings.ok()) return ErrorAnswer(settings.status());
   Json reply = Json::object();
   for (const auto& [name, values] : *settings) {
@@ -242,62 +244,98 @@ HttpAnswer HttpService::TraceSettingAnswer(const HttpRequest& request, const Htt
   return Json200(reply);
 }
 
-HttpAnswer HttpService::Answer(const HttpRequest& request) {
-  const std::string& method = request.head.method;
-  const std::string& path = request.head.path;
-  const HttpRoute route = RouteOf(method, path);
+HttpAnswer HttpService::Answer(const HttpRequest& request, const HttpRoute& route) {
   using K = HttpRoute::Kind;
-  switch (route.kind) {
-    case K::kNotFound:
-      return ErrorAnswer(absl::NotFoundError(absl::StrCat(
-          "no such path: ", method, " ", path, " (the KServe v2 paths start with /v2)")));
-    case K::kWrongMethod:
-      return ErrorAnswer(405, absl::StrCat(path, " takes ", route.method, ", not ", method));
-    case K::kServerLive: return HealthAnswer(api_.ServerLive());
-    case K::kServerReady: return HealthAnswer(api_.ServerReady());
-    case K::kModelReady: return HealthAnswer(api_.ModelReady(route.model, route.version));
-    case K::kServerMetadata: {
-      inference::ServerMetadataResponse reply;
-      api_.ServerMetadata(&reply);
-      return Json200(ProtoToJson(reply));
-    }
-    case K::kModelMetadata: return ModelAnswer(api_, route, &InferenceApi::ModelMetadata);
-    case K::kModelStatistics: return ModelAnswer(api_, route, &InferenceApi::ModelStatistics);
-    case K::kModelConfig: {
-      auto reply = AskAboutModel(api_, route, &InferenceApi::ModelConfig);
-      if (!reply.ok()) return ErrorAnswer(reply.status());
-      // Triton answers the configuration itself, not wrapped.
-      return Json200(ProtoToJson(reply->config()));
-    }
-    case K::kRepositoryIndex: {
-      inference::RepositoryIndexRequest asked;
-      if (!absl::StripAsciiWhitespace(request.body).empty()) {
-        absl::StatusOr<Json> json = ParseJson(request.body);
-        if (!json.ok()) return ErrorAnswer(json.status());
-        if (const Json* ready = JsonMember(*json, "ready")) {
-          if (!ready->is_boolean()) {
-            return ErrorAnswer(absl::InvalidArgumentError("\"ready\" must be true or false"));
-          }
-          asked.set_ready(ready->get<bool>());
-        }
-      }
-      inference::RepositoryIndexResponse reply;
-      api_.RepositoryIndex(asked, &reply);
-      // Triton answers the list itself.
-      return Json200(ProtoToJson(reply)["models"]);
-    }
-    case K::kModelLoad:
-    case K::kModelUnload: {
-      if (absl::Status s = CheckControl(request); !s.ok()) return ErrorAnswer(s);
-      const absl::Status s = route.kind == K::kModelLoad ? api_.LoadModel(route.model)
-                                                         : api_.UnloadModel(route.model);
-      if (!s.ok()) return ErrorAnswer(s);
-      return {200, kJson, "", {}};
-    }
-    case K::kTraceSetting: return TraceSettingAnswer(request, route);
-    case K::kInfer: break;
+  // What answers each route but inference's (HttpService::Handle runs it).
+  static constexpr std::pair<K, Handler> kHandlers[] = {
+      {K::kNotFound, &HttpService::NotFound},
+      {K::kWrongMethod, &HttpService::WrongMethod},
+      {K::kServerLive, &HttpService::ServerLive},
+      {K::kServerReady, &HttpService::ServerReady},
+      {K::kModelReady, &HttpService::ModelReady},
+      {K::kServerMetadata, &HttpService::ServerMetadata},
+      {K::kModelMetadata, &HttpService::ModelMetadata},
+      {K::kModelStatistics, &HttpService::ModelStatistics},
+      {K::kModelConfig, &HttpService::ModelConfig},
+      {K::kRepositoryIndex, &HttpService::RepositoryIndex},
+      {K::kModelLoad, &HttpService::ModelLoad},
+      {K::kModelUnload, &HttpService::ModelUnload},
+      {K::kTraceSetting, &HttpService::TraceSetting},
+  };
+  for (const auto& [kind, handler] : kHandlers) {
+    if (kind == route.kind) return (this->*handler)({request, route});
   }
-  return ErrorAnswer(absl::InternalError("inference is not answered here"));
+  return ErrorAnswer(absl::InternalError("this route has no handler"));
+}
+
+HttpAnswer HttpService::NotFound(const Routed& r) {
+  return ErrorAnswer(absl::NotFoundError(absl::StrCat("no such path: ", r.http.head.method, " ",
+                                                      r.http.head.path,
+                                                      " (the KServe v2 paths start with /v2)")));
+}
+
+HttpAnswer HttpService::WrongMethod(const Routed& r) {
+  return ErrorAnswer(405, absl::StrCat(r.http.head.path, " takes ", r.route.method, ", not ",
+                                       r.http.head.method));
+}
+
+HttpAnswer HttpService::ServerLive(const Routed&) { return HealthAnswer(api_.ServerLive()); }
+
+HttpAnswer HttpService::ServerReady(const Routed&) { return HealthAnswer(api_.ServerReady()); }
+
+HttpAnswer HttpService::ModelReady(const Routed& r) {
+  return HealthAnswer(api_.ModelReady(r.route.model, r.route.version));
+}
+
+HttpAnswer HttpService::ServerMetadata(const Routed&) {
+  inference::ServerMetadataResponse reply;
+  api_.ServerMetadata(&reply);
+  return Json200(ProtoToJson(reply));
+}
+
+HttpAnswer HttpService::ModelMetadata(const Routed& r) {
+  return ModelAnswer(api_, r.route, &InferenceApi::ModelMetadata);
+}
+
+HttpAnswer HttpService::ModelStatistics(const Routed& r) {
+  return ModelAnswer(api_, r.route, &InferenceApi::ModelStatistics);
+}
+
+HttpAnswer HttpService::ModelConfig(const Routed& r) {
+  auto reply = AskAboutModel(api_, r.route, &InferenceApi::ModelConfig);
+  if (!reply.ok()) return ErrorAnswer(reply.status());
+  // Triton answers the configuration itself, not wrapped.
+  return Json200(ProtoToJson(reply->config()));
+}
+
+HttpAnswer HttpService::RepositoryIndex(const Routed& r) {
+  inference::RepositoryIndexRequest asked;
+  if (!absl::StripAsciiWhitespace(r.http.body).empty()) {
+    absl::StatusOr<Json> json = ParseJson(r.http.body);
+    if (!json.ok()) return ErrorAnswer(json.status());
+    if (const Json* ready = JsonMember(*json, "ready")) {
+      if (!ready->is_boolean()) {
+        return ErrorAnswer(absl::InvalidArgumentError("\"ready\" must be true or false"));
+      }
+      asked.set_ready(ready->get<bool>());
+    }
+  }
+  inference::RepositoryIndexResponse reply;
+  api_.RepositoryIndex(asked, &reply);
+  // Triton answers the list itself.
+  return Json200(ProtoToJson(reply)["models"]);
+}
+
+HttpAnswer HttpService::ModelLoad(const Routed& r) {
+  if (absl::Status s = CheckControl(r.http); !s.ok()) return ErrorAnswer(s);
+  if (absl::Status s = api_.LoadModel(r.route.model); !s.ok()) return ErrorAnswer(s);
+  return {200, kJson, "", {}};
+}
+
+HttpAnswer HttpService::ModelUnload(const Routed& r) {
+  if (absl::Status s = CheckControl(r.http); !s.ok()) return ErrorAnswer(s);
+  if (absl::Status s = api_.UnloadModel(r.route.model); !s.ok()) return ErrorAnswer(s);
+  return {200, kJson, "", {}};
 }
 
 }  // namespace precompile::server

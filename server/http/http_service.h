@@ -3,7 +3,8 @@
 // (server/http/http_transport.h, which bounds what a client may hold: head
 // sizes, body sizes and their sum, time to send a request, connections).
 //
-// Paths, bodies and status codes are server/http/http_codec.h's. Inference
+// Paths are server/http/http_routes.h's, each answered by a handler of
+// its own; bodies and status codes are server/http/http_codec.h's. Inference
 // requests go to the same request scheduler as gRPC's, so the limit of
 // concurrent requests, draining and the metrics count both; a request past
 // the limit gets 429. A client that closes its connection cancels its
@@ -36,7 +37,7 @@
 
 namespace precompile::server {
 
-struct HttpRoute;  // server/http/http_codec.h
+struct HttpRoute;  // server/http/http_routes.h
 
 struct HttpOptions {
   // host:port; port 0 picks a free one (see HttpService::port()).
@@ -75,13 +76,32 @@ class HttpService final : private HttpHandler {
   std::optional<HttpAnswer> Screen(const HttpRequest& request) override;
   void Handle(HttpExchange& exchange) override;
   HttpAnswer Refusal(int status, absl::string_view message) override;
-  // Every path's answer but inference's, on a worker.
-  HttpAnswer Answer(const HttpRequest& request);
+  // A request and the route its path took: what each handler answers.
+  struct Routed {
+    const HttpRequest& http;
+    const HttpRoute& route;
+  };
+  using Handler = HttpAnswer (HttpService::*)(const Routed&);
+  // Every route's answer but inference's, on a worker: the route's handler.
+  HttpAnswer Answer(const HttpRequest& request, const HttpRoute& route);
+  HttpAnswer NotFound(const Routed& r);
+  HttpAnswer WrongMethod(const Routed& r);
+  HttpAnswer ServerLive(const Routed& r);
+  HttpAnswer ServerReady(const Routed& r);
+  HttpAnswer ModelReady(const Routed& r);
+  HttpAnswer ServerMetadata(const Routed& r);
+  HttpAnswer ModelMetadata(const Routed& r);
+  HttpAnswer ModelStatistics(const Routed& r);
+  HttpAnswer ModelConfig(const Routed& r);
+  HttpAnswer RepositoryIndex(const Routed& r);
+  // Load and unload need the control token.
+  HttpAnswer ModelLoad(const Routed& r);
+  HttpAnswer ModelUnload(const Routed& r);
+  // GET reads, POST changes (with the control token) trace settings.
+  HttpAnswer TraceSetting(const Routed& r);
   // Whether the request may load, unload or change settings (its
   // Authorization header).
   absl::Status CheckControl(const HttpRequest& request) const;
-  // GET reads, POST changes (with the control token) trace settings.
-  HttpAnswer TraceSettingAnswer(const HttpRequest& request, const HttpRoute& route);
 
   const HttpOptions options_;
   InferenceApi& api_;

@@ -35,6 +35,7 @@
 #include "server/grpc/infer_response.h"
 #include "server/http/http_codec.h"
 #include "server/http/http_head.h"
+#include "server/http/http_routes.h"
 
 namespace precompile::fuzz {
 namespace {
