@@ -42,6 +42,11 @@ std::string ValueText(const ArgView& a) {
 
 }  // namespace
 
+// One pass over the variant's guards, emitting checks in the order Matches
+// runs them: a size symbol's slot is numbered where the symbol first
+// appears (kBindSymbol) and compared wherever it appears again
+// (kSymbolEqual), so the pass keeps that numbering in one place rather than
+// across helpers.
 absl::StatusOr<GuardProgram> GuardProgram::Compile(
     const artifact::v1::Variant& variant,
     const std::vector<std::string>& parameter_names) {

@@ -154,6 +154,127 @@ int Fail(const std::string& message) {
   return 2;
 }
 
+// The server's options from the flags, or which flag is wrong. One flag
+// after another, as the flags are declared above: split up, the checks that
+// relate two flags would lose sight of each other.
+absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
+  precompile::server::ServerOptions options;
+  options.model_repository = absl::GetFlag(FLAGS_model_repository);
+  if (options.model_repository.empty()) return absl::InvalidArgumentError("--model_repository is required");
+  const std::string host = absl::GetFlag(FLAGS_listen_address);
+  options.grpc_address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_grpc_port));
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_address = metrics_port < 0 ? "" : absl::StrCat(host, ":", metrics_port);
+  const int http_port = absl::GetFlag(FLAGS_http_port);
+  options.http_address = http_port < 0 ? "" : absl::StrCat(host, ":", http_port);
+  options.http_threads = absl::GetFlag(FLAGS_http_threads);
+  options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  options.http_max_body_buffer_bytes = absl::GetFlag(FLAGS_http_max_body_buffer_bytes);
+  options.http_request_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_http_request_timeout_seconds));
+  std::string device = absl::GetFlag(FLAGS_device);
+  if (device.rfind("cuda:", 0) == 0) {
+    int index = 0;
+    if (!absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--device=", device, " is not cpu, cuda or cuda:N"));
+    }
+    options.load_options.cuda_device_index = index;
+    device = "cuda";
+  }
+  options.device = device;
+  options.load_options.require_complete = absl::GetFlag(FLAGS_require_complete);
+  options.load_options.runners_per_variant = absl::GetFlag(FLAGS_runners_per_variant);
+  const int miss_signatures = absl::GetFlag(FLAGS_miss_signatures_per_frame);
+  if (miss_signatures < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--miss_signatures_per_frame=", miss_signatures,
+                             " is negative; 0 records no misses"));
+  }
+  options.load_options.miss_signatures_per_frame = miss_signatures;
+  options.load_options.allow_python_programs = absl::GetFlag(FLAGS_allow_python_programs);
+  options.load_options.python_environment = absl::GetFlag(FLAGS_python_env);
+  options.load_options.python_path = absl::GetFlag(FLAGS_python_path);
+  options.load_options.python_plugin = absl::GetFlag(FLAGS_python_plugin);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  options.max_in_flight_request_bytes = absl::GetFlag(FLAGS_max_in_flight_request_bytes);
+  if (options.max_in_flight_request_bytes < 0) {
+    return absl::InvalidArgumentError("--max_in_flight_request_bytes must be at least 0");
+  }
+  // Below one request of the largest size, such a request would be refused
+  // for ever.
+  if (options.max_in_flight_request_bytes > 0 &&
+      options.max_in_flight_request_bytes < absl::GetFlag(FLAGS_max_message_bytes)) {
+    return absl::InvalidArgumentError("--max_in_flight_request_bytes must be 0 or at least --max_message_bytes");
+  }
+  options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
+  options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);
+  if (options.grpc_memory_bytes < 0) return absl::InvalidArgumentError("--grpc_memory_bytes must be at least 0");
+  options.grpc_window_bytes = absl::GetFlag(FLAGS_grpc_window_bytes);
+  if (options.grpc_window_bytes < 0) return absl::InvalidArgumentError("--grpc_window_bytes must be at least 0");
+  options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
+  options.trace_file = absl::GetFlag(FLAGS_trace_file);
+  {
+    // The same parsing and limits as the settings a client changes.
+    using precompile::server::RequestTracer;
+    absl::StatusOr<precompile::server::TraceConfig> trace = RequestTracer::Parse(
+        {{"trace_level", std::vector<std::string>{absl::GetFlag(FLAGS_trace_level)}},
+         {"trace_rate", std::vector<std::string>{absl::StrCat(absl::GetFlag(FLAGS_trace_rate))}},
+         {"trace_count", std::vector<std::string>{absl::StrCat(absl::GetFlag(FLAGS_trace_count))}},
+         {"log_frequency",
+          std::vector<std::string>{absl::StrCat(absl::GetFlag(FLAGS_trace_log_frequency))}}},
+        /*allow_clear=*/false);
+    if (!trace.ok()) return absl::InvalidArgumentError(std::string(trace.status().message()));
+    if (*trace->timestamps && options.trace_file.empty()) {
+      return absl::InvalidArgumentError("--trace_level=TIMESTAMPS needs --trace_file");
+    }
+    options.trace = *trace;
+  }
+  options.grpc_answers.max_unsent_bytes = absl::GetFlag(FLAGS_grpc_unsent_answer_bytes);
+  if (options.grpc_answers.max_unsent_bytes < 0) {
+    return absl::InvalidArgumentError("--grpc_unsent_answer_bytes must be at least 0");
+  }
+  if (absl::GetFlag(FLAGS_grpc_answer_timeout_seconds) < 0) {
+    return absl::InvalidArgumentError("--grpc_answer_timeout_seconds must be at least 0");
+  }
+  options.grpc_answers.timeout = absl::Seconds(absl::GetFlag(FLAGS_grpc_answer_timeout_seconds));
+  options.inference_threads = absl::GetFlag(FLAGS_inference_threads);
+  options.inference_pollers = absl::GetFlag(FLAGS_inference_pollers);
+  options.eager_threads = absl::GetFlag(FLAGS_eager_threads);
+  options.eager_nice = absl::GetFlag(FLAGS_eager_nice);
+  options.repository_poll_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_repository_poll_seconds));
+  options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));
+  if (absl::GetFlag(FLAGS_max_request_seconds) < 0) {
+    return absl::InvalidArgumentError("--max_request_seconds must be at least 0");
+  }
+  options.max_request_time = absl::Seconds(absl::GetFlag(FLAGS_max_request_seconds));
+  if (options.http_max_connections < 1) return absl::InvalidArgumentError("--http_max_connections must be at least 1");
+  // Below one body of the largest size, such a body would be refused for ever.
+  if (options.http_max_body_buffer_bytes < absl::GetFlag(FLAGS_max_message_bytes)) {
+    return absl::InvalidArgumentError("--http_max_body_buffer_bytes must be at least --max_message_bytes");
+  }
+  options.strict_readiness = absl::GetFlag(FLAGS_strict_readiness);
+  options.max_connection_age =
+      absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_seconds));
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  if (const std::string token_file = absl::GetFlag(FLAGS_admin_token_file);
+      !token_file.empty()) {
+    absl::StatusOr<std::string> token = precompile::server::ReadAdminTokenFile(token_file);
+    if (!token.ok()) return absl::InvalidArgumentError(std::string(token.status().message()));
+    options.admin_token = *token;
+  }
+  options.allow_unauthenticated_control = absl::GetFlag(FLAGS_allow_unauthenticated_control);
+  if (options.admin_token.empty() && options.allow_unauthenticated_control) {
+    spdlog::warn(
+        "event=unauthenticated_control note=\"any client that reaches the gRPC port can load, "
+        "unload and rescan models (--allow_unauthenticated_control): for local development "
+        "only; use --admin_token_file elsewhere\"");
+  }
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -184,120 +305,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  precompile::server::ServerOptions options;
-  options.model_repository = absl::GetFlag(FLAGS_model_repository);
-  if (options.model_repository.empty()) return Fail("--model_repository is required");
-  const std::string host = absl::GetFlag(FLAGS_listen_address);
-  options.grpc_address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_grpc_port));
-  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  options.metrics_address = metrics_port < 0 ? "" : absl::StrCat(host, ":", metrics_port);
-  const int http_port = absl::GetFlag(FLAGS_http_port);
-  options.http_address = http_port < 0 ? "" : absl::StrCat(host, ":", http_port);
-  options.http_threads = absl::GetFlag(FLAGS_http_threads);
-  options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
-  options.http_max_body_buffer_bytes = absl::GetFlag(FLAGS_http_max_body_buffer_bytes);
-  options.http_request_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_http_request_timeout_seconds));
-  std::string device = absl::GetFlag(FLAGS_device);
-  if (device.rfind("cuda:", 0) == 0) {
-    int index = 0;
-    if (!absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
-      return Fail(absl::StrCat("--device=", device, " is not cpu, cuda or cuda:N"));
-    }
-    options.load_options.cuda_device_index = index;
-    device = "cuda";
-  }
-  options.device = device;
-  options.load_options.require_complete = absl::GetFlag(FLAGS_require_complete);
-  options.load_options.runners_per_variant = absl::GetFlag(FLAGS_runners_per_variant);
-  const int miss_signatures = absl::GetFlag(FLAGS_miss_signatures_per_frame);
-  if (miss_signatures < 0) {
-    return Fail(absl::StrCat("--miss_signatures_per_frame=", miss_signatures,
-                             " is negative; 0 records no misses"));
-  }
-  options.load_options.miss_signatures_per_frame = miss_signatures;
-  options.load_options.allow_python_programs = absl::GetFlag(FLAGS_allow_python_programs);
-  options.load_options.python_environment = absl::GetFlag(FLAGS_python_env);
-  options.load_options.python_path = absl::GetFlag(FLAGS_python_path);
-  options.load_options.python_plugin = absl::GetFlag(FLAGS_python_plugin);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
-  options.max_in_flight_request_bytes = absl::GetFlag(FLAGS_max_in_flight_request_bytes);
-  if (options.max_in_flight_request_bytes < 0) {
-    return Fail("--max_in_flight_request_bytes must be at least 0");
-  }
-  // Below one request of the largest size, such a request would be refused
-  // for ever.
-  if (options.max_in_flight_request_bytes > 0 &&
-      options.max_in_flight_request_bytes < absl::GetFlag(FLAGS_max_message_bytes)) {
-    return Fail("--max_in_flight_request_bytes must be 0 or at least --max_message_bytes");
-  }
-  options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
-  options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);
-  if (options.grpc_memory_bytes < 0) return Fail("--grpc_memory_bytes must be at least 0");
-  options.grpc_window_bytes = absl::GetFlag(FLAGS_grpc_window_bytes);
-  if (options.grpc_window_bytes < 0) return Fail("--grpc_window_bytes must be at least 0");
-  options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
-  options.trace_file = absl::GetFlag(FLAGS_trace_file);
-  {
-    // The same parsing and limits as the settings a client changes.
-    using precompile::server::RequestTracer;
-    absl::StatusOr<precompile::server::TraceConfig> trace = RequestTracer::Parse(
-        {{"trace_level", std::vector<std::string>{absl::GetFlag(FLAGS_trace_level)}},
-         {"trace_rate", std::vector<std::string>{absl::StrCat(absl::GetFlag(FLAGS_trace_rate))}},
-         {"trace_count", std::vector<std::string>{absl::StrCat(absl::GetFlag(FLAGS_trace_count))}},
-         {"log_frequency",
-          std::vector<std::string>{absl::StrCat(absl::GetFlag(FLAGS_trace_log_frequency))}}},
-        /*allow_clear=*/false);
-    if (!trace.ok()) return Fail(std::string(trace.status().message()));
-    if (*trace->timestamps && options.trace_file.empty()) {
-      return Fail("--trace_level=TIMESTAMPS needs --trace_file");
-    }
-    options.trace = *trace;
-  }
-  options.grpc_answers.max_unsent_bytes = absl::GetFlag(FLAGS_grpc_unsent_answer_bytes);
-  if (options.grpc_answers.max_unsent_bytes < 0) {
-    return Fail("--grpc_unsent_answer_bytes must be at least 0");
-  }
-  if (absl::GetFlag(FLAGS_grpc_answer_timeout_seconds) < 0) {
-    return Fail("--grpc_answer_timeout_seconds must be at least 0");
-  }
-  options.grpc_answers.timeout = absl::Seconds(absl::GetFlag(FLAGS_grpc_answer_timeout_seconds));
-  options.inference_threads = absl::GetFlag(FLAGS_inference_threads);
-  options.inference_pollers = absl::GetFlag(FLAGS_inference_pollers);
-  options.eager_threads = absl::GetFlag(FLAGS_eager_threads);
-  options.eager_nice = absl::GetFlag(FLAGS_eager_nice);
-  options.repository_poll_interval =
-      absl::Seconds(absl::GetFlag(FLAGS_repository_poll_seconds));
-  options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));
-  if (absl::GetFlag(FLAGS_max_request_seconds) < 0) {
-    return Fail("--max_request_seconds must be at least 0");
-  }
-  options.max_request_time = absl::Seconds(absl::GetFlag(FLAGS_max_request_seconds));
-  if (options.http_max_connections < 1) return Fail("--http_max_connections must be at least 1");
-  // Below one body of the largest size, such a body would be refused for ever.
-  if (options.http_max_body_buffer_bytes < absl::GetFlag(FLAGS_max_message_bytes)) {
-    return Fail("--http_max_body_buffer_bytes must be at least --max_message_bytes");
-  }
-  options.strict_readiness = absl::GetFlag(FLAGS_strict_readiness);
-  options.max_connection_age =
-      absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_seconds));
-  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
-  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
-  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
-  if (const std::string token_file = absl::GetFlag(FLAGS_admin_token_file);
-      !token_file.empty()) {
-    absl::StatusOr<std::string> token = precompile::server::ReadAdminTokenFile(token_file);
-    if (!token.ok()) return Fail(std::string(token.status().message()));
-    options.admin_token = *token;
-  }
-  options.allow_unauthenticated_control = absl::GetFlag(FLAGS_allow_unauthenticated_control);
-  if (options.admin_token.empty() && options.allow_unauthenticated_control) {
-    spdlog::warn(
-        "event=unauthenticated_control note=\"any client that reaches the gRPC port can load, "
-        "unload and rescan models (--allow_unauthenticated_control): for local development "
-        "only; use --admin_token_file elsewhere\"");
-  }
+  absl::StatusOr<precompile::server::ServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(std::string(options.status().message()));
   // Before the first model loads: AOTInductor resolves a variant's custom
   // operators by name when the variant is loaded.
   for (const std::string& library : absl::GetFlag(FLAGS_op_library)) {
@@ -310,7 +319,7 @@ int main(int argc, char** argv) {
     precompile::SetTorchThreads(absl::GetFlag(FLAGS_torch_threads));
   }
 
-  auto server = precompile::server::Server::Start(std::move(options));
+  auto server = precompile::server::Server::Start(*std::move(options));
   if (!server.ok()) return Fail(std::string(server.status().message()));
 
   int signal = 0;

@@ -92,7 +92,11 @@ Server::~Server() {
   if (inference_) inference_->StopServing();
 }
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+namespace {
+
+// Checks the options that relate to each other and fills in the defaults
+// that depend on the machine or on other options.
+absl::Status CompleteOptions(ServerOptions& options) {
   std::error_code ec;
   if (!std::filesystem::is_directory(options.model_repository, ec)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -132,6 +136,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.load_options.max_output_bytes == 0 && options.max_message_bytes > 0) {
     options.load_options.max_output_bytes = static_cast<uint64_t>(options.max_message_bytes);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  if (absl::Status s = CompleteOptions(options); !s.ok()) return s;
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& o = server->options_;
 

@@ -258,6 +258,14 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
                        loaded);
   });
   const LoadVerdict verdict = ResolveLoad(plan, results, served_before, config_failure);
+  return CarryOut(verdict, std::move(state), std::move(previous), std::move(previous_versions),
+                  std::move(loaded));
+}
+
+absl::StatusOr<ModelState> ModelRepository::CarryOut(
+    const LoadVerdict& verdict, ModelState state, ModelState previous,
+    std::vector<Loaded> previous_versions, absl::flat_hash_map<int64_t, Loaded> loaded) {
+  const std::string& name = state.name;
   for (const LoadFailure& failure : verdict.failures) {
     spdlog::error("event=model_load_failed model={} version={} reason=\"{}\"", name,
                   failure.version, failure.message);

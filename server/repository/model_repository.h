@@ -163,6 +163,12 @@ class ModelRepository {
   // not only those whose files changed (a rescan).
   absl::StatusOr<ModelState> LoadLocked(const std::string& name, bool reload)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+  // Logs and reports the verdict's failures, then publishes what it says:
+  // `state` (the load's, with its config) serving `loaded` versions and the
+  // served copies in `previous_versions`, or `previous` kept, or nothing.
+  absl::StatusOr<ModelState> CarryOut(const LoadVerdict& verdict, ModelState state,
+                                      ModelState previous, std::vector<Loaded> previous_versions,
+                                      absl::flat_hash_map<int64_t, Loaded> loaded);
   // Loads one version of `name` into `loaded` and gives it its recorder;
   // `batching`: the config asks for dynamic batching, which the entry frame
   // must allow.
