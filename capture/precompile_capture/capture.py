@@ -22,98 +22,29 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import io
 import itertools
 import os
 import shutil
 import tempfile
-import time
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch._dynamo.exc as dynamo_exc
-from torch.export import Dim as ExportDim
 
 from . import ops, outputs, python_program
 from .eager import ScriptContext, build_eager_programs, check_scriptable
 from .errors import PrecompileError
-from .frames import Binding, Frame, FrameInfo, Variant
-from .guards import (
-    DTYPE_NAMES,
-    GuardExtractionError,
-    NotPlainSymbol,
-    extract_guards,
-    output_specs,
-)
-from .outputs import exported_leaf_kinds
-from .summary import ALL_CAUSES_IN_WORDS, FallbackCause, PrecompileSummary
+from .frames import Frame, FrameInfo, Variant
+from .compiling import CompileError, Fallback, VariantCompiler
+from .guards import DTYPE_NAMES
+from .summary import ALL_CAUSES_IN_WORDS, PrecompileSummary
 
 if TYPE_CHECKING:
     from .artifact import ArtifactContents
 
 DEVICES = ("cpu", "cuda")
 EAGER_PROGRAMS = ("auto", "torchscript", "python")
-_DETAIL_LINES = 6
-_DETAIL_CHARS = 1500
-
-
-class _Fallback(Exception):
-    """Dynamo gives up on the frame for `cause`."""
-
-    def __init__(self, cause: FallbackCause, detail: str, error: Optional[BaseException] = None) -> None:
-        super().__init__(detail)
-        self.cause = cause
-        self.detail = detail
-        self.error_type = (
-            f"{type(error).__module__}.{type(error).__qualname__}" if error is not None else ""
-        )
-
-
-class _CompileError(Exception):
-    """Exporting or compiling failed for a reason Dynamo does not fall back on."""
-
-    def __init__(self, stage: str, error: BaseException) -> None:
-        super().__init__(f"{stage} failed: {type(error).__name__}: {_first_lines(str(error), 4)}")
-        self.stage = stage
-        self.error = error
-
-
-def _first_lines(text: str, n: int = _DETAIL_LINES) -> str:
-    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
-    out = "\n".join(lines[:n])
-    return out[:_DETAIL_CHARS]
-
-
-def _cause_chain(error: BaseException) -> Iterator[BaseException]:
-    seen = set()
-    e: Optional[BaseException] = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
-class _ExportWrapper(torch.nn.Module):
-    """The module torch.export traces for a frame: its code, called from the
-    frame's inputs in order (so that the exported program's user inputs are
-    exactly those inputs, keywords and **kwargs entries included)."""
-
-    def __init__(self, frame: Frame) -> None:
-        super().__init__()
-        self.frame_module = frame.module
-        self._function = frame.function
-        self._positional, keyword = frame.call_layout()
-        self._keyword = [(name, i, frame.params[i].binding is Binding.VAR_KEYWORD) for name, i in keyword]
-
-    def forward(self, *inputs: Any) -> Any:
-        args = [inputs[i] for i in self._positional]
-        # An entry of **kwargs that is None was absent from the call.
-        kwargs = {name: inputs[i] for name, i, var in self._keyword if not (var and inputs[i] is None)}
-        if self.frame_module is not None:
-            return self.frame_module.forward(*args, **kwargs)
-        return self._function(*args, **kwargs)
 
 
 def call_record(values: Sequence[Any]) -> Tuple[Any, ...]:
@@ -125,11 +56,6 @@ def call_record(values: Sequence[Any]) -> Tuple[Any, ...]:
         else ("value", v)
         for v in values
     )
-
-
-def _is_skip_frame_call(error: BaseException) -> bool:
-    gb_type = getattr(error, "gb_type", "") or ""
-    return "skip_frame()" in gb_type
 
 
 def _describe_call(values: Sequence[Any], frame: Frame) -> str:
@@ -264,7 +190,6 @@ class Capture:
         self.device = device
         self.recompile_limit = recompile_limit
         self.suppress_errors = suppress_errors
-        self.decline = decline
         self.model = model_or_fn
         self._frames: Dict[str, Frame] = {}
         self._wrappers: Dict[str, Callable[..., Any]] = {}
@@ -294,12 +219,10 @@ class Capture:
         self._workdir = tempfile.mkdtemp(prefix="precompile-capture-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._workdir, True)
         self._call_counter = itertools.count(1)
-        # Compile statistics: (frame, variant id, seconds).
-        self.compile_log: List[Tuple[str, str, float]] = []
+        self._compiler = VariantCompiler(self._workdir, decline, lambda: self._interceptor.state(False))
         # The entry calls that ran, in order (call_record()); the manifest's
         # captured_calls, each signature once.
         self._entry_calls: List[Tuple[Any, ...]] = []
-        self.export_count = 0
         for frame in self._frames.values():
             ops.register_frame(frame.name, frame.call_original)
 
@@ -426,7 +349,7 @@ class Capture:
         try:
             try:
                 self._compile(frame, values, call_number)
-            except _CompileError:
+            except CompileError:
                 if frame.outputs is not None:
                     raise
                 # Outputs the capture cannot serve fail the export less clearly:
@@ -438,12 +361,12 @@ class Capture:
                 if len(outputs.registered_dataclasses) == registered:
                     raise
                 self._compile(frame, values, call_number)
-        except _Fallback as fb:
+        except Fallback as fb:
             frame.flag(fb.cause, fb.detail, fb.error_type)
             if not frame.variantless_entry_fallback:
                 with self._interceptor.state(False):
                     frame.eager_program = self._choose_eager_program(frame)
-        except _CompileError as e:
+        except CompileError as e:
             if not self.suppress_errors:
                 raise PrecompileError(
                     f"frame '{frame.name}': {e} (capturing {_describe_call(values, frame)}; "
@@ -507,137 +430,19 @@ class Capture:
                     f"{self.device}"
                 )
 
-    # -- compile -------------------------------------------------------------------
-
-    def _dynamic_dims(self, frame: Frame, values: List[Any]) -> Dict[int, List[int]]:
-        """Dynamo's automatic dynamic: dimensions that changed since earlier captures."""
-        dynamic: Dict[int, List[int]] = {}
-        for i, v in enumerate(values):
-            if not isinstance(v, torch.Tensor):
-                continue
-            seen = frame.seen_sizes.get(i)
-            if seen is None or len(seen) != v.dim():
-                frame.seen_sizes[i] = [int(s) for s in v.shape]
-                continue
-            for d, size in enumerate(v.shape):
-                if seen[d] is not None and seen[d] != size:
-                    seen[d] = None
-            dims = [d for d, s in enumerate(seen) if s is None]
-            if dims:
-                dynamic[i] = dims
-        return dynamic
-
-    def _export(self, frame: Frame, values: List[Any], dynamic: Dict[int, List[int]]) -> torch.export.ExportedProgram:
-        # The guards cannot say that two arguments are one tensor: export copies.
-        seen_ids: set = set()
-        export_values = []
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                if id(v) in seen_ids:
-                    v = v.clone()
-                seen_ids.add(id(v))
-            export_values.append(v)
-        dynamic_shapes = None
-        if dynamic:
-            # Keyed by the wrapper's one parameter, *inputs.
-            dynamic_shapes = {
-                "inputs": tuple(
-                    {d: ExportDim.AUTO for d in dynamic[i]} if dynamic.get(i) else None
-                    for i in range(len(export_values))
-                )
-            }
-        wrapper = _ExportWrapper(frame)
-        self.export_count += 1
-        with self._interceptor.state(False), _quiet():
-            return torch.export.export(wrapper, tuple(export_values), dynamic_shapes=dynamic_shapes, strict=True)
-
-    def _trace(self, frame: Frame, values: List[Any], call_number: int) -> Tuple[torch.export.ExportedProgram, Any, List[int]]:
-        if frame.is_generator:
-            raise _Fallback(
-                FallbackCause.GENERATOR,
-                f"'{frame.name}' is a generator function: Dynamo does not trace generator frames",
-            )
-        dynamic = self._dynamic_dims(frame, values)
-        for _ in range(4):
-            try:
-                ep = self._export(frame, values, dynamic)
-            except dynamo_exc.UserError as e:
-                if e.error_type is dynamo_exc.UserErrorType.INVALID_INPUT:
-                    # The inputs or dynamic shapes the capture passed: not the program's doing.
-                    raise _CompileError("torch.export", e) from e
-                raise _Fallback(FallbackCause.USER_ERROR, _first_lines(str(e)), e) from e
-            except dynamo_exc.Unsupported as e:
-                cause = FallbackCause.SKIP_FRAME if _is_skip_frame_call(e) else FallbackCause.GRAPH_BREAK
-                raise _Fallback(cause, _first_lines(str(e)), e) from e
-            except dynamo_exc.SkipFrame as e:
-                raise _Fallback(FallbackCause.BACKEND_SKIP, _first_lines(f"Dynamo skipped the frame: {e}"), e) from e
-            except PrecompileError:
-                raise
-            except Exception as e:  # noqa: BLE001 - every other failure is a compile error
-                raise _CompileError("torch.export", e) from e
-            try:
-                guards, tensor_inputs = extract_guards(ep, values)
-            except NotPlainSymbol as e:
-                # A size that is an expression of symbols: capture those dims static.
-                for i, d in e.dims:
-                    dims = [x for x in dynamic.get(i, []) if x != d]
-                    if dims:
-                        dynamic[i] = dims
-                    else:
-                        dynamic.pop(i, None)
-                continue
-            except GuardExtractionError as e:
-                raise _CompileError("reading the guards", e) from e
-            return ep, guards, tensor_inputs
-        raise _CompileError("reading the guards", RuntimeError("sizes stayed symbolic expressions after re-exporting static"))
-
     def _compile(self, frame: Frame, values: List[Any], call_number: int) -> None:
-        ep, guards, tensor_inputs = self._trace(frame, values, call_number)
-        if self.decline is not None:
-            try:
-                with self._interceptor.state(False):
-                    self.decline(ep)
-            except dynamo_exc.SkipFrame as e:
-                raise _Fallback(FallbackCause.BACKEND_SKIP, _first_lines(f"the backend declined the graph: {e}"), e) from e
-            except Exception as e:  # noqa: BLE001
-                raise _CompileError("the backend's decline hook", e) from e
-        index = len(frame.variants)
-        variant_id = f"{frame.name}#{index}"
-        package = os.path.join(self._workdir, f"{len(self.compile_log)}-{index}.pt2")
-        start = time.monotonic()
-        try:
-            with self._interceptor.state(False), _quiet():
-                torch._inductor.aoti_compile_and_package(ep, package_path=package)
-        except Exception as e:  # noqa: BLE001
-            for inner in _cause_chain(e):
-                if isinstance(inner, dynamo_exc.SkipFrame):
-                    raise _Fallback(
-                        FallbackCause.BACKEND_SKIP, _first_lines(f"the backend declined the graph: {inner}"), inner
-                    ) from e
-                if isinstance(inner, dynamo_exc.exceptions_allowed_to_be_fallback):
-                    raise _Fallback(
-                        FallbackCause.GRAPH_BREAK,
-                        _first_lines(
-                            f"the backend failed with {type(inner).__name__}, an error Dynamo "
-                            f"falls back on: {inner}"
-                        ),
-                        inner,
-                    ) from e
-            raise _CompileError("AOTInductor compile", e) from e
-        seconds = time.monotonic() - start
-        variant = Variant(
-            index=index,
-            id=variant_id,
-            package=package,
-            guards=guards,
-            tensor_inputs=tensor_inputs,
-            leaf_kinds=exported_leaf_kinds(ep),
-            outputs=output_specs(ep, guards),
-            captured_from=f"call {call_number}: {_describe_call(values, frame)}",
-            compile_seconds=seconds,
-        )
-        frame.variants.append(variant)
-        self.compile_log.append((frame.name, variant_id, seconds))
+        captured_from = f"call {call_number}: {_describe_call(values, frame)}"
+        frame.variants.append(self._compiler.compile(frame, values, captured_from))
+
+    @property
+    def compile_log(self) -> List[Tuple[str, str, float]]:
+        """(frame, variant id, seconds) of every AOTInductor compile."""
+        return self._compiler.compile_log
+
+    @property
+    def export_count(self) -> int:
+        """How many times a frame was exported (each compile, each retry)."""
+        return self._compiler.export_count
 
     # -- results ---------------------------------------------------------------------
 
@@ -794,16 +599,6 @@ class Capture:
     def close(self) -> None:
         """Deletes the compiled packages kept for save() (also done at exit)."""
         self._cleanup()
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Keeps torch's own prints (graphs of failed traces) off the user's stdout."""
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        yield
 
 
 # The documented entry point, `Capture` itself, so that its signature and

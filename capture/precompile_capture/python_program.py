@@ -43,7 +43,7 @@ import platform
 import sys
 import types
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import cloudpickle
 import torch

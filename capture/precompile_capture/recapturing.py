@@ -60,7 +60,8 @@ from proto import admin_pb2
 from proto import artifact_pb2 as pb
 
 from .artifact import MANIFEST, dtype_from_proto, guards_from_proto, scalar_value
-from .capture import _first_lines, capture
+from .capture import capture
+from .compiling import first_lines
 from .errors import PrecompileError
 from .guards import DTYPE_NAMES
 from .names import resolve_frames
@@ -536,6 +537,122 @@ def _judge_miss(
     return result(status=NOT_COVERED, detail=f"no variant of version {version} matches it")
 
 
+# Calls to replay: what to call each in an error, and what makes its arguments.
+_Replay = List[Tuple[str, Callable[[], Tuple[Sequence[Any], Mapping[str, Any]]]]]
+
+
+def _checked_int_ranges(
+    int_ranges: Optional[Mapping[str, Tuple[int, int]]], entry: pb.Frame, old_dir: str
+) -> Dict[str, Tuple[int, int]]:
+    """`int_ranges`, each naming a parameter of the entry frame and not empty."""
+    ranges = dict(int_ranges or {})
+    entry_names = [p.name for p in entry.parameters]
+    for param, (lo, hi) in ranges.items():
+        if param not in entry_names:
+            raise PrecompileError(
+                f"--int-range names '{param}', which is not a parameter of the entry frame '{entry.name}' "
+                f"of {old_dir} (its parameters: {', '.join(entry_names)})"
+            )
+        if lo >= hi:
+            raise PrecompileError(f"--int-range for '{param}': the range [{lo}, {hi}) is empty")
+    return ranges
+
+
+def _entry_misses(
+    proto: admin_pb2.MissesResponse, old: pb.Manifest
+) -> Tuple[List[pb.CallSignature], Dict[bytes, str]]:
+    """The entry frame's missed signatures a recapture can replay, each once,
+    and why each of the others (by serialized signature) is not replayed."""
+    entry_misses: List[pb.CallSignature] = []
+    seen = set()
+    skipped: Dict[bytes, str] = {}
+    for fm in proto.frames:
+        if fm.frame != old.entry_frame:
+            continue
+        for ms in fm.signatures:
+            key = ms.call.SerializeToString(deterministic=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            off_device = [a.name for a in ms.call.arguments
+                          if a.WhichOneof("value") == "tensor" and a.tensor.device != old.device]
+            if off_device:
+                skipped[key] = (
+                    f"its tensor '{off_device[0]}' is not on '{old.device}', the device the variants are "
+                    "compiled for, so no variant can take it; not replayed"
+                )
+                continue
+            entry_misses.append(ms.call)
+    return entry_misses, skipped
+
+
+def _replay_plan(
+    old: pb.Manifest,
+    old_version: int,
+    entry: pb.Frame,
+    calls: Sequence[Tuple[Sequence[Any], Mapping[str, Any]]],
+    entry_misses: List[pb.CallSignature],
+    where: str,
+    ranges: Mapping[str, Tuple[int, int]],
+) -> _Replay:
+    """The calls to replay, in order, each with what to call it in an error
+    and a function that makes its arguments.
+
+    A call that makes Dynamo give up on a frame ends that frame's compiles
+    (Dynamo skips it from then on), so the calls version N compiled go first,
+    then the misses (most frequent first, as the server lists them), and last
+    the calls version N served eagerly, which may flag the frame again."""
+    replay: _Replay = []
+    covered_before = _Judge()
+    compiled: List[Tuple[int, pb.CallSignature]] = []
+    served_eagerly: List[Tuple[int, pb.CallSignature]] = []
+    for i, sig in enumerate(old.captured_calls):
+        covered = covered_before.covering_variant(entry, sig) is not None
+        (compiled if covered else served_eagerly).append((i, sig))
+
+    def add_captured(i: int, sig: pb.CallSignature) -> None:
+        words = signature_words(old.entry_frame, sig, old.device)
+        replay.append((f"captured call {i + 1} of version {old_version}, {words}",
+                       _maker(sig, entry, i, ranges)))
+
+    for i, sig in compiled:
+        add_captured(i, sig)
+    for i, (args, kwargs) in enumerate(calls):
+        replay.append((f"extra call {i}", lambda args=args, kwargs=kwargs: (args, kwargs)))
+    for j, sig in enumerate(entry_misses):
+        words = signature_words(old.entry_frame, sig, old.device)
+        replay.append((f"the missed signature {words} ({where})",
+                       _maker(sig, entry, len(old.captured_calls) + j, ranges)))
+    for i, sig in served_eagerly:
+        add_captured(i, sig)
+    return replay
+
+
+def _replay(
+    cap: Any,
+    replay: _Replay,
+    model: Any,
+    model_dir: str,
+) -> None:
+    """Runs each call of `replay` through the capture `cap`; PrecompileError
+    names the call that failed, with the model's own error where it has one."""
+    for what, make in replay:
+        try:
+            args, kwargs = make()
+        except PrecompileError as e:
+            raise PrecompileError(f"recapture of {model_dir}: {what}: {e}") from e
+        try:
+            cap(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - named with the call that raised it
+            error = e if not isinstance(e, PrecompileError) else _model_error(model, args, kwargs)
+            if error is None:
+                raise PrecompileError(f"recapture of {model_dir}: {what}: {e}") from e
+            raise PrecompileError(
+                f"recapture of {model_dir}: the model rejects {what}: {type(error).__name__}: "
+                f"{first_lines(str(error))}"
+            ) from error
+
+
 def recapture(
     model: Union[torch.nn.Module, Callable[..., Any]],
     repository: Union[str, "os.PathLike[str]"],
@@ -591,16 +708,7 @@ def recapture(
         )
     entry = frame_of(old, old.entry_frame)
     assert entry is not None
-    ranges = dict(int_ranges or {})
-    entry_names = [p.name for p in entry.parameters]
-    for param, (lo, hi) in ranges.items():
-        if param not in entry_names:
-            raise PrecompileError(
-                f"--int-range names '{param}', which is not a parameter of the entry frame '{entry.name}' "
-                f"of {old_dir} (its parameters: {', '.join(entry_names)})"
-            )
-        if lo >= hi:
-            raise PrecompileError(f"--int-range for '{param}': the range [{lo}, {hi}) is empty")
+    ranges = _checked_int_ranges(int_ranges, entry, old_dir)
     if not old.captured_calls and not calls:
         raise PrecompileError(
             f"{os.path.join(old_dir, MANIFEST)} records no captured calls (version {old_version} was "
@@ -608,60 +716,14 @@ def recapture(
             f"version {old_version + 1} keeps what version {old_version} covers: give the calls version "
             f"{old_version} was captured from with --calls (calls= in the API)"
         )
-    entry_misses: List[pb.CallSignature] = []
-    seen = set()
-    skipped: Dict[bytes, str] = {}
-    for fm in proto.frames:
-        if fm.frame != old.entry_frame:
-            continue
-        for ms in fm.signatures:
-            key = ms.call.SerializeToString(deterministic=True)
-            if key in seen:
-                continue
-            seen.add(key)
-            off_device = [a.name for a in ms.call.arguments
-                          if a.WhichOneof("value") == "tensor" and a.tensor.device != old.device]
-            if off_device:
-                skipped[key] = (
-                    f"its tensor '{off_device[0]}' is not on '{old.device}', the device the variants are "
-                    "compiled for, so no variant can take it; not replayed"
-                )
-                continue
-            entry_misses.append(ms.call)
+    entry_misses, skipped = _entry_misses(proto, old)
     if not entry_misses and not calls:
         raise PrecompileError(
             f"{where} records no missed call of the entry frame '{old.entry_frame}' that a recapture can "
             "replay, and no extra calls were given: nothing to recapture"
         )
 
-    # The calls to replay, each with what to call it in an error. A call that
-    # makes Dynamo give up on a frame ends that frame's compiles (Dynamo skips
-    # it from then on), so the calls version N compiled go first, then the
-    # misses (most frequent first, as the server lists them), and last the
-    # calls version N served eagerly, which may flag the frame again.
-    replay: List[Tuple[str, Callable[[], Tuple[Sequence[Any], Mapping[str, Any]]]]] = []
-    covered_before = _Judge()
-    compiled: List[Tuple[int, pb.CallSignature]] = []
-    served_eagerly: List[Tuple[int, pb.CallSignature]] = []
-    for i, sig in enumerate(old.captured_calls):
-        covered = covered_before.covering_variant(entry, sig) is not None
-        (compiled if covered else served_eagerly).append((i, sig))
-
-    def add_captured(i: int, sig: pb.CallSignature) -> None:
-        words = signature_words(old.entry_frame, sig, old.device)
-        replay.append((f"captured call {i + 1} of version {old_version}, {words}",
-                       _maker(sig, entry, i, ranges)))
-
-    for i, sig in compiled:
-        add_captured(i, sig)
-    for i, (args, kwargs) in enumerate(calls):
-        replay.append((f"extra call {i}", lambda args=args, kwargs=kwargs: (args, kwargs)))
-    for j, sig in enumerate(entry_misses):
-        words = signature_words(old.entry_frame, sig, old.device)
-        replay.append((f"the missed signature {words} ({where})",
-                       _maker(sig, entry, len(old.captured_calls) + j, ranges)))
-    for i, sig in served_eagerly:
-        add_captured(i, sig)
+    replay = _replay_plan(old, old_version, entry, calls, entry_misses, where, ranges)
 
     if frames is None:
         frames = _default_frames(old, old_dir, model, model_module)
@@ -673,21 +735,7 @@ def recapture(
     new_version = old_version + 1
     target = os.path.join(model_dir, str(new_version))
     try:
-        for what, make in replay:
-            try:
-                args, kwargs = make()
-            except PrecompileError as e:
-                raise PrecompileError(f"recapture of {model_dir}: {what}: {e}") from e
-            try:
-                cap(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - named with the call that raised it
-                error = e if not isinstance(e, PrecompileError) else _model_error(model, args, kwargs)
-                if error is None:
-                    raise PrecompileError(f"recapture of {model_dir}: {what}: {e}") from e
-                raise PrecompileError(
-                    f"recapture of {model_dir}: the model rejects {what}: {type(error).__name__}: "
-                    f"{_first_lines(str(error))}"
-                ) from error
+        _replay(cap, replay, model, model_dir)
         if os.path.lexists(target):
             raise PrecompileError(f"{target} exists already: another capture wrote version {new_version}")
         staging = tempfile.mkdtemp(prefix=".recapture-", dir=model_dir)

@@ -1,0 +1,259 @@
+"""Compiling one call of a frame into a variant, as Dynamo's backend would.
+
+The frame's code is exported with strict torch.export (dimensions that
+changed since earlier calls dynamic: Dynamo's automatic dynamic), its guards
+are read off the exported program, the user's decline hook sees it, and
+AOTInductor compiles it into a package. A failure comes back in one of the
+two ways Dynamo tells failures apart: Fallback (Dynamo gives up on the frame,
+with the cause) or CompileError (an error Dynamo does not fall back on).
+What a call needs and what a failure means for the frame is the recorder's
+business (capture.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+import warnings
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch._dynamo.exc as dynamo_exc
+from torch.export import Dim as ExportDim
+
+from .errors import PrecompileError
+from .frames import Binding, Frame, Variant
+from .guards import GuardExtractionError, NotPlainSymbol, extract_guards, output_specs
+from .outputs import exported_leaf_kinds
+from .summary import FallbackCause
+
+_DETAIL_LINES = 6
+_DETAIL_CHARS = 1500
+
+
+class Fallback(Exception):
+    """Dynamo gives up on the frame for `cause`."""
+
+    def __init__(self, cause: FallbackCause, detail: str, error: Optional[BaseException] = None) -> None:
+        super().__init__(detail)
+        self.cause = cause
+        self.detail = detail
+        self.error_type = (
+            f"{type(error).__module__}.{type(error).__qualname__}" if error is not None else ""
+        )
+
+
+class CompileError(Exception):
+    """Exporting or compiling failed for a reason Dynamo does not fall back on."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(f"{stage} failed: {type(error).__name__}: {first_lines(str(error), 4)}")
+        self.stage = stage
+        self.error = error
+
+
+def first_lines(text: str, n: int = _DETAIL_LINES) -> str:
+    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
+    out = "\n".join(lines[:n])
+    return out[:_DETAIL_CHARS]
+
+
+def _cause_chain(error: BaseException) -> Iterator[BaseException]:
+    seen = set()
+    e: Optional[BaseException] = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+class _ExportWrapper(torch.nn.Module):
+    """The module torch.export traces for a frame: its code, called from the
+    frame's inputs in order (so that the exported program's user inputs are
+    exactly those inputs, keywords and **kwargs entries included)."""
+
+    def __init__(self, frame: Frame) -> None:
+        super().__init__()
+        self.frame_module = frame.module
+        self._function = frame.function
+        self._positional, keyword = frame.call_layout()
+        self._keyword = [(name, i, frame.params[i].binding is Binding.VAR_KEYWORD) for name, i in keyword]
+
+    def forward(self, *inputs: Any) -> Any:
+        args = [inputs[i] for i in self._positional]
+        # An entry of **kwargs that is None was absent from the call.
+        kwargs = {name: inputs[i] for name, i, var in self._keyword if not (var and inputs[i] is None)}
+        if self.frame_module is not None:
+            return self.frame_module.forward(*args, **kwargs)
+        return self._function(*args, **kwargs)
+
+
+def _is_skip_frame_call(error: BaseException) -> bool:
+    gb_type = getattr(error, "gb_type", "") or ""
+    return "skip_frame()" in gb_type
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Keeps torch's own prints (graphs of failed traces) off the user's stdout."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+class VariantCompiler:
+    """Compiles variants into packages under `workdir`. `decline` is the
+    capture's decline hook (or None); `outside_capture` makes a context in
+    which the frames' code runs as the user wrote it (the capture's
+    interception off) while it is traced, declined or compiled."""
+
+    def __init__(
+        self,
+        workdir: str,
+        decline: Optional[Callable[[torch.export.ExportedProgram], Any]],
+        outside_capture: Callable[[], ContextManager[None]],
+    ) -> None:
+        self._workdir = workdir
+        self.decline = decline
+        self._outside_capture = outside_capture
+        # (frame, variant id, seconds) of every compile.
+        self.compile_log: List[Tuple[str, str, float]] = []
+        self.export_count = 0
+
+    @staticmethod
+    def _dynamic_dims(frame: Frame, values: List[Any]) -> Dict[int, List[int]]:
+        """Dynamo's automatic dynamic: dimensions that changed since earlier captures."""
+        dynamic: Dict[int, List[int]] = {}
+        for i, v in enumerate(values):
+            if not isinstance(v, torch.Tensor):
+                continue
+            seen = frame.seen_sizes.get(i)
+            if seen is None or len(seen) != v.dim():
+                frame.seen_sizes[i] = [int(s) for s in v.shape]
+                continue
+            for d, size in enumerate(v.shape):
+                if seen[d] is not None and seen[d] != size:
+                    seen[d] = None
+            dims = [d for d, s in enumerate(seen) if s is None]
+            if dims:
+                dynamic[i] = dims
+        return dynamic
+
+    def _export(self, frame: Frame, values: List[Any], dynamic: Dict[int, List[int]]) -> torch.export.ExportedProgram:
+        # The guards cannot say that two arguments are one tensor: export copies.
+        seen_ids: set = set()
+        export_values = []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                if id(v) in seen_ids:
+                    v = v.clone()
+                seen_ids.add(id(v))
+            export_values.append(v)
+        dynamic_shapes = None
+        if dynamic:
+            # Keyed by the wrapper's one parameter, *inputs.
+            dynamic_shapes = {
+                "inputs": tuple(
+                    {d: ExportDim.AUTO for d in dynamic[i]} if dynamic.get(i) else None
+                    for i in range(len(export_values))
+                )
+            }
+        wrapper = _ExportWrapper(frame)
+        self.export_count += 1
+        with self._outside_capture(), quiet():
+            return torch.export.export(wrapper, tuple(export_values), dynamic_shapes=dynamic_shapes, strict=True)
+
+    def _trace(self, frame: Frame, values: List[Any]) -> Tuple[torch.export.ExportedProgram, Any, List[int]]:
+        if frame.is_generator:
+            raise Fallback(
+                FallbackCause.GENERATOR,
+                f"'{frame.name}' is a generator function: Dynamo does not trace generator frames",
+            )
+        dynamic = self._dynamic_dims(frame, values)
+        for _ in range(4):
+            try:
+                ep = self._export(frame, values, dynamic)
+            except dynamo_exc.UserError as e:
+                if e.error_type is dynamo_exc.UserErrorType.INVALID_INPUT:
+                    # The inputs or dynamic shapes the capture passed: not the program's doing.
+                    raise CompileError("torch.export", e) from e
+                raise Fallback(FallbackCause.USER_ERROR, first_lines(str(e)), e) from e
+            except dynamo_exc.Unsupported as e:
+                cause = FallbackCause.SKIP_FRAME if _is_skip_frame_call(e) else FallbackCause.GRAPH_BREAK
+                raise Fallback(cause, first_lines(str(e)), e) from e
+            except dynamo_exc.SkipFrame as e:
+                raise Fallback(FallbackCause.BACKEND_SKIP, first_lines(f"Dynamo skipped the frame: {e}"), e) from e
+            except PrecompileError:
+                raise
+            except Exception as e:  # noqa: BLE001 - every other failure is a compile error
+                raise CompileError("torch.export", e) from e
+            try:
+                guards, tensor_inputs = extract_guards(ep, values)
+            except NotPlainSymbol as e:
+                # A size that is an expression of symbols: capture those dims static.
+                for i, d in e.dims:
+                    dims = [x for x in dynamic.get(i, []) if x != d]
+                    if dims:
+                        dynamic[i] = dims
+                    else:
+                        dynamic.pop(i, None)
+                continue
+            except GuardExtractionError as e:
+                raise CompileError("reading the guards", e) from e
+            return ep, guards, tensor_inputs
+        raise CompileError("reading the guards", RuntimeError("sizes stayed symbolic expressions after re-exporting static"))
+
+    def compile(self, frame: Frame, values: List[Any], captured_from: str) -> Variant:
+        """A new variant of `frame` for the call whose inputs are `values`
+        (in the frame's order), `captured_from` naming that call; Fallback
+        or CompileError where there is none."""
+        ep, guards, tensor_inputs = self._trace(frame, values)
+        if self.decline is not None:
+            try:
+                with self._outside_capture():
+                    self.decline(ep)
+            except dynamo_exc.SkipFrame as e:
+                raise Fallback(FallbackCause.BACKEND_SKIP, first_lines(f"the backend declined the graph: {e}"), e) from e
+            except Exception as e:  # noqa: BLE001
+                raise CompileError("the backend's decline hook", e) from e
+        index = len(frame.variants)
+        variant_id = f"{frame.name}#{index}"
+        package = os.path.join(self._workdir, f"{len(self.compile_log)}-{index}.pt2")
+        start = time.monotonic()
+        try:
+            with self._outside_capture(), quiet():
+                torch._inductor.aoti_compile_and_package(ep, package_path=package)
+        except Exception as e:  # noqa: BLE001
+            for inner in _cause_chain(e):
+                if isinstance(inner, dynamo_exc.SkipFrame):
+                    raise Fallback(
+                        FallbackCause.BACKEND_SKIP, first_lines(f"the backend declined the graph: {inner}"), inner
+                    ) from e
+                if isinstance(inner, dynamo_exc.exceptions_allowed_to_be_fallback):
+                    raise Fallback(
+                        FallbackCause.GRAPH_BREAK,
+                        first_lines(
+                            f"the backend failed with {type(inner).__name__}, an error Dynamo "
+                            f"falls back on: {inner}"
+                        ),
+                        inner,
+                    ) from e
+            raise CompileError("AOTInductor compile", e) from e
+        seconds = time.monotonic() - start
+        variant = Variant(
+            index=index,
+            id=variant_id,
+            package=package,
+            guards=guards,
+            tensor_inputs=tensor_inputs,
+            leaf_kinds=exported_leaf_kinds(ep),
+            outputs=output_specs(ep, guards),
+            captured_from=captured_from,
+            compile_seconds=seconds,
+        )
+        self.compile_log.append((frame.name, variant_id, seconds))
+        return variant
