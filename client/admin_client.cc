@@ -11,12 +11,9 @@ using precompile::v1::ModelRequest;
 
 absl::StatusOr<std::unique_ptr<AdminClient>> AdminClient::Create(
     const ClientOptions& options, std::shared_ptr<grpc::Channel> channel) {
-  if (channel == nullptr) {
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> created = CreateChannel(options);
-    if (!created.ok()) return created.status();
-    channel = *std::move(created);
-  }
-  return std::unique_ptr<AdminClient>(new AdminClient(options, std::move(channel)));
+  ASSIGN_OR_RETURN(std::unique_ptr<PerAttemptCount<Stubs>> stubs,
+                   StubsPerAttemptCount(options, std::move(channel), &AdminClient::StubsOn));
+  return std::unique_ptr<AdminClient>(new AdminClient(options, std::move(stubs)));
 }
 
 AdminClient::Stubs AdminClient::StubsOn(std::shared_ptr<grpc::Channel> channel) {
@@ -26,14 +23,9 @@ AdminClient::Stubs AdminClient::StubsOn(std::shared_ptr<grpc::Channel> channel) 
   return stubs;
 }
 
-AdminClient::AdminClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel)
-    : options_(options),
-      stubs_(options.retry.max_attempts, StubsOn(std::move(channel)),
-             [options](int attempts) -> absl::StatusOr<Stubs> {
-               ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
-                                CreateChannel(options, attempts));
-               return StubsOn(std::move(channel));
-             }) {}
+AdminClient::AdminClient(const ClientOptions& options,
+                         std::unique_ptr<PerAttemptCount<Stubs>> stubs)
+    : options_(options), stubs_(std::move(stubs)) {}
 
 namespace {
 
@@ -51,7 +43,7 @@ absl::StatusOr<Response> AdminClient::Call(grpc::Status (Stub::*method)(grpc::Cl
                                            const Request& request, bool retried,
                                            const CallOptions& call) {
   const int attempts = retried ? call.max_attempts.value_or(options_.retry.max_attempts) : 1;
-  absl::StatusOr<const Stubs*> stubs = retried ? stubs_.Get(attempts) : &stubs_.own();
+  absl::StatusOr<const Stubs*> stubs = retried ? stubs_->Get(attempts) : &stubs_->own();
   if (!stubs.ok()) return stubs.status();
   grpc::ClientContext context;
   const absl::Duration timeout = call.timeout.value_or(options_.timeout);

@@ -59,7 +59,7 @@ class AdminClient {
   };
   static Stubs StubsOn(std::shared_ptr<grpc::Channel> channel);
 
-  AdminClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
+  AdminClient(const ClientOptions& options, std::unique_ptr<PerAttemptCount<Stubs>> stubs);
   // One unary admin RPC. When `retried`, on the channel whose retry policy
   // makes the call's attempts; else on the client's own, where the method
   // has none.
@@ -69,7 +69,7 @@ class AdminClient {
                                 const Request& request, bool retried, const CallOptions& call);
 
   const ClientOptions options_;
-  PerAttemptCount<Stubs> stubs_;
+  const std::unique_ptr<PerAttemptCount<Stubs>> stubs_;
 };
 
 }  // namespace precompile::client

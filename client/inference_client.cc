@@ -33,12 +33,9 @@ class InferenceClient::AsyncCall {
 
 absl::StatusOr<std::unique_ptr<InferenceClient>> InferenceClient::Create(
     const ClientOptions& options, std::shared_ptr<grpc::Channel> channel) {
-  if (channel == nullptr) {
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> created = CreateChannel(options);
-    if (!created.ok()) return created.status();
-    channel = *std::move(created);
-  }
-  return std::unique_ptr<InferenceClient>(new InferenceClient(options, std::move(channel)));
+  ASSIGN_OR_RETURN(std::unique_ptr<PerAttemptCount<Stubs>> stubs,
+                   StubsPerAttemptCount(options, std::move(channel), &InferenceClient::StubsOn));
+  return std::unique_ptr<InferenceClient>(new InferenceClient(options, std::move(stubs)));
 }
 
 InferenceClient::Stubs InferenceClient::StubsOn(std::shared_ptr<grpc::Channel> channel) {
@@ -50,14 +47,8 @@ InferenceClient::Stubs InferenceClient::StubsOn(std::shared_ptr<grpc::Channel> c
 }
 
 InferenceClient::InferenceClient(const ClientOptions& options,
-                                 std::shared_ptr<grpc::Channel> channel)
-    : options_(options),
-      stubs_(options.retry.max_attempts, StubsOn(std::move(channel)),
-             [options](int attempts) -> absl::StatusOr<Stubs> {
-               ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
-                                CreateChannel(options, attempts));
-               return StubsOn(std::move(channel));
-             }) {
+                                 std::unique_ptr<PerAttemptCount<Stubs>> stubs)
+    : options_(options), stubs_(std::move(stubs)) {
   const int threads = std::max(1, options_.async_threads);
   for (int i = 0; i < threads; ++i) pollers_.emplace_back([this] { PollCompletions(); });
 }
@@ -96,7 +87,7 @@ absl::Status InferenceClient::Run(
     const CallOptions& call, bool retried, bool admin,
     const std::function<grpc::Status(const Stubs&, grpc::ClientContext&)>& rpc) {
   const int attempts = retried ? AttemptsOf(call) : 1;
-  absl::StatusOr<const Stubs*> stubs = retried ? stubs_.Get(attempts) : &stubs_.own();
+  absl::StatusOr<const Stubs*> stubs = retried ? stubs_->Get(attempts) : &stubs_->own();
   if (!stubs.ok()) return stubs.status();
   grpc::ClientContext context;
   Prepare(context, DeadlineOf(call), admin);
@@ -256,7 +247,7 @@ void InferenceClient::InferAsync(std::shared_ptr<const inference::ModelInferRequ
     std::lock_guard<std::mutex> lock(mu_);
     outstanding_.insert(async);
   }
-  absl::StatusOr<const Stubs*> stubs = stubs_.Get(attempts);
+  absl::StatusOr<const Stubs*> stubs = stubs_->Get(attempts);
   if (!stubs.ok()) {
     Finish(async, stubs.status());
     return;

@@ -111,7 +111,7 @@ class InferenceClient {
   };
   static Stubs StubsOn(std::shared_ptr<grpc::Channel> channel);
 
-  InferenceClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
+  InferenceClient(const ClientOptions& options, std::unique_ptr<PerAttemptCount<Stubs>> stubs);
   absl::Time DeadlineOf(const CallOptions& call) const;
   int AttemptsOf(const CallOptions& call) const;
   void Prepare(grpc::ClientContext& context, absl::Time deadline, bool admin) const;
@@ -127,7 +127,7 @@ class InferenceClient {
   void Finish(AsyncCall* call, absl::StatusOr<inference::ModelInferResponse> result);
 
   const ClientOptions options_;
-  PerAttemptCount<Stubs> stubs_;
+  const std::unique_ptr<PerAttemptCount<Stubs>> stubs_;
 
   grpc::CompletionQueue completion_queue_;
   std::vector<std::thread> pollers_;

@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -81,6 +82,28 @@ class PerAttemptCount {
   std::mutex mu_;
   std::map<int, T> others_;
 };
+
+// A client's stubs: made by `stubs_on` on `channel` (or, when it is null,
+// a new channel to options.address) for the client's own attempt count, and
+// on a channel of their own for any other count a call asks for. Errors are
+// CreateChannel's.
+template <typename Stubs>
+absl::StatusOr<std::unique_ptr<PerAttemptCount<Stubs>>> StubsPerAttemptCount(
+    const ClientOptions& options, std::shared_ptr<grpc::Channel> channel,
+    Stubs (*stubs_on)(std::shared_ptr<grpc::Channel>)) {
+  if (channel == nullptr) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> created = CreateChannel(options);
+    if (!created.ok()) return created.status();
+    channel = *std::move(created);
+  }
+  return std::make_unique<PerAttemptCount<Stubs>>(
+      options.retry.max_attempts, stubs_on(std::move(channel)),
+      [options, stubs_on](int attempts) -> absl::StatusOr<Stubs> {
+        absl::StatusOr<std::shared_ptr<grpc::Channel>> other = CreateChannel(options, attempts);
+        if (!other.ok()) return other.status();
+        return stubs_on(*std::move(other));
+      });
+}
 
 }  // namespace precompile::client
 

@@ -121,7 +121,8 @@ def library_dependencies(package: str):
     rules = [rule for build in sorted((ROOT / package).rglob("BUILD.bazel"))
              for rule in RULE.findall(build.read_text())]
     for kind, body in rules:
-        if kind.endswith("_test") or re.search(r'name = "\w*_test"', body):
+        # A package_group lists who may see, not what is used.
+        if kind.endswith("_test") or kind == "package_group" or re.search(r'name = "\w*_test"', body):
             continue
         for dep_package, target in re.findall(r'"//([\w/]+)(?::(\w+))?"', body):
             top = dep_package.split("/")[0]
