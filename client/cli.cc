@@ -550,12 +550,7 @@ absl::Status Parse(CLI::App& app, Options* options, const std::vector<std::strin
 
 std::string CliUsage() {
   Options defaults;
-  CLI::App app("", "precompile_client");
-  bool help;
-  if (absl::Status built = Parse(app, &defaults, {"--help"}, &help); !built.ok()) {
-    return std::string(built.message());
-  }
-  return app.help();
+  return ToolUsage("precompile_client", [&defaults](CLI::App& app) { AddFlags(app, &defaults); });
 }
 
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {

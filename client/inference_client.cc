@@ -94,105 +94,83 @@ absl::Status InferenceClient::Run(
   return RetriedResult(rpc(**stubs, context), attempts);
 }
 
-absl::StatusOr<bool> InferenceClient::ServerLive(const CallOptions& call) {
-  inference::ServerLiveResponse response;
+template <typename Request, typename Response>
+absl::StatusOr<Response> InferenceClient::Ask(
+    const CallOptions& call, const Request& request,
+    grpc::Status (inference::GRPCInferenceService::Stub::*method)(grpc::ClientContext*,
+                                                                  const Request&, Response*)) {
+  Response response;
   absl::Status status =
       Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
-        return stubs.inference->ServerLive(&context, {}, &response);
+        return (stubs.inference.get()->*method)(&context, request, &response);
       });
   if (!status.ok()) return status;
+  return response;
+}
+
+namespace {
+
+// A request about one model (and version: empty for the newest).
+template <typename Request>
+Request AboutModel(const std::string& model, const std::string& version) {
+  Request request;
+  request.set_name(model);
+  request.set_version(version);
+  return request;
+}
+
+using Stub = inference::GRPCInferenceService::Stub;
+
+}  // namespace
+
+absl::StatusOr<bool> InferenceClient::ServerLive(const CallOptions& call) {
+  ASSIGN_OR_RETURN(inference::ServerLiveResponse response,
+                   Ask(call, inference::ServerLiveRequest(), &Stub::ServerLive));
   return response.live();
 }
 
 absl::StatusOr<bool> InferenceClient::ServerReady(const CallOptions& call) {
-  inference::ServerReadyResponse response;
-  absl::Status status =
-      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
-        return stubs.inference->ServerReady(&context, {}, &response);
-      });
-  if (!status.ok()) return status;
+  ASSIGN_OR_RETURN(inference::ServerReadyResponse response,
+                   Ask(call, inference::ServerReadyRequest(), &Stub::ServerReady));
   return response.ready();
 }
 
 absl::StatusOr<bool> InferenceClient::ModelReady(const std::string& model,
                                                  const std::string& version,
                                                  const CallOptions& call) {
-  inference::ModelReadyRequest request;
-  request.set_name(model);
-  request.set_version(version);
-  inference::ModelReadyResponse response;
-  absl::Status status =
-      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
-        return stubs.inference->ModelReady(&context, request, &response);
-      });
-  if (!status.ok()) return status;
+  ASSIGN_OR_RETURN(inference::ModelReadyResponse response,
+                   Ask(call, AboutModel<inference::ModelReadyRequest>(model, version),
+                       &Stub::ModelReady));
   return response.ready();
 }
 
 absl::StatusOr<inference::ServerMetadataResponse> InferenceClient::ServerMetadata(
     const CallOptions& call) {
-  inference::ServerMetadataResponse response;
-  absl::Status status =
-      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
-        return stubs.inference->ServerMetadata(&context, {}, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
+  return Ask(call, inference::ServerMetadataRequest(), &Stub::ServerMetadata);
 }
 
 absl::StatusOr<inference::ModelMetadataResponse> InferenceClient::ModelMetadata(
     const std::string& model, const std::string& version, const CallOptions& call) {
-  inference::ModelMetadataRequest request;
-  request.set_name(model);
-  request.set_version(version);
-  inference::ModelMetadataResponse response;
-  absl::Status status =
-      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
-        return stubs.inference->ModelMetadata(&context, request, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
+  return Ask(call, AboutModel<inference::ModelMetadataRequest>(model, version),
+             &Stub::ModelMetadata);
 }
 
 absl::StatusOr<inference::ModelConfigResponse> InferenceClient::ModelConfig(
     const std::string& model, const std::string& version, const CallOptions& call) {
-  inference::ModelConfigRequest request;
-  request.set_name(model);
-  request.set_version(version);
-  inference::ModelConfigResponse response;
-  absl::Status status =
-      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
-        return stubs.inference->ModelConfig(&context, request, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
+  return Ask(call, AboutModel<inference::ModelConfigRequest>(model, version), &Stub::ModelConfig);
 }
 
 absl::StatusOr<inference::ModelStatisticsResponse> InferenceClient::ModelStatistics(
     const std::string& model, const std::string& version, const CallOptions& call) {
-  inference::ModelStatisticsRequest request;
-  request.set_name(model);
-  request.set_version(version);
-  inference::ModelStatisticsResponse response;
-  absl::Status status =
-      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
-        return stubs.inference->ModelStatistics(&context, request, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
+  return Ask(call, AboutModel<inference::ModelStatisticsRequest>(model, version),
+             &Stub::ModelStatistics);
 }
 
 absl::StatusOr<inference::RepositoryIndexResponse> InferenceClient::RepositoryIndex(
     bool ready_only, const CallOptions& call) {
   inference::RepositoryIndexRequest request;
   request.set_ready(ready_only);
-  inference::RepositoryIndexResponse response;
-  absl::Status status =
-      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
-        return stubs.inference->RepositoryIndex(&context, request, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
+  return Ask(call, request, &Stub::RepositoryIndex);
 }
 
 absl::Status InferenceClient::RepositoryModelLoad(const std::string& model,
@@ -230,13 +208,7 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> InferenceCl
 
 absl::StatusOr<inference::ModelInferResponse> InferenceClient::Infer(
     const inference::ModelInferRequest& request, const CallOptions& call) {
-  inference::ModelInferResponse response;
-  absl::Status status =
-      Run(call, true, false, [&](const Stubs& stubs, grpc::ClientContext& context) {
-        return stubs.inference->ModelInfer(&context, request, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
+  return Ask(call, request, &Stub::ModelInfer);
 }
 
 void InferenceClient::InferAsync(std::shared_ptr<const inference::ModelInferRequest> request,

@@ -120,6 +120,11 @@ class InferenceClient {
   // with the admin token when `admin`.
   absl::Status Run(const CallOptions& call, bool retried, bool admin,
                    const std::function<grpc::Status(const Stubs&, grpc::ClientContext&)>& rpc);
+  // A retried inference RPC without the admin token: its response, or why not.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Ask(const CallOptions& call, const Request& request,
+                               grpc::Status (inference::GRPCInferenceService::Stub::*method)(
+                                   grpc::ClientContext*, const Request&, Response*));
 
   void Start(AsyncCall* call, const Stubs& stubs);
   void PollCompletions();

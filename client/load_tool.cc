@@ -140,12 +140,7 @@ int Usage(std::ostream& err, absl::string_view message) {
 
 std::string LoadToolUsage() {
   Options defaults;
-  CLI::App app("", "precompile_load");
-  bool help;
-  if (absl::Status built = Parse(app, &defaults, {"--help"}, &help); !built.ok()) {
-    return std::string(built.message());
-  }
-  return app.help();
+  return ToolUsage("precompile_load", [&defaults](CLI::App& app) { AddFlags(app, &defaults); });
 }
 
 int RunLoadTool(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {

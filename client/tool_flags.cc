@@ -161,4 +161,13 @@ absl::Status ParseCommandLine(CLI::App& app, const std::function<void(CLI::App&)
   return absl::OkStatus();
 }
 
+std::string ToolUsage(const std::string& name, const std::function<void(CLI::App&)>& add_flags) {
+  CLI::App app("", name);
+  bool help = false;
+  if (absl::Status built = ParseCommandLine(app, add_flags, {"--help"}, &help); !built.ok()) {
+    return std::string(built.message());
+  }
+  return app.help();
+}
+
 }  // namespace precompile::client

@@ -63,6 +63,10 @@ absl::StatusOr<ClientOptions> ClientOptionsFromFlags(const ConnectionFlags& flag
 absl::Status ParseCommandLine(CLI::App& app, const std::function<void(CLI::App&)>& add_flags,
                               const std::vector<std::string>& args, bool* help);
 
+// The --help text of the tool `name` whose flags `add_flags` adds (with
+// their defaults), or what is wrong with how it adds them.
+std::string ToolUsage(const std::string& name, const std::function<void(CLI::App&)>& add_flags);
+
 }  // namespace precompile::client
 
 #endif  // PRECOMPILE_CLIENT_TOOL_FLAGS_H_
