@@ -61,7 +61,7 @@ cxxflags=(-std=c++20 -g -O1 -fno-omit-frame-pointer
           -fsanitize=address,undefined -fno-sanitize-recover=all
           -I. -I"$build/gen" "${pkg_cflags[@]}")
 sources=(
-  server/api/tensor_codec.cc server/grpc/infer_response.cc server/http/http_codec.cc server/http/http_head.cc
+  server/api/tensor_codec.cc server/grpc/infer_response.cc server/http/http_codec.cc server/http/http_head.cc server/http/http_routes.cc
   base/json_text.cc base/half_float.cc
   runtime/guard_program.cc runtime/frame_dispatcher.cc
   runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc

@@ -48,6 +48,10 @@ const char* __tsan_default_suppressions() {
       "race:libgrpc++.so\n"
       "race:libgpr.so\n"
       "called_from_lib:libgrpc.so\n"
+      // µpb, the message library inside Debian's gRPC (its TLS and channel
+      // configuration): a channel freed on our thread while a gRPC thread
+      // still copies from it, ordered by gRPC's invisible synchronisation.
+      "race:libupb.so\n"
       // The same invisible synchronisation hands a request's bytes from the
       // gRPC thread that received them to the one that takes the completion;
       // grpcpp's reader of those bytes is inlined into our binaries, so the
