@@ -40,6 +40,18 @@ std::string ValueText(const ArgView& a) {
   return "unknown";
 }
 
+// For messages only: a size symbol's bound or value shifted by an offset.
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  return b > 0 ? std::numeric_limits<int64_t>::max()
+               : std::numeric_limits<int64_t>::min();
+}
+
+// A dimension may be its symbol plus an offset (a mask one longer than a
+// cache); offsets stay small so that no size arithmetic comes near overflow.
+constexpr int64_t kMaxSymbolOffset = int64_t{1} << 31;
+
 }  // namespace
 
 // One pass over the variant's guards, emitting checks in the order Matches
@@ -152,6 +164,14 @@ absl::StatusOr<GuardProgram> GuardProgram::Compile(
               "%s: %s.size(%d) uses size symbol %d, which has no range", where,
               parameter_names[arg], d, dim.symbol()));
         }
+        if (dim.symbol_offset() < -kMaxSymbolOffset ||
+            dim.symbol_offset() > kMaxSymbolOffset) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "%s: %s.size(%d) has a symbol offset %d outside [-%d, %d]",
+              where, parameter_names[arg], d, dim.symbol_offset(),
+              kMaxSymbolOffset, kMaxSymbolOffset));
+        }
+        c.offset = dim.symbol_offset();
         auto [slot, inserted] =
             slot_of_symbol.try_emplace(dim.symbol(), program.num_slots_);
         if (inserted) {
@@ -160,7 +180,8 @@ absl::StatusOr<GuardProgram> GuardProgram::Compile(
                 "%s uses more than %d size symbols", where, kMaxSymbols));
           }
           ++program.num_slots_;
-          program.slot_binders_.emplace_back(arg, static_cast<uint16_t>(d));
+          program.slot_binders_.push_back(
+              {arg, static_cast<uint16_t>(d), c.offset});
           c.op = Op::kBindSymbol;
           c.value = range->second->min();
           c.has_max = range->second->has_max();
@@ -200,12 +221,19 @@ bool GuardProgram::Holds(const Check& c, absl::Span<const ArgView> args,
     case Op::kRank: return a.rank == c.value;
     case Op::kStaticSize: return a.sizes[c.dim] == c.value;
     case Op::kBindSymbol: {
-      const int64_t size = a.sizes[c.dim];
-      if (size < c.value || (c.has_max && size > c.max)) return false;
-      symbols[c.slot] = size;
+      int64_t value;
+      if (__builtin_sub_overflow(a.sizes[c.dim], c.offset, &value)) {
+        return false;
+      }
+      if (value < c.value || (c.has_max && value > c.max)) return false;
+      symbols[c.slot] = value;
       return true;
     }
-    case Op::kSymbolEqual: return a.sizes[c.dim] == symbols[c.slot];
+    case Op::kSymbolEqual: {
+      int64_t value;
+      return !__builtin_sub_overflow(a.sizes[c.dim], c.offset, &value) &&
+             value == symbols[c.slot];
+    }
     case Op::kBoolEquals:
       return a.kind == ArgView::Kind::kBool && a.bool_value == (c.value != 0);
     case Op::kIntEquals:
@@ -292,14 +320,18 @@ std::string GuardProgram::Describe(const Check& c,
                           ", got ", a.sizes[c.dim]);
     case Op::kBindSymbol:
       return absl::StrCat(DimName(c.arg, c.dim), ": expected a size in [",
-                          c.value, ", ",
-                          c.has_max ? absl::StrCat(c.max, "]") : "inf)",
+                          SaturatingAdd(c.value, c.offset), ", ",
+                          c.has_max
+                              ? absl::StrCat(SaturatingAdd(c.max, c.offset), "]")
+                              : "inf)",
                           ", got ", a.sizes[c.dim]);
     case Op::kSymbolEqual: {
-      auto [barg, bdim] = slot_binders_[c.slot];
-      return absl::StrCat(DimName(c.arg, c.dim), ": expected ",
-                          DimName(barg, bdim), " (", symbols[c.slot],
-                          "), got ", a.sizes[c.dim]);
+      const SlotBinder& binder = slot_binders_[c.slot];
+      const int64_t more = c.offset - binder.offset;
+      return absl::StrCat(
+          DimName(c.arg, c.dim), ": expected ", DimName(binder.arg, binder.dim),
+          more == 0 ? "" : absl::StrFormat("%+d", more), " (",
+          SaturatingAdd(symbols[c.slot], c.offset), "), got ", a.sizes[c.dim]);
     }
     case Op::kBoolEquals:
       if (a.kind != ArgView::Kind::kBool) {

@@ -104,6 +104,8 @@ class GuardProgram {
     uint16_t arg = 0;
     uint16_t dim = 0;
     uint16_t slot = 0;  // Symbol slot for kBindSymbol / kSymbolEqual.
+    // kBindSymbol / kSymbolEqual: the size is the symbol's value plus this.
+    int64_t offset = 0;
     int64_t value = 0;  // Expected size, int, bool, dtype, device or string index.
     int64_t max = 0;    // kBindSymbol: inclusive upper bound (if has_max).
     bool has_max = false;
@@ -124,8 +126,14 @@ class GuardProgram {
   std::vector<Check> checks_;
   std::vector<std::string> parameter_names_;
   std::vector<std::string> strings_;
-  // For each slot: the (argument, dimension) that first binds it.
-  std::vector<std::pair<uint16_t, uint16_t>> slot_binders_;
+  // For each slot: the argument and dimension that first bind it, and that
+  // dimension's offset from the symbol.
+  struct SlotBinder {
+    uint16_t arg;
+    uint16_t dim;
+    int64_t offset;
+  };
+  std::vector<SlotBinder> slot_binders_;
   int num_slots_ = 0;
 };
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -264,6 +265,58 @@ TEST(GuardProgram, FailsFastOnTheFirstFailingCheck) {
   EXPECT_EQ(p.ChecksHeld(inside.Views(), GlobalState{}), p.num_checks());
 }
 
+// forward(x, y, n): y is one longer than x (a mask and the cache it goes
+// with), x's length in [1, 127].
+const char kOneLonger[] = R"pb(
+  id: "forward#3"
+  global_state { grad_enabled: false default_dtype: DTYPE_FLOAT32 }
+  symbols { symbol: 0 min: 1 max: 127 name: "s0" }
+  guards { parameter: 0 tensor { dtype: DTYPE_FLOAT32 device: "cpu" dims { symbol: 0 } dims { static_size: 4 } } }
+  guards { parameter: 1 tensor { dtype: DTYPE_FLOAT32 device: "cpu" dims { symbol: 0 symbol_offset: 1 } } }
+)pb";
+
+TEST(GuardProgram, ADimensionMayBeItsSymbolPlusAnOffset) {
+  GuardProgram p = Compile(kOneLonger);
+  Call call;
+  for (int64_t length : {1, 9, 127}) {
+    call.x_shape = {length, 4};
+    call.y_shape = {length + 1};
+    EXPECT_EQ(Explain(p, call), "matches") << length;
+  }
+  call.x_shape = {9, 4};
+  call.y_shape = {9};
+  EXPECT_EQ(Explain(p, call), "y.size(0): expected x.size(0)+1 (10), got 9");
+  call.y_shape = {11};
+  EXPECT_EQ(Explain(p, call), "y.size(0): expected x.size(0)+1 (10), got 11");
+  // The range is the symbol's: x up to 127, so y up to 128.
+  call.x_shape = {128, 4};
+  call.y_shape = {129};
+  EXPECT_EQ(Explain(p, call), "x.size(0): expected a size in [1, 127], got 128");
+
+  // Bound first where the offset is: the range shifts with it.
+  GuardProgram q = Compile(R"pb(
+    id: "forward#4"
+    global_state { grad_enabled: false default_dtype: DTYPE_FLOAT32 }
+    symbols { symbol: 0 min: 1 max: 127 name: "s0" }
+    guards { parameter: 1 tensor { dtype: DTYPE_FLOAT32 device: "cpu" dims { symbol: 0 symbol_offset: 1 } } }
+    guards { parameter: 0 tensor { dtype: DTYPE_FLOAT32 device: "cpu" dims { symbol: 0 } dims { static_size: 4 } } }
+  )pb");
+  call.x_shape = {9, 4};
+  call.y_shape = {10};
+  EXPECT_EQ(Explain(q, call), "matches");
+  call.y_shape = {1};
+  EXPECT_EQ(Explain(q, call), "y.size(0): expected a size in [2, 128], got 1");
+  call.y_shape = {11};
+  EXPECT_EQ(Explain(q, call), "x.size(0): expected y.size(0)-1 (10), got 9");
+  // Sizes near 2^63 with a negative offset do not wrap into the range.
+  std::string negative = kOneLonger;
+  negative.replace(negative.find("symbol_offset: 1"), 16, "symbol_offset: -1");
+  GuardProgram r = Compile(negative.c_str());
+  call.x_shape = {5, 4};
+  call.y_shape = {std::numeric_limits<int64_t>::max()};
+  EXPECT_THAT(Explain(r, call), HasSubstr("y.size(0): expected x.size(0)-1 (4)"));
+}
+
 TEST(GuardProgram, RejectsMalformedGuards) {
   auto bad_parameter = GuardProgram::Compile(
       ParseVariant(R"pb(id: "v" guards { parameter: 9 equals { int_value: 1 } })pb"),
@@ -286,6 +339,13 @@ TEST(GuardProgram, RejectsMalformedGuards) {
     id: "v" guards { parameter: 0 tensor { dtype: DTYPE_FLOAT32 device: "tpu" } }
   )pb"), kNames);
   EXPECT_THAT(bad_device.status().message(), HasSubstr("unknown dtype or device 'tpu'"));
+
+  auto huge_offset = GuardProgram::Compile(ParseVariant(R"pb(
+    id: "v" symbols { symbol: 1 min: 1 }
+    guards { parameter: 0 tensor { dtype: DTYPE_FLOAT32 device: "cpu"
+                                   dims { symbol: 1 symbol_offset: -9223372036854775807 } } }
+  )pb"), kNames);
+  EXPECT_THAT(huge_offset.status().message(), HasSubstr("x.size(0) has a symbol offset"));
 }
 
 TEST(FrameDispatcher, PrefersTheMostRecentHitAndExplainsTheClosestVariant) {

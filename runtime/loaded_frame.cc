@@ -37,9 +37,11 @@ absl::StatusOr<std::unique_ptr<LoadedFrame>> LoadFrame(const Artifact& artifact,
     for (const auto& guard : v.guards()) {
       if (!guard.has_tensor()) continue;
       for (int d = 0; d < guard.tensor().dims_size(); ++d) {
-        if (guard.tensor().dims(d).has_symbol()) {
-          sources.emplace(guard.tensor().dims(d).symbol(),
-                          std::make_pair(static_cast<int>(guard.parameter()), d));
+        const artifact::v1::DimGuard& dim = guard.tensor().dims(d);
+        if (dim.has_symbol()) {
+          sources.emplace(dim.symbol(), LoadedFrame::SymbolSource{
+                                            static_cast<int>(guard.parameter()), d,
+                                            dim.symbol_offset()});
         }
       }
     }

@@ -42,9 +42,15 @@ struct LoadedFrame {
   // Calls by Outcome, and hits per variant.
   std::array<std::atomic<uint64_t>, 4> calls{};
   std::unique_ptr<std::atomic<uint64_t>[]> hits;
-  // Per variant, per size symbol: the (parameter, dimension) that binds it
-  // in its guards, for the size of its outputs before it runs.
-  std::vector<absl::flat_hash_map<uint32_t, std::pair<int, int>>> symbol_sources;
+  // Per variant, per size symbol: the parameter and dimension that bind it
+  // in its guards (the dimension is the symbol plus `offset`), for the size
+  // of its outputs before it runs.
+  struct SymbolSource {
+    int parameter;
+    int dim;
+    int64_t offset;
+  };
+  std::vector<absl::flat_hash_map<uint32_t, SymbolSource>> symbol_sources;
 };
 
 // Loads `proto`, the frame at `index` of `artifact`'s manifest, for `device`:

@@ -202,12 +202,13 @@ absl::Status LoadedVersion::Impl::CheckOutputSizes(const LoadedFrame& frame, int
     auto symbol_value = [&](int32_t symbol) -> std::optional<int64_t> {
       auto source = sources.find(static_cast<uint32_t>(symbol));
       if (source == sources.end()) return std::nullopt;
-      const auto [parameter, dim] = source->second;
+      const auto [parameter, dim, offset] = source->second;
       if (parameter >= static_cast<int>(views.size()) ||
           views[parameter].kind != ArgView::Kind::kTensor) {
         return std::nullopt;
       }
-      return views[parameter].sizes[dim];
+      // The guards held: the size minus its offset is the symbol, in range.
+      return views[parameter].sizes[dim] - offset;
     };
     // Dimension d's size for these arguments.
     auto size_of = [&](int d) -> SizeValue {

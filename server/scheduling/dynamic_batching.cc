@@ -106,7 +106,8 @@ absl::Status CheckBatchable(const Frame& entry) {
         continue;
       }
       const bool same = first.size_case() == batch->size_case() &&
-                        (first.has_symbol() ? first.symbol() == batch->symbol()
+                        (first.has_symbol() ? first.symbol() == batch->symbol() &&
+                                                  first.symbol_offset() == batch->symbol_offset()
                                             : first.static_size() == batch->static_size());
       if (!same) {
         return refuse(absl::StrCat("does not require inputs '", batch_input, "' and '", name,
@@ -123,8 +124,9 @@ absl::Status CheckBatchable(const Frame& entry) {
       // symbol (artifacts that record outputs' symbols).
       const bool keeps_rows =
           batch->has_symbol()
-              ? spec.shape_symbols_size() == 0 ||
-                    spec.shape_symbols(0) == static_cast<int32_t>(batch->symbol())
+              ? batch->symbol_offset() == 0 &&
+                    (spec.shape_symbols_size() == 0 ||
+                     spec.shape_symbols(0) == static_cast<int32_t>(batch->symbol()))
               : spec.shape(0) == batch->static_size();
       if (!keeps_rows) {
         return refuse(absl::StrCat("returns ", output_name(i), " whose first dimension is not "
