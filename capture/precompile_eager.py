@@ -24,7 +24,7 @@ import importlib.util
 import linecache
 import sys
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -47,11 +47,78 @@ class Param:
     binding: str
     has_default: bool = False
     default: Any = None
+    # A leaf of a structure: the frame parameter's name and its structure.
+    tree: str = ""
+    tree_spec: Optional[pytree.TreeSpec] = None
+
+
+def register_known_structures(cls: type) -> None:
+    """Makes `cls` a pytree node where its library says how: transformers'
+    DynamicCache (its keys and values per layer, as transformers exports it)."""
+    if cls in pytree.SUPPORTED_NODES:
+        return
+    if (cls.__module__ or "").startswith("transformers") and cls.__name__ == "DynamicCache":
+        from transformers.integrations.executorch import register_dynamic_cache_export_support  # noqa: PLC0415
+
+        register_dynamic_cache_export_support()
+
+
+def _spec_types(spec: pytree.TreeSpec) -> Iterator[type]:
+    if not spec.is_leaf():
+        yield spec.type
+        for child in spec.children():
+            yield from _spec_types(child)
+
+
+def _grouped(params: Sequence[Param]) -> List[Tuple[Param, int]]:
+    """The frame's own parameters: each with its number of inputs (a
+    structure's leaves are one parameter, named as the frame names it)."""
+    out: List[Tuple[Param, int]] = []
+    for p in params:
+        if p.tree and out and out[-1][0].name == p.tree:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        elif p.tree:
+            out.append((Param(p.tree, p.binding, p.has_default, None, p.tree, p.tree_spec), 1))
+        else:
+            out.append((p, 1))
+    return out
+
+
+def _leaves(frame: str, p: Param, value: Any) -> List[Any]:
+    """The inputs a structure parameter's value gives: its leaves, or Nones."""
+    assert p.tree_spec is not None
+    if value is None:
+        return [None] * p.tree_spec.num_leaves
+    register_known_structures(type(value))
+    leaves, spec = pytree.tree_flatten(value)
+    if spec != p.tree_spec:
+        raise TypeError(
+            f"frame '{frame}', argument '{p.name}': a {type(value).__name__} of {spec.num_leaves} "
+            f"leaves unlike the structure it was captured with ({p.tree_spec.num_leaves} leaves)"
+        )
+    return leaves
+
+
+def _structure(p: Param, leaves: List[Any]) -> Any:
+    assert p.tree_spec is not None
+    if all(leaf is None for leaf in leaves):
+        return None
+    for cls in _spec_types(p.tree_spec):
+        register_known_structures(cls)
+    return pytree.tree_unflatten(leaves, p.tree_spec)
 
 
 def bind(frame: str, params: Sequence[Param], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
     """The arguments of a call of `frame`, one per parameter in order, bound
-    as Python binds them (defaults filled in)."""
+    as Python binds them (defaults filled in; a structure gives its leaves)."""
+    values: List[Any] = []
+    for p, value in zip([p for p, _ in _grouped(params)], _bind_grouped(frame, params, args, kwargs)):
+        values.extend(_leaves(frame, p, value) if p.tree else [value])
+    return values
+
+
+def _bind_grouped(frame: str, leaf_params: Sequence[Param], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
+    params = [p for p, _ in _grouped(leaf_params)]
     values: List[Any] = []
     positional = list(args)
     by_keyword = {p.name for p in params if p.binding not in (POSITIONAL_ONLY, VAR_POSITIONAL)}
@@ -163,7 +230,10 @@ class Program:
             raise TypeError(f"frame '{self.frame}' takes {len(self.params)} arguments, not {len(values)}")
         positional: List[Any] = []
         keywords: Dict[str, Any] = {}
-        for p, v in zip(self.params, values):
+        start = 0
+        for p, count in _grouped(self.params):
+            v = _structure(p, list(values[start:start + count])) if p.tree else values[start]
+            start += count
             if p.binding in _POSITIONAL:
                 positional.append(v)
             elif p.binding == KEYWORD_ONLY or v is not None:

@@ -27,6 +27,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.utils._pytree as pytree
 
 from proto import artifact_pb2 as pb
 
@@ -76,7 +77,7 @@ class ArtifactContents:
     eager_programs: Dict[str, str]
     # The entry calls that ran, in order, as capture.call_record() describes
     # them (repeats included; the manifest keeps each signature once).
-    captured_calls: Sequence[Tuple[Any, ...]] = ()
+    captured_calls: Sequence[Dict[str, Any]] = ()
     # The Python eager program files of the flagged frames, by frame name, and
     # what they need of the server's Python: (version, [(module, version)]).
     python_programs: Dict[str, str] = dataclasses.field(default_factory=dict)
@@ -160,6 +161,7 @@ def guards_proto(variant_proto: pb.Variant, guards: GuardSet, kinds: Sequence[Ki
                     d.static_size = dim.static
                 else:
                     d.symbol = dim.symbol
+                    d.symbol_offset = dim.offset
         elif g.is_none:
             if kind.is_tensor:
                 ag.tensor.is_none = True
@@ -191,7 +193,8 @@ def guards_from_proto(variant_proto: pb.Variant) -> GuardSet:
             args.append(ArgGuard(parameter=g.parameter, is_none=True))
         elif which == "tensor":
             dims = tuple(
-                Dim(static=d.static_size) if d.WhichOneof("size") == "static_size" else Dim(symbol=d.symbol)
+                Dim(static=d.static_size) if d.WhichOneof("size") == "static_size"
+                else Dim(symbol=d.symbol, offset=d.symbol_offset)
                 for d in g.tensor.dims
             )
             spec = TensorSpec(
@@ -220,16 +223,25 @@ def guards_from_proto(variant_proto: pb.Variant) -> GuardSet:
     )
 
 
-def call_signature(frame: Frame, record: Sequence[Any]) -> pb.CallSignature:
+def _dumped_tree_spec(spec: pytree.TreeSpec) -> str:
+    """The spec as torch serializes it; empty for a structure torch cannot
+    serialize (a node type registered without a serialized name)."""
+    try:
+        return pytree.treespec_dumps(spec)
+    except Exception:  # noqa: BLE001 - whatever the node's context does
+        return ""
+
+
+def call_signature(frame: Frame, record: Dict[str, Any]) -> pb.CallSignature:
     """A captured entry call (capture.call_record()) as a CallSignature of the
-    frame's final parameters: an entry of **kwargs first seen after the call
-    was absent from it (None), and a FLOAT parameter's int is a float, as the
-    runtime's guards (and so the server's misses) see them."""
+    frame's final parameters: an entry of **kwargs or a structure first seen
+    after the call was absent from it (None), and a FLOAT parameter's int is
+    a float, as the runtime's guards (and so the server's misses) see them."""
     sig = pb.CallSignature()
-    for i, p in enumerate(frame.params):
+    for p in frame.params:
         arg = sig.arguments.add()
         arg.name = p.name
-        item = record[i] if i < len(record) else ("value", None)
+        item = record.get(p.name, ("value", None))
         if item[0] == "tensor":
             _, dtype, device, shape = item
             arg.tensor.dtype = dtype_to_proto(dtype)
@@ -240,7 +252,7 @@ def call_signature(frame: Frame, record: Sequence[Any]) -> pb.CallSignature:
     return sig
 
 
-def captured_calls_proto(frame: Frame, records: Sequence[Sequence[Any]]) -> List[pb.CallSignature]:
+def captured_calls_proto(frame: Frame, records: Sequence[Dict[str, Any]]) -> List[pb.CallSignature]:
     """The distinct signatures of `records`, in the order first seen."""
     out: List[pb.CallSignature] = []
     seen = set()
@@ -370,6 +382,11 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
                 pp.example_dtype = dtype_to_proto(p.example_dtype)
             pp.binding = _BINDINGS[p.binding]
             pp.passed = p.passed
+            pp.structure = p.tree
+        for name, spec in frame.trees.items():
+            structure = f.structures.add()
+            structure.parameter = name
+            structure.tree_spec = _dumped_tree_spec(spec)
         for i, (lo, hi) in index_ranges(frame).items():
             f.parameters[i].index_range.min = lo
             f.parameters[i].index_range.max = hi

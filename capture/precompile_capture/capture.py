@@ -47,15 +47,17 @@ DEVICES = ("cpu", "cuda")
 EAGER_PROGRAMS = ("auto", "torchscript", "python")
 
 
-def call_record(values: Sequence[Any]) -> Tuple[Any, ...]:
+def call_record(frame: Frame, values: Sequence[Any]) -> Dict[str, Any]:
     """What a call's signature needs of its inputs, never their data: per
-    input ("tensor", dtype, device type, shape) or ("value", the value)."""
-    return tuple(
-        ("tensor", v.dtype, v.device.type, tuple(int(s) for s in v.shape))
+    input by name ("tensor", dtype, device type, shape) or ("value", the
+    value). By name, as inputs are added later (an entry of **kwargs, a
+    structure's leaves)."""
+    return {
+        p.name: ("tensor", v.dtype, v.device.type, tuple(int(s) for s in v.shape))
         if isinstance(v, torch.Tensor)
         else ("value", v)
-        for v in values
-    )
+        for p, v in zip(frame.params, values)
+    }
 
 
 def _describe_call(values: Sequence[Any], frame: Frame) -> str:
@@ -222,7 +224,7 @@ class Capture:
         self._compiler = VariantCompiler(self._workdir, decline, lambda: self._interceptor.state(False))
         # The entry calls that ran, in order (call_record()); the manifest's
         # captured_calls, each signature once.
-        self._entry_calls: List[Tuple[Any, ...]] = []
+        self._entry_calls: List[Dict[str, Any]] = []
         for frame in self._frames.values():
             ops.register_frame(frame.name, frame.call_original)
 
@@ -314,7 +316,7 @@ class Capture:
         with torch.no_grad():
             values = self._bind(self.entry, args, kwargs)
             result = self._dispatch_bound(self.entry, args, kwargs, values)
-        self._entry_calls.append(call_record(values))
+        self._entry_calls.append(call_record(self.entry, values))
         return result
 
     def _run_eager(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any], intercept: bool) -> Any:
@@ -354,11 +356,12 @@ class Capture:
                     raise
                 # Outputs the capture cannot serve fail the export less clearly:
                 # run the call to say which (PrecompileError). A dataclass
-                # among them becomes a pytree node then; export once more.
-                registered = len(outputs.registered_dataclasses)
+                # or a known library structure among them becomes a pytree
+                # node then; export once more.
+                registered = len(outputs.registered_nodes)
                 with self._interceptor.state(False):
                     frame.observe_result(frame.call_original(*args, **kwargs))
-                if len(outputs.registered_dataclasses) == registered:
+                if len(outputs.registered_nodes) == registered:
                     raise
                 self._compile(frame, values, call_number)
         except Fallback as fb:

@@ -15,8 +15,11 @@ list of {"args": [...], "kwargs": {...}}; a tensor is written
 {"tensor": {"shape": [8, 4], "dtype": "float32", "seed": 0}} (deterministic
 random values: normal for floating dtypes, integers in [low, high) -- default
 [0, 10) -- for integer dtypes, 0/1 for bool) or
-{"tensor": {"values": [[1, 2], [3, 4]], "dtype": "float32"}}; any other JSON
-value is passed as the Python value (numbers, strings, booleans, null).
+{"tensor": {"values": [[1, 2], [3, 4]], "dtype": "float32"}};
+{"output_of": {"call": 0, "path": "past_key_values"}} is what an earlier
+call returned, at a path of attribute names, keys and indices joined by "."
+(a decoder's cache passed back: its next call); any other JSON value is
+passed as the Python value (numbers, strings, booleans, null).
 A frame in --frames is a sub-module path, a function of the model's module
 named by its name, or "pkg.module:function".
 
@@ -95,13 +98,61 @@ def make_tensor(spec: Dict[str, Any], device: str = "cpu") -> torch.Tensor:
     return t.to(device)
 
 
-def _value(v: Any, device: str) -> Any:
+class OutputOf:
+    """A value an earlier example call returned: resolved when its call runs."""
+
+    def __init__(self, spec: Any, call: int) -> None:
+        if not isinstance(spec, dict) or set(spec) - {"call", "path"} or not isinstance(spec.get("call"), int):
+            raise PrecompileError(f"call {call}: \"output_of\" is {{\"call\": N, \"path\": \"a.b\"}}, not {spec!r}")
+        if not 0 <= spec["call"] < call:
+            raise PrecompileError(f"call {call}: \"output_of\" names call {spec['call']}, not an earlier one")
+        self.call = spec["call"]
+        self.path = str(spec.get("path", ""))
+
+    def resolve(self, results: Sequence[Any]) -> Any:
+        value = results[self.call]
+        for word in [w for w in self.path.split(".") if w]:
+            if isinstance(value, dict) and word in value:
+                value = value[word]
+            elif isinstance(value, (list, tuple)) and word.lstrip("-").isdigit():
+                value = value[int(word)]
+            elif hasattr(value, word):
+                value = getattr(value, word)
+            else:
+                raise PrecompileError(f"output_of call {self.call}: no '{word}' in {self.path!r}")
+        return value
+
+
+def resolved(value: Any, results: Sequence[Any]) -> Any:
+    """`value` with each OutputOf replaced by what its call returned."""
+    if isinstance(value, OutputOf):
+        return value.resolve(results)
+    if isinstance(value, list):
+        return [resolved(x, results) for x in value]
+    if isinstance(value, dict):
+        return {k: resolved(x, results) for k, x in value.items()}
+    return value
+
+
+def _refers_to_outputs(value: Any) -> bool:
+    if isinstance(value, OutputOf):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_refers_to_outputs(x) for x in value)
+    if isinstance(value, dict):
+        return any(_refers_to_outputs(x) for x in value.values())
+    return False
+
+
+def _value(v: Any, device: str, call: int) -> Any:
     if isinstance(v, dict) and set(v) == {"tensor"}:
         return make_tensor(v["tensor"], device)
+    if isinstance(v, dict) and set(v) == {"output_of"}:
+        return OutputOf(v["output_of"], call)
     if isinstance(v, list):
-        return [_value(x, device) for x in v]
+        return [_value(x, device, call) for x in v]
     if isinstance(v, dict):
-        return {k: _value(x, device) for k, x in v.items()}
+        return {k: _value(x, device, call) for k, x in v.items()}
     return v
 
 
@@ -121,7 +172,7 @@ def load_calls(path: str, device: str = "cpu") -> List[Tuple[List[Any], Dict[str
         kwargs = call.get("kwargs", {})
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise PrecompileError(f"{path}: call {i}: \"args\" is a list and \"kwargs\" an object")
-        calls.append(([_value(a, device) for a in args], {k: _value(v, device) for k, v in kwargs.items()}))
+        calls.append(([_value(a, device, i) for a in args], {k: _value(v, device, i) for k, v in kwargs.items()}))
     return calls
 
 
@@ -142,8 +193,9 @@ def _capture(args: argparse.Namespace) -> int:
             recompile_limit=args.recompile_limit,
             eager=args.eager,
         )
-        for i, (call_args, call_kwargs) in enumerate(calls):
-            cap(*call_args, **call_kwargs)
+        results: List[Any] = []
+        for call_args, call_kwargs in calls:
+            results.append(cap(*resolved(call_args, results), **resolved(call_kwargs, results)))
         summary = cap.summary()
         out = cap.save(args.out, require_complete=not args.allow_incomplete)
     except PrecompileError as e:
@@ -180,6 +232,12 @@ def _recapture(args: argparse.Namespace) -> int:
             # Made on the previous version's device, which the recapture keeps.
             device = args.device or read_manifest(newest_version(os.path.abspath(args.recapture))[1]).device
             calls = load_calls(args.calls, device)
+            if any(_refers_to_outputs(call) for call in calls):
+                raise PrecompileError(
+                    f"{args.calls}: \"output_of\" is for a capture's calls; a recapture replays "
+                    "calls in its own order (a structure an earlier call returned is made up "
+                    "from its recorded shapes instead)"
+                )
         report = recapture(
             model,
             args.recapture,

@@ -1,7 +1,9 @@
 """Compiling one call of a frame into a variant, as Dynamo's backend would.
 
 The frame's code is exported with strict torch.export (dimensions that
-changed since earlier calls dynamic: Dynamo's automatic dynamic), its guards
+changed since earlier calls dynamic: Dynamo's automatic dynamic; a
+structure's dimensions that the example calls always showed related are
+declared so, see _related_dims), its guards
 are read off the exported program, the user's decline hook sees it, and
 AOTInductor compiles it into a package. A failure comes back in one of the
 two ways Dynamo tells failures apart: Fallback (Dynamo gives up on the frame,
@@ -24,8 +26,8 @@ import torch._dynamo.exc as dynamo_exc
 from torch.export import Dim as ExportDim
 
 from .errors import PrecompileError
-from .frames import Binding, Frame, Variant
-from .guards import GuardExtractionError, NotPlainSymbol, extract_guards, output_specs
+from .frames import Frame, Variant
+from .guards import GuardExtractionError, GuardSet, NotPlainSymbol, extract_guards, output_specs
 from .outputs import exported_leaf_kinds
 from .summary import FallbackCause
 
@@ -72,22 +74,60 @@ def _cause_chain(error: BaseException) -> Iterator[BaseException]:
 class _ExportWrapper(torch.nn.Module):
     """The module torch.export traces for a frame: its code, called from the
     frame's inputs in order (so that the exported program's user inputs are
-    exactly those inputs, keywords and **kwargs entries included)."""
+    exactly those inputs, keywords, **kwargs entries and the leaves of
+    structures included)."""
 
     def __init__(self, frame: Frame) -> None:
         super().__init__()
         self.frame_module = frame.module
         self._function = frame.function
-        self._positional, keyword = frame.call_layout()
-        self._keyword = [(name, i, frame.params[i].binding is Binding.VAR_KEYWORD) for name, i in keyword]
+        self._frame = frame
 
     def forward(self, *inputs: Any) -> Any:
-        args = [inputs[i] for i in self._positional]
-        # An entry of **kwargs that is None was absent from the call.
-        kwargs = {name: inputs[i] for name, i, var in self._keyword if not (var and inputs[i] is None)}
+        args, kwargs = self._frame.call_arguments(list(inputs))
         if self.frame_module is not None:
             return self.frame_module.forward(*args, **kwargs)
         return self._function(*args, **kwargs)
+
+
+Dims = Dict[int, List[int]]
+# (input, dimension) -> (the group's first member, its size minus the first's).
+Relations = Dict[Tuple[int, int], Tuple[Tuple[int, int], int]]
+
+
+def _related_dims(frame: Frame, dynamic: Dims) -> Relations:
+    """Dynamic dimensions of a structure's leaves (a cache's lengths) and of
+    other inputs whose sizes differed by the same constant in every call a
+    variant was compiled from (an attention mask one longer than the cache).
+
+    torch.export relates two sizes only where the program checks them; a
+    cache's layers and the mask that goes with them are related only by how
+    they were made, and compiled code given unrelated ones reads past its
+    buffers. What the example calls showed becomes the guard instead."""
+    history = frame.compiled_shapes
+    dims = [(i, d) for i, ds in sorted(dynamic.items()) for d in ds]
+
+    def sizes(dim: Tuple[int, int]) -> List[Optional[int]]:
+        i, d = dim
+        return [shapes[i][d] if shapes[i] is not None and len(shapes[i]) > d else None for shapes in history]
+
+    def difference(a: Tuple[int, int], b: Tuple[int, int]) -> Optional[int]:
+        pairs = [(x, y) for x, y in zip(sizes(a), sizes(b)) if x is not None and y is not None]
+        gaps = {x - y for x, y in pairs}
+        return gaps.pop() if len(pairs) >= 2 and len(gaps) == 1 else None
+
+    relations: Relations = {}
+    for a in dims:
+        if a in relations or not frame.params[a[0]].tree:
+            continue
+        group = [b for b in dims if b not in relations and (b == a or difference(b, a) is not None)]
+        if len(group) < 2:
+            continue
+        current = {b: sizes(b)[-1] for b in group}
+        first = min(group, key=lambda b: current[b])
+        for b in group:
+            relations[b] = (first, current[b] - current[first])
+    return relations
 
 
 def _is_skip_frame_call(error: BaseException) -> bool:
@@ -103,6 +143,28 @@ def quiet() -> Iterator[None]:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         yield
+
+
+def _merged_symbols(guards: GuardSet, values: List[Any], relations: Relations) -> Relations:
+    """Relations for the dimensions of each guard symbol that stands for
+    several of the exported program's symbols (extract_guards relates them),
+    unless they are declared related already."""
+    names = {s.symbol: s.name for s in guards.symbols}
+    members: Dict[int, List[Tuple[Tuple[int, int], int]]] = {}
+    for g in guards.args:
+        if g.tensor is None:
+            continue
+        for d, dim in enumerate(g.tensor.dims):
+            if dim.symbol is not None and "=" in names[dim.symbol]:
+                members.setdefault(dim.symbol, []).append(((g.parameter, d), dim.offset))
+    merged: Relations = {}
+    for group in members.values():
+        if all(dim in relations for dim, _ in group):
+            continue
+        first, base = min(group, key=lambda m: m[1])
+        for dim, offset in group:
+            merged[dim] = (first, offset - base)
+    return merged
 
 
 class VariantCompiler:
@@ -125,9 +187,12 @@ class VariantCompiler:
         self.export_count = 0
 
     @staticmethod
-    def _dynamic_dims(frame: Frame, values: List[Any]) -> Dict[int, List[int]]:
+    def _dynamic_dims(frame: Frame, values: List[Any]) -> Dims:
         """Dynamo's automatic dynamic: dimensions that changed since earlier captures."""
-        dynamic: Dict[int, List[int]] = {}
+        frame.compiled_shapes.append(
+            [tuple(int(s) for s in v.shape) if isinstance(v, torch.Tensor) else None for v in values]
+        )
+        dynamic: Dims = {}
         for i, v in enumerate(values):
             if not isinstance(v, torch.Tensor):
                 continue
@@ -143,7 +208,9 @@ class VariantCompiler:
                 dynamic[i] = dims
         return dynamic
 
-    def _export(self, frame: Frame, values: List[Any], dynamic: Dict[int, List[int]]) -> torch.export.ExportedProgram:
+    def _export(
+        self, frame: Frame, values: List[Any], dynamic: Dims, relations: Relations
+    ) -> torch.export.ExportedProgram:
         # The guards cannot say that two arguments are one tensor: export copies.
         seen_ids: set = set()
         export_values = []
@@ -155,10 +222,21 @@ class VariantCompiler:
             export_values.append(v)
         dynamic_shapes = None
         if dynamic:
+            named = {
+                first: ExportDim(f"{frame.params[first[0]].name.replace('.', '_')}_{first[1]}", min=1)
+                for first, _ in relations.values()
+            }
+
+            def dim(i: int, d: int) -> Any:
+                if (i, d) not in relations:
+                    return ExportDim.AUTO
+                first, offset = relations[(i, d)]
+                return named[first] + offset if offset else named[first]
+
             # Keyed by the wrapper's one parameter, *inputs.
             dynamic_shapes = {
                 "inputs": tuple(
-                    {d: ExportDim.AUTO for d in dynamic[i]} if dynamic.get(i) else None
+                    {d: dim(i, d) for d in dynamic[i]} if dynamic.get(i) else None
                     for i in range(len(export_values))
                 )
             }
@@ -174,10 +252,17 @@ class VariantCompiler:
                 f"'{frame.name}' is a generator function: Dynamo does not trace generator frames",
             )
         dynamic = self._dynamic_dims(frame, values)
+        relations = _related_dims(frame, dynamic)
         for _ in range(4):
             try:
-                ep = self._export(frame, values, dynamic)
+                ep = self._export(frame, values, dynamic, relations)
             except dynamo_exc.UserError as e:
+                if relations and e.error_type in (
+                    dynamo_exc.UserErrorType.CONSTRAINT_VIOLATION, dynamo_exc.UserErrorType.INVALID_INPUT
+                ):
+                    # The program does not allow the relations the calls showed.
+                    relations = {}
+                    continue
                 if e.error_type is dynamo_exc.UserErrorType.INVALID_INPUT:
                     # The inputs or dynamic shapes the capture passed: not the program's doing.
                     raise CompileError("torch.export", e) from e
@@ -196,6 +281,7 @@ class VariantCompiler:
             except NotPlainSymbol as e:
                 # A size that is an expression of symbols: capture those dims static.
                 for i, d in e.dims:
+                    relations = {}
                     dims = [x for x in dynamic.get(i, []) if x != d]
                     if dims:
                         dynamic[i] = dims
@@ -204,6 +290,14 @@ class VariantCompiler:
                 continue
             except GuardExtractionError as e:
                 raise CompileError("reading the guards", e) from e
+            merged = _merged_symbols(guards, values, relations)
+            if merged:
+                # The guards require sizes equal that the program keeps apart:
+                # export again with them one size, so that the compiled code
+                # assumes what the guards check (and needs no bounds check
+                # between them).
+                relations.update(merged)
+                continue
             return ep, guards, tensor_inputs
         raise CompileError("reading the guards", RuntimeError("sizes stayed symbolic expressions after re-exporting static"))
 

@@ -9,6 +9,13 @@ None`, `**kwargs`) becomes a list of named inputs. Each has a kind (tensor,
 optional tensor, int, float, bool, str) taken from its annotation or, when
 there is none, from the first call that passes a value for it. What a frame
 returns is an OutputSchema (outputs.py).
+
+A parameter passed a structure of tensors (a transformers cache, a list or
+dict of tensors: any pytree node) becomes one input per tensor leaf, named
+by the parameter and the leaf's path as outputs are ("past_key_values.
+key_cache.0"), so that a frame's outputs can come back as its inputs by
+name; the structure is rebuilt from them before the frame's code runs. A
+call that passes None for it passes None for each leaf.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .errors import PrecompileError
+import torch.utils._pytree as pytree
+
 from .guards import ArgGuard
-from .outputs import OutputSchema, output_schema
+from .outputs import OutputSchema, output_schema, path_words, register_known_structures
 from .summary import FallbackCause
 
 
@@ -138,6 +147,8 @@ class Param:
     none_guess: bool = False
     # Some call gave it a value other than its default.
     passed: bool = False
+    # A leaf of a structure: the name of the frame's parameter it belongs to.
+    tree: str = ""
 
     @property
     def keyword_only(self) -> bool:
@@ -276,6 +287,11 @@ class Frame:
         # Automatic dynamic: per parameter index, the sizes earlier captures saw
         # (None marks a dimension that is dynamic from now on).
         self.seen_sizes: Dict[int, List[Optional[int]]] = {}
+        # Per call a variant was compiled from: each input's shape (None for
+        # a value that is not a tensor).
+        self.compiled_shapes: List[List[Optional[Tuple[int, ...]]]] = []
+        # The structure of each parameter whose leaves are inputs, by name.
+        self.trees: Dict[str, pytree.TreeSpec] = {}
 
     # -- calls -----------------------------------------------------------------
 
@@ -314,15 +330,110 @@ class Frame:
             for key in bound.arguments.get(self.var_keyword, {}):
                 if key not in known:
                     self._add_var_input(key, Binding.VAR_KEYWORD)
+        leaves = {name: self._tree_leaves(name, value) for name, value in bound.arguments.items()
+                  if name not in (self.var_positional, self.var_keyword) and _is_structure(value)}
+        for name in self.trees:
+            if name not in leaves:
+                leaves[name] = None
         values: List[Any] = []
+        taken: Dict[str, int] = {}
         for p in self.params:
-            if p.binding is Binding.VAR_POSITIONAL:
+            if p.tree:
+                index = taken.get(p.tree, 0)
+                taken[p.tree] = index + 1
+                values.append(None if leaves[p.tree] is None else leaves[p.tree][index])
+            elif p.binding is Binding.VAR_POSITIONAL:
                 values.append(bound.arguments[self.var_positional][int(p.name.rsplit(".", 1)[1])])
             elif p.binding is Binding.VAR_KEYWORD:
                 values.append(bound.arguments.get(self.var_keyword, {}).get(p.name))
             else:
                 values.append(bound.arguments[p.name])
         return values
+
+    def _tree_leaves(self, name: str, value: Any) -> Optional[List[Any]]:
+        """The leaves of a structure passed for parameter `name` (None for
+        None); the first structure makes the parameter's leaves inputs."""
+        if value is None:
+            return None
+        register_known_structures(value)
+        with_paths, spec = pytree.tree_flatten_with_path(value)
+        if name not in self.trees:
+            where = next(i for i, p in enumerate(self.params) if p.name == name)
+            if self.params[where].kind not in (None, Kind.OPTIONAL_TENSOR):
+                raise PrecompileError(
+                    f"frame '{self.name}', parameter '{name}': got a {type(value).__name__} but "
+                    f"earlier calls or its annotation made it {self.params[where].kind.value}"
+                )
+            self._expand_tree(where, spec, [f"{name}.{path_words(path)}" for path, _ in with_paths])
+        elif spec != self.trees[name]:
+            raise PrecompileError(
+                f"frame '{self.name}', parameter '{name}': this call passes a structure of "
+                f"{spec.num_leaves} leaves ({type(value).__name__}) unlike an earlier call's "
+                f"{self.trees[name].num_leaves}; a parameter's structure (its type, keys and "
+                "lengths) must be the same on every call that does not pass None"
+            )
+        return [leaf for _, leaf in with_paths]
+
+    def _expand_tree(self, where: int, spec: pytree.TreeSpec, names: List[str]) -> None:
+        """Parameter `where` becomes one input per leaf of `spec`, in its place:
+        the variants captured so far, which were passed None for it, are
+        passed None for each leaf."""
+        p = self.params[where]
+        for name in names:
+            if any(q.name == name for q in self.params):
+                raise PrecompileError(f"frame '{self.name}': input '{name}' would have the name of another input")
+        leaves = [
+            Param(name=name, kind=Kind.OPTIONAL_TENSOR if p.kind is Kind.OPTIONAL_TENSOR else None,
+                  annotated=False, has_default=p.has_default, default=None, binding=p.binding,
+                  optional=True, tree=p.name)
+            for name in names
+        ]
+        self.params[where:where + 1] = leaves
+        self.trees[p.name] = spec
+        extra = len(leaves) - 1
+
+        def moved(i: int) -> int:
+            return i + extra if i > where else i
+
+        for v in self.variants:
+            args = []
+            for g in v.guards.args:
+                if g.parameter == where:
+                    args.extend(ArgGuard(parameter=where + k, is_none=True) for k in range(len(leaves)))
+                else:
+                    args.append(dataclasses.replace(g, parameter=moved(g.parameter)))
+            v.guards = dataclasses.replace(
+                v.guards, args=tuple(args),
+                index_ranges=tuple((moved(i), lo, hi) for i, lo, hi in v.guards.index_ranges),
+            )
+            v.tensor_inputs = [moved(i) for i in v.tensor_inputs]
+        self.seen_sizes = {moved(i): sizes for i, sizes in self.seen_sizes.items() if i != where}
+        self.compiled_shapes = [
+            shapes[:where] + [None] * len(leaves) + shapes[where + 1:] for shapes in self.compiled_shapes
+        ]
+
+    def call_arguments(self, values: List[Any]) -> Tuple[List[Any], Dict[str, Any]]:
+        """How to call the frame's code on its inputs in order: positional
+        arguments and keywords, structures rebuilt from their leaves (a
+        None entry of **kwargs is left out, as it was absent)."""
+        args: List[Any] = []
+        kwargs: Dict[str, Any] = {}
+        trees: Dict[str, List[Any]] = {}
+        for p, v in zip(self.params, values):
+            if p.tree:
+                leaves = trees.setdefault(p.tree, [])
+                leaves.append(v)
+                if len(leaves) < self.trees[p.tree].num_leaves:
+                    continue
+                name = p.tree
+                v = None if all(x is None for x in leaves) else pytree.tree_unflatten(leaves, self.trees[p.tree])
+            else:
+                name = p.name
+            if not p.keyword_only:
+                args.append(v)
+            elif not (p.binding is Binding.VAR_KEYWORD and v is None):
+                kwargs[name] = v
+        return args, kwargs
 
     def _add_var_input(self, name: str, binding: Binding) -> None:
         if any(p.name == name for p in self.params):
@@ -341,14 +452,6 @@ class Frame:
                 v.guards = dataclasses.replace(
                     v.guards, args=v.guards.args + (ArgGuard(parameter=index, is_none=True),)
                 )
-
-    def call_layout(self) -> Tuple[List[int], List[Tuple[str, int]]]:
-        """How to call the frame's code from its inputs in order: the indices
-        passed positionally, and (keyword, index) pairs (a None entry of
-        **kwargs is left out, as it was absent)."""
-        positional = [i for i, p in enumerate(self.params) if not p.keyword_only]
-        keyword = [(p.name, i) for i, p in enumerate(self.params) if p.keyword_only]
-        return positional, keyword
 
     def observe(self, values: List[Any]) -> None:
         """Infers parameter kinds from a call; rejects values a frame cannot take."""
@@ -450,3 +553,12 @@ def _same_default(default: Any, value: Any) -> bool:
     if isinstance(value, torch.Tensor) or default is None:
         return False
     return type(default) is type(value) and default == value
+
+
+def _is_structure(value: Any) -> bool:
+    """A value that is neither a scalar, None nor a tensor but holds tensors."""
+    if value is None or isinstance(value, torch.Tensor) or kind_of_value(value) is not None:
+        return False
+    register_known_structures(value)
+    leaves = pytree.tree_leaves(value)
+    return any(isinstance(leaf, torch.Tensor) for leaf in leaves)

@@ -37,6 +37,14 @@ DTYPE_NAMES = {
 class Dim:
     static: Optional[int] = None
     symbol: Optional[int] = None
+    # A dimension bound to a symbol is the symbol's value plus this (an
+    # attention mask one longer than the cache it goes with).
+    offset: int = 0
+
+    def words(self) -> str:
+        if self.offset == 0:
+            return f"s{self.symbol}"
+        return f"s{self.symbol}{self.offset:+d}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +107,9 @@ class GuardSet:
                     if dim.symbol is None:
                         if size != dim.static:
                             return False
-                    elif dim.symbol in bound:
+                        continue
+                    size -= dim.offset
+                    if dim.symbol in bound:
                         if size != bound[dim.symbol]:
                             return False
                     else:
@@ -126,12 +136,13 @@ class GuardSet:
                     if dim.symbol is None:
                         dims.append(str(dim.static))
                     elif dim.symbol in seen:
-                        dims.append(f"s{dim.symbol}")
+                        dims.append(dim.words())
                     else:
                         seen.add(dim.symbol)
                         r = ranges[dim.symbol]
                         upper = f"{r.max}]" if r.max is not None else "inf)"
-                        dims.append(f"s{dim.symbol} in [{r.min}, {upper}")
+                        dims.append(f"{dim.words()}, s{dim.symbol} in [{r.min}, {upper}"
+                                    if dim.offset else f"s{dim.symbol} in [{r.min}, {upper}")
                 where = "" if g.tensor.device == device else f" on {g.tensor.device}"
                 parts.append(
                     f"{name}: {DTYPE_NAMES[g.tensor.dtype]}[{', '.join(dims)}]{where}"
@@ -174,6 +185,18 @@ def _int_bound(value: Any) -> Optional[int]:
         return None
 
 
+def _symbol_plus_constant(expr: sympy.Expr) -> Optional[Tuple[sympy.Symbol, int]]:
+    """(s, c) for a size that is `s + c` (c may be 0); None for other expressions."""
+    if isinstance(expr, sympy.Symbol):
+        return expr, 0
+    if isinstance(expr, sympy.Add) and len(expr.args) == 2:
+        constants = [a for a in expr.args if a.is_Integer]
+        symbols = [a for a in expr.args if isinstance(a, sympy.Symbol)]
+        if len(constants) == 1 and len(symbols) == 1:
+            return symbols[0], int(constants[0])
+    return None
+
+
 def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> Tuple[GuardSet, List[int]]:
     """The guards of `ep`, captured from a call with `values` (signature order).
 
@@ -207,12 +230,13 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
                 expr = size.node.expr
                 if expr.is_Integer:
                     dims.append(Dim(static=int(expr)))
-                elif isinstance(expr, sympy.Symbol):
+                elif _symbol_plus_constant(expr) is not None:
                     # Symbols the program relates without a guard share one id.
-                    root = related(expr)
+                    symbol, offset = _symbol_plus_constant(expr)
+                    root = related(symbol)
                     sid = symbol_ids.setdefault(root, len(symbol_ids))
-                    members.setdefault(root, []).append(expr)
-                    dims.append(Dim(symbol=sid))
+                    members.setdefault(root, []).append(symbol)
+                    dims.append(Dim(symbol=sid, offset=offset))
                 else:
                     not_plain.append((i, d))
                     dims.append(Dim(static=int(value.shape[d])))
@@ -276,9 +300,16 @@ _SAME_VALUES = {
 }
 
 
+def _size_expr(arg: Any) -> Optional[sympy.Expr]:
+    """The expression of a size the graph computed (sym_size and arithmetic on it)."""
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    return val.node.expr if isinstance(val, torch.SymInt) else None
+
+
 def _index_source(node: Any) -> Optional[Tuple[str, Any, int]]:
-    """Where the values of an index tensor come from, up to an added constant:
-    ("input", placeholder, offset) or ("arange", end, offset) (arange from 0)."""
+    """Where the values of an index tensor come from, up to an added offset (a
+    constant, or for an arange an expression of sizes): ("input", placeholder,
+    offset) or ("arange", end, offset) (arange from 0)."""
     offset = 0
     while isinstance(node, torch.fx.Node):
         if node.op == "placeholder":
@@ -291,10 +322,22 @@ def _index_source(node: Any) -> Optional[Tuple[str, Any, int]]:
         elif target in (_aten.add.Tensor, _aten.add.Scalar) and isinstance(args[1], int) and not isinstance(args[1], bool):
             offset += args[1]
             node = args[0]
+        elif target is _aten.add.Tensor and isinstance(_size_expr(args[1]), sympy.Expr):
+            # A size added (positions after a cache's length).
+            offset = _size_expr(args[1]) + offset
+            node = args[0]
         elif target is _aten.arange.default and len(args) == 1:
             return ("arange", args[0], offset)
         elif target is _aten.arange.start and len(args) == 2 and isinstance(args[0], int) and args[0] >= 0:
             return ("arange", args[1], offset)
+        elif target is _aten.arange.start and len(args) == 2 and _size_expr(args[0]) is not None:
+            # arange(s, s + n): n positions after a cache of length s.
+            start = _size_expr(args[0])
+            end = _size_expr(args[1]) if isinstance(args[1], torch.fx.Node) else args[1]
+            length = sympy.simplify(end - start) if end is not None else None
+            if length is None or not length.is_Integer or int(length) < 0:
+                return None
+            return ("arange", int(length), start + offset)
         else:
             return None
     return None
@@ -352,8 +395,8 @@ def _index_limits(
     Returns the value range [min, max) of each integer input (by parameter)
     used as indices into a dimension of static size (an embedding's rows;
     index, index_select, gather, scatter, index_put), and the largest size of
-    each symbol that is the length of an arange used so (position ids):
-    compiled code that reads past a table ends the process, so these become
+    each symbol that is the length of an arange used so (position ids), or the
+    length of a cache that such an arange's positions follow: compiled code that reads past a table ends the process, so these become
     refusals instead. Indices into a dimension of dynamic size, and indices
     computed from an input's values (not a view of it or a constant added),
     are not covered.
@@ -370,6 +413,14 @@ def _index_limits(
             if source is None:
                 continue
             kind, origin, offset = source
+            if isinstance(offset, sympy.Expr) and not offset.is_Integer:
+                # arange(n) + (s + c), n static: positions that follow a cache of length s.
+                shifted = _symbol_plus_constant(offset)
+                if kind == "arange" and isinstance(origin, int) and shifted is not None:
+                    symbol, c = shifted
+                    limits[symbol] = min(limits.get(symbol, rows - origin - c), rows - origin - c)
+                continue
+            offset = int(offset)
             if kind == "input" and origin.name in inputs and _is_integer_input(origin):
                 i = inputs[origin.name]
                 lo, hi = (-rows if negative else 0) - offset, rows - offset

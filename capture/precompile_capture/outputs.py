@@ -24,8 +24,9 @@ import precompile_eager
 
 from .errors import PrecompileError
 
-# The dataclasses output_schema made pytree nodes, in order.
-registered_dataclasses: List[type] = []
+# The types output_schema made pytree nodes (dataclasses, a library's
+# structures), in order.
+registered_nodes: List[type] = []
 
 # Non-tensor leaves a frame may return: they are recorded, not served.
 _CONSTANT_TYPES = (type(None), bool, int, float, str)
@@ -74,8 +75,18 @@ class OutputSchema:
         return "[" + ", ".join(parts) + "]"
 
 
+def _attribute_values(result: Any) -> List[Any]:
+    """`result` and the values of its mapping entries (a ModelOutput's fields)."""
+    values = [result]
+    if isinstance(result, dict):
+        values.extend(result.values())
+    elif isinstance(result, (list, tuple)):
+        values.extend(result)
+    return values
+
+
 def _register_dataclasses(value: Any) -> None:
-    registered_dataclasses.extend(precompile_eager.register_dataclasses(value))
+    registered_nodes.extend(precompile_eager.register_dataclasses(value))
 
 
 def _key_words(key: Any) -> str:
@@ -88,13 +99,24 @@ def _key_words(key: Any) -> str:
     return str(key).strip(".[]'\"")
 
 
+def path_words(path: Tuple[Any, ...]) -> str:
+    """A pytree path in words: its keys, attribute names and indices joined by "."."""
+    return ".".join(_key_words(k) for k in path)
+
+
 def _leaf_name(path: Tuple[Any, ...]) -> str:
     if not path:
         return "output0"
-    words = [_key_words(k) for k in path]
-    if isinstance(path[0], pytree.SequenceKey):
-        words[0] = f"output{words[0]}"
-    return ".".join(words)
+    words = path_words(path)
+    return f"output{words}" if isinstance(path[0], pytree.SequenceKey) else words
+
+
+def register_known_structures(value: Any) -> None:
+    """Makes the structure `value` is a pytree node where its library says how."""
+    if type(value) not in pytree.SUPPORTED_NODES:
+        precompile_eager.register_known_structures(type(value))
+        if type(value) in pytree.SUPPORTED_NODES:
+            registered_nodes.append(type(value))
 
 
 def _spec_words(spec: pytree.TreeSpec) -> str:
@@ -107,6 +129,8 @@ def _spec_words(spec: pytree.TreeSpec) -> str:
 def output_schema(frame: str, result: Any) -> OutputSchema:
     """The schema of `result`, or PrecompileError naming what cannot be served."""
     _register_dataclasses(result)
+    for value in _attribute_values(result):
+        register_known_structures(value)
     try:
         with_paths, spec = pytree.tree_flatten_with_path(result)
     except ValueError:
@@ -123,8 +147,8 @@ def output_schema(frame: str, result: Any) -> OutputSchema:
             out.append(Leaf(name, False, type(leaf).__name__))
         else:
             hint = (
-                " (a transformers cache: build the model with use_cache=False, or pass "
-                "use_cache=False)"
+                " (a transformers cache other than DynamicCache, which is served as its "
+                "tensors: build the model with use_cache=False, or pass use_cache=False)"
                 if type(leaf).__name__.endswith("Cache")
                 else ""
             )

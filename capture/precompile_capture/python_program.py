@@ -67,7 +67,10 @@ _PROVIDED = {"precompile_eager", "builtins", "__builtin__"}
 
 
 def _params(frame: Frame) -> List[precompile_eager.Param]:
-    return [precompile_eager.Param(p.name, _BINDINGS[p.binding], p.has_default, p.default) for p in frame.params]
+    return [
+        precompile_eager.Param(p.name, _BINDINGS[p.binding], p.has_default, p.default, p.tree, frame.trees.get(p.tree))
+        for p in frame.params
+    ]
 
 
 def blocker(context: ScriptContext, frame: Frame) -> Optional[str]:

@@ -53,11 +53,14 @@ import types
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.utils._pytree as pytree
 from google.protobuf import json_format
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from proto import admin_pb2
 from proto import artifact_pb2 as pb
+
+import precompile_eager
 
 from .artifact import MANIFEST, dtype_from_proto, guards_from_proto, scalar_value
 from .capture import capture
@@ -365,10 +368,21 @@ def call_from_signature(
     values = _signature_values(sig, frame)
     generator = torch.Generator().manual_seed(seed)
     has_var_positional = any(p.binding == _Binding.VAR_POSITIONAL for p in frame.parameters)
+    specs = {s.parameter: _loaded_tree_spec(s, frame.name) for s in frame.structures}
     args: List[Any] = []
     kwargs: Dict[str, Any] = {}
+    leaves: Dict[str, List[Any]] = {}
     for p, v in zip(frame.parameters, values):
         value = _make_value(v, p.name, generator, int_ranges)
+        name = p.name
+        if p.structure:
+            # A structure's leaves: the structure once they are all made.
+            gathered = leaves.setdefault(p.structure, [])
+            gathered.append(value)
+            if len(gathered) < specs[p.structure].num_leaves:
+                continue
+            name = p.structure
+            value = None if all(x is None for x in gathered) else pytree.tree_unflatten(gathered, specs[name])
         if p.binding in (_Binding.POSITIONAL_ONLY, _Binding.VAR_POSITIONAL) or (
             p.binding == _Binding.POSITIONAL_OR_KEYWORD and has_var_positional
         ):
@@ -376,8 +390,29 @@ def call_from_signature(
         elif p.binding == _Binding.VAR_KEYWORD and value is None:
             continue
         else:
-            kwargs[p.name] = value
+            kwargs[name] = value
     return args, kwargs
+
+
+def _loaded_tree_spec(structure: pb.Structure, frame: str) -> pytree.TreeSpec:
+    """The spec of a structure a frame takes (its library's node types
+    registered first, as the capture registered them)."""
+    if not structure.tree_spec:
+        raise PrecompileError(
+            f"frame '{frame}': the structure of parameter '{structure.parameter}' was not "
+            "recorded (torch cannot serialize its type), so calls of it cannot be replayed"
+        )
+    if "transformers" in structure.tree_spec:
+        from transformers.cache_utils import DynamicCache  # noqa: PLC0415
+
+        precompile_eager.register_known_structures(DynamicCache)
+    try:
+        return pytree.treespec_loads(structure.tree_spec)
+    except Exception as e:  # noqa: BLE001 - an unknown type, a format of another torch
+        raise PrecompileError(
+            f"frame '{frame}': cannot rebuild the structure of parameter "
+            f"'{structure.parameter}': {e}"
+        ) from e
 
 
 def parse_int_range(text: str) -> Tuple[str, Tuple[int, int]]:
