@@ -26,11 +26,11 @@ def make_bert() -> torch.nn.Module:
     return BertModel(config).eval()
 
 
-def make_gpt2() -> torch.nn.Module:
-    """A Hugging Face decoder with its language-model head, for scoring whole
-    sequences: use_cache=False, as a model served without generation state
-    is configured (with the cache on it returns a DynamicCache object, which
-    the capture refuses with a message that says so)."""
+def make_gpt2(use_cache: bool = False) -> torch.nn.Module:
+    """A Hugging Face decoder with its language-model head. Without its
+    cache, for scoring whole sequences; with it (make_gpt2_decoder), for
+    generating: each call returns the keys and values of every position so
+    far, and the next call passes them back with only the new token."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -40,11 +40,37 @@ def make_gpt2() -> torch.nn.Module:
         n_embd=64,
         n_layer=2,
         n_head=4,
-        use_cache=False,
+        use_cache=use_cache,
         bos_token_id=0,
         eos_token_id=0,
     )
     return GPT2LMHeadModel(config).eval()
+
+
+def make_gpt2_decoder() -> torch.nn.Module:
+    """make_gpt2()'s weights with its cache on, as model.generate() calls it."""
+    return make_gpt2(use_cache=True)
+
+
+def make_llama_decoder() -> torch.nn.Module:
+    """A Llama decoder (rotary positions, grouped-query attention: 2 key and
+    value heads for 4 query heads) with its cache, as model.generate() calls it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config).eval()
 
 
 def make_resnet18() -> torch.nn.Module:

@@ -4,9 +4,10 @@
 # reflection) on port 8001, HTTP/REST on 8000, Prometheus metrics on
 # http://localhost:8002/metrics. While it serves, it builds the client tools
 # (precompile_client, precompile_load), then captures the gallery's models
-# (BERT, GPT-2, resnet18, BERT behind a flagged wrapper), which join the
-# server one by one: each finished artifact is moved into the repository,
-# which the server rescans every 2 seconds.
+# (BERT, GPT-2 without and with its cache, a Llama with its cache, resnet18,
+# BERT behind a flagged wrapper), which join the server one by one: each
+# finished artifact is moved into the repository, which the server rescans
+# every 2 seconds.
 #
 # It listens on 127.0.0.1 only and lets any local client load, unload and
 # rescan models without a token (--allow_unauthenticated_control): a
@@ -67,7 +68,7 @@ server=$!
 # While it serves: the client tools, then the gallery, smallest capture
 # first; each model joins at the next rescan.
 clients=(//client:precompile_client //client:precompile_load)
-gallery=(resnet18 bert gpt2 bert_recentering)
+gallery=(resnet18 bert gpt2 gpt2_decoder llama_decoder bert_recentering)
 (
   if bazel build --noshow_progress "${clients[@]}" 2>"$staging/clients.log"; then
     say "client tools ready: bazel-bin/client/precompile_client, bazel-bin/client/precompile_load"

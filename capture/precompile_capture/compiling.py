@@ -91,8 +91,9 @@ class _ExportWrapper(torch.nn.Module):
 
 
 Dims = Dict[int, List[int]]
-# (input, dimension) -> (the group's first member, its size minus the first's).
-Relations = Dict[Tuple[int, int], Tuple[Tuple[int, int], int]]
+# (input, dimension) -> (the group's first member, its size minus the
+# first's, the smallest size of the first).
+Relations = Dict[Tuple[int, int], Tuple[Tuple[int, int], int, int]]
 
 
 def _related_dims(frame: Frame, dynamic: Dims) -> Relations:
@@ -126,7 +127,8 @@ def _related_dims(frame: Frame, dynamic: Dims) -> Relations:
         current = {b: sizes(b)[-1] for b in group}
         first = min(group, key=lambda b: current[b])
         for b in group:
-            relations[b] = (first, current[b] - current[first])
+            # Any length from 1: a cache after a one-token prompt.
+            relations[b] = (first, current[b] - current[first], 1)
     return relations
 
 
@@ -145,25 +147,26 @@ def quiet() -> Iterator[None]:
         yield
 
 
-def _merged_symbols(guards: GuardSet, values: List[Any], relations: Relations) -> Relations:
+def _merged_symbols(guards: GuardSet, relations: Relations) -> Relations:
     """Relations for the dimensions of each guard symbol that stands for
     several of the exported program's symbols (extract_guards relates them),
-    unless they are declared related already."""
-    names = {s.symbol: s.name for s in guards.symbols}
+    unless they are declared related already. Their range stays the one the
+    guards give (export's 0/1 specialization included)."""
+    ranges = {s.symbol: s for s in guards.symbols}
     members: Dict[int, List[Tuple[Tuple[int, int], int]]] = {}
     for g in guards.args:
         if g.tensor is None:
             continue
         for d, dim in enumerate(g.tensor.dims):
-            if dim.symbol is not None and "=" in names[dim.symbol]:
+            if dim.symbol is not None and "=" in ranges[dim.symbol].name:
                 members.setdefault(dim.symbol, []).append(((g.parameter, d), dim.offset))
     merged: Relations = {}
-    for group in members.values():
+    for symbol, group in members.items():
         if all(dim in relations for dim, _ in group):
             continue
         first, base = min(group, key=lambda m: m[1])
         for dim, offset in group:
-            merged[dim] = (first, offset - base)
+            merged[dim] = (first, offset - base, ranges[symbol].min + base)
     return merged
 
 
@@ -223,14 +226,14 @@ class VariantCompiler:
         dynamic_shapes = None
         if dynamic:
             named = {
-                first: ExportDim(f"{frame.params[first[0]].name.replace('.', '_')}_{first[1]}", min=1)
-                for first, _ in relations.values()
+                first: ExportDim(f"{frame.params[first[0]].name.replace('.', '_')}_{first[1]}", min=smallest)
+                for first, _, smallest in relations.values()
             }
 
             def dim(i: int, d: int) -> Any:
                 if (i, d) not in relations:
                     return ExportDim.AUTO
-                first, offset = relations[(i, d)]
+                first, offset, _ = relations[(i, d)]
                 return named[first] + offset if offset else named[first]
 
             # Keyed by the wrapper's one parameter, *inputs.
@@ -290,7 +293,7 @@ class VariantCompiler:
                 continue
             except GuardExtractionError as e:
                 raise CompileError("reading the guards", e) from e
-            merged = _merged_symbols(guards, values, relations)
+            merged = _merged_symbols(guards, relations)
             if merged:
                 # The guards require sizes equal that the program keeps apart:
                 # export again with them one size, so that the compiled code

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests" / "testing"))
 
 from server_process import ServerProcess  # noqa: E402
 
-MODELS = ("bert", "gpt2", "resnet18", "bert_recentering")
+MODELS = ("bert", "gpt2", "gpt2_decoder", "llama_decoder", "resnet18", "bert_recentering")
 
 
 @pytest.fixture(scope="module")

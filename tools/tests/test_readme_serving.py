@@ -105,7 +105,7 @@ def test_the_examples_are_served_first_and_the_gallery_joins(served):
     # The examples were in the repository when the server started.
     for model in ("mlp", "loop", "branch", "nested", "dtypes", "passthrough"):
         assert http_status(f"http://127.0.0.1:{served.http}/v2/models/{model}/ready") == 200, model
-    for model in ("resnet18", "bert", "gpt2", "bert_recentering"):
+    for model in ("resnet18", "bert", "gpt2", "gpt2_decoder", "llama_decoder", "bert_recentering"):
         served.await_match(rf"\[serve\] gallery: {model} is in the repository", timeout=1800)
         await_ready(served, model, timeout=120)
 
@@ -121,6 +121,17 @@ def test_the_readme_calls_answer(served):
         assert run.stdout.strip(), f"{command} printed nothing"
         # Over HTTP an error is a JSON object with "error" (curl -s exits 0).
         assert not run.stdout.lstrip().startswith('{"error"'), f"{command}\n{run.stdout}"
+
+
+def test_the_readme_generation_prints_the_tokens(served):
+    await_ready(served, "gpt2_decoder", timeout=1800)
+    commands = shell_commands(readme_block("Generate with the gallery's decoder", "sh"))
+    assert len(commands) == 1, commands
+    run = subprocess.run(["bash", "-o", "pipefail", "-c", on_test_ports(commands[0], served)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"{commands[0]}\n{run.stdout}\n{run.stderr}"
+    tokens = run.stdout.strip().split(",")
+    assert len(tokens) == 8 and all(0 <= int(t) < 1000 for t in tokens), run.stdout
 
 
 def test_the_readme_python_client_prints_what_the_readme_says(served):
