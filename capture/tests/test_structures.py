@@ -2,8 +2,8 @@
 list of tensors) becomes one input per leaf, named by its path; a dimension
 may be a size symbol plus an offset (a mask one longer than a cache); an
 example call may pass what an earlier one returned. No AOTInductor compile
-happens here: the decoder these exist for is served end to end by
-//gallery:generation_test."""
+happens here but in the last test: the decoders these exist for are served
+end to end by //gallery:generation_test."""
 
 import json
 
@@ -11,7 +11,10 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
+import precompile_capture
 import precompile_eager
+from conftest import read_manifest
+from examples.models import opaque
 from precompile_capture import PrecompileError
 from precompile_capture.artifact import guards_from_proto, guards_proto
 from precompile_capture.cli import load_calls, resolved
@@ -159,3 +162,45 @@ def test_an_eager_program_takes_and_gives_structures():
     assert len(values) == 3
     with pytest.raises(TypeError, match="argument 'cache': a dict of 1 leaves unlike"):
         precompile_eager.bind("forward", params, (torch.ones(1),), {"cache": {"k": torch.ones(1)}})
+
+
+class CachedSteps(torch.nn.Module):
+    """A decoder-shaped frame Dynamo gives up on once `steps` >= 1 (a graph
+    break in a loop): it takes a cache of two tensors and returns the next."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x, cache=None, steps: int = 0):
+        h = self.proj(x)
+        if cache is not None:
+            h = h + cache[0].sum() * cache[1]
+        for _ in range(steps):
+            h = opaque(h)
+        return h, [h * 2, h + 1]
+
+
+def test_a_flagged_frame_runs_its_python_program_with_the_structure_rebuilt(tmp_path):
+    torch.manual_seed(0)
+    model = CachedSteps().eval()
+    cap = precompile_capture.capture(model, name="cached")
+    x = torch.randn(2, 4)
+    first = cap(x)  # A variant, while the cache is None.
+    cap(x, cache=first[1], steps=1)  # A graph break in a loop: flagged.
+    info = cap.frame("forward")
+    assert info.eager_fallback
+    assert [name for name, _ in info.parameters] == ["x", "cache.0", "cache.1", "steps"]
+    m = read_manifest(cap.save(tmp_path / "out"))
+    forward = m.frames[0]
+    assert [p.structure for p in forward.parameters] == ["", "cache", "cache", ""]
+    assert [s.parameter for s in forward.structures] == ["cache"]
+    # The variant captured before the cache was seen takes None for each leaf.
+    assert [g.tensor.is_none for g in forward.variants[0].guards if g.parameter in (1, 2)] == [True, True]
+    program = precompile_eager.load(str(tmp_path / "out" / forward.python_program.path), "cpu")
+    with torch.no_grad():
+        want = model(x, cache=first[1], steps=1)
+        got = program([x, first[1][0], first[1][1], 1])
+        assert all(torch.equal(a, b) for a, b in zip(got, pytree.tree_leaves(want)))
+        got = program([x, None, None, 2])
+        assert all(torch.equal(a, b) for a, b in zip(got, pytree.tree_leaves(model(x, steps=2))))
