@@ -50,6 +50,12 @@ def test_generated_tokens_equal_model_generate(client, model):
 
 
 @pytest.mark.parametrize("model", sorted(FACTORIES))
+def test_a_one_token_prompt_generates_as_model_generate_does(client, model):
+    # Its own static prefill variant, then a cache of one position.
+    assert generate.generate(client, model, [7], 6) == _in_process([7], 6, model)
+
+
+@pytest.mark.parametrize("model", sorted(FACTORIES))
 def test_each_step_scores_the_sequence_as_the_whole_sequence_does(client, model):
     # Greedy tokens of random weights can repeat whatever the cache holds:
     # the logits of every step, fed a fixed sequence, must equal those of
