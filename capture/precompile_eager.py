@@ -99,13 +99,20 @@ def _leaves(frame: str, p: Param, value: Any) -> List[Any]:
     return leaves
 
 
-def _structure(p: Param, leaves: List[Any]) -> Any:
-    assert p.tree_spec is not None
+def structure_from_leaves(spec: pytree.TreeSpec, leaves: List[Any]) -> Any:
+    """The structure `spec` describes, from its leaves; None where every leaf
+    is None (a call that passed None for it). Its node types must be
+    registered (Dynamo traces this inside the capture's export)."""
     if all(leaf is None for leaf in leaves):
         return None
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _structure(p: Param, leaves: List[Any]) -> Any:
+    assert p.tree_spec is not None
     for cls in _spec_types(p.tree_spec):
         register_known_structures(cls)
-    return pytree.tree_unflatten(leaves, p.tree_spec)
+    return structure_from_leaves(p.tree_spec, leaves)
 
 
 def bind(frame: str, params: Sequence[Param], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:

@@ -283,8 +283,8 @@ class VariantCompiler:
                 guards, tensor_inputs = extract_guards(ep, values)
             except NotPlainSymbol as e:
                 # A size that is an expression of symbols: capture those dims static.
+                relations = {}
                 for i, d in e.dims:
-                    relations = {}
                     dims = [x for x in dynamic.get(i, []) if x != d]
                     if dims:
                         dynamic[i] = dims

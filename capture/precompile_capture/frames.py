@@ -28,10 +28,11 @@ import typing
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
-
-from .errors import PrecompileError
 import torch.utils._pytree as pytree
 
+import precompile_eager
+
+from .errors import PrecompileError
 from .guards import ArgGuard
 from .outputs import OutputSchema, output_schema, path_words, register_known_structures
 from .summary import FallbackCause
@@ -330,11 +331,11 @@ class Frame:
             for key in bound.arguments.get(self.var_keyword, {}):
                 if key not in known:
                     self._add_var_input(key, Binding.VAR_KEYWORD)
-        leaves = {name: self._tree_leaves(name, value) for name, value in bound.arguments.items()
-                  if name not in (self.var_positional, self.var_keyword) and _is_structure(value)}
-        for name in self.trees:
-            if name not in leaves:
-                leaves[name] = None
+        leaves: Dict[str, Optional[List[Any]]] = {name: None for name in self.trees}
+        for name, value in bound.arguments.items():
+            flat = None if name in (self.var_positional, self.var_keyword) else _flattened_structure(value)
+            if flat is not None:
+                leaves[name] = self._tree_leaves(name, value, *flat)
         values: List[Any] = []
         taken: Dict[str, int] = {}
         for p in self.params:
@@ -350,13 +351,11 @@ class Frame:
                 values.append(bound.arguments[p.name])
         return values
 
-    def _tree_leaves(self, name: str, value: Any) -> Optional[List[Any]]:
-        """The leaves of a structure passed for parameter `name` (None for
-        None); the first structure makes the parameter's leaves inputs."""
-        if value is None:
-            return None
-        register_known_structures(value)
-        with_paths, spec = pytree.tree_flatten_with_path(value)
+    def _tree_leaves(self, name: str, value: Any, with_paths: List[Tuple[Any, Any]],
+                     spec: pytree.TreeSpec) -> List[Any]:
+        """The leaves of structure `value` (flattened: `with_paths`, `spec`)
+        passed for parameter `name`; the first structure makes the
+        parameter's leaves inputs."""
         if name not in self.trees:
             where = next(i for i, p in enumerate(self.params) if p.name == name)
             if self.params[where].kind not in (None, Kind.OPTIONAL_TENSOR):
@@ -426,7 +425,7 @@ class Frame:
                 if len(leaves) < self.trees[p.tree].num_leaves:
                     continue
                 name = p.tree
-                v = None if all(x is None for x in leaves) else pytree.tree_unflatten(leaves, self.trees[p.tree])
+                v = precompile_eager.structure_from_leaves(self.trees[p.tree], leaves)
             else:
                 name = p.name
             if not p.keyword_only:
@@ -555,10 +554,11 @@ def _same_default(default: Any, value: Any) -> bool:
     return type(default) is type(value) and default == value
 
 
-def _is_structure(value: Any) -> bool:
-    """A value that is neither a scalar, None nor a tensor but holds tensors."""
+def _flattened_structure(value: Any) -> Optional[Tuple[List[Tuple[Any, Any]], pytree.TreeSpec]]:
+    """`value` flattened with the paths of its leaves, if it is neither a
+    scalar, None nor a tensor but holds tensors; else None."""
     if value is None or isinstance(value, torch.Tensor) or kind_of_value(value) is not None:
-        return False
+        return None
     register_known_structures(value)
-    leaves = pytree.tree_leaves(value)
-    return any(isinstance(leaf, torch.Tensor) for leaf in leaves)
+    with_paths, spec = pytree.tree_flatten_with_path(value)
+    return (with_paths, spec) if any(isinstance(leaf, torch.Tensor) for _, leaf in with_paths) else None

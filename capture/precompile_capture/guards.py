@@ -322,9 +322,9 @@ def _index_source(node: Any) -> Optional[Tuple[str, Any, int]]:
         elif target in (_aten.add.Tensor, _aten.add.Scalar) and isinstance(args[1], int) and not isinstance(args[1], bool):
             offset += args[1]
             node = args[0]
-        elif target is _aten.add.Tensor and isinstance(_size_expr(args[1]), sympy.Expr):
+        elif target is _aten.add.Tensor and (size := _size_expr(args[1])) is not None:
             # A size added (positions after a cache's length).
-            offset = _size_expr(args[1]) + offset
+            offset = size + offset
             node = args[0]
         elif target is _aten.arange.default and len(args) == 1:
             return ("arange", args[0], offset)
@@ -396,8 +396,9 @@ def _index_limits(
     used as indices into a dimension of static size (an embedding's rows;
     index, index_select, gather, scatter, index_put), and the largest size of
     each symbol that is the length of an arange used so (position ids), or the
-    length of a cache that such an arange's positions follow: compiled code that reads past a table ends the process, so these become
-    refusals instead. Indices into a dimension of dynamic size, and indices
+    length of a cache that such an arange's positions follow: compiled code
+    that reads past a table ends the process, so these become refusals
+    instead. Indices into a dimension of dynamic size, and indices
     computed from an input's values (not a view of it or a constant added),
     are not covered.
     """

@@ -382,7 +382,7 @@ def call_from_signature(
             if len(gathered) < specs[p.structure].num_leaves:
                 continue
             name = p.structure
-            value = None if all(x is None for x in gathered) else pytree.tree_unflatten(gathered, specs[name])
+            value = precompile_eager.structure_from_leaves(specs[name], gathered)
         if p.binding in (_Binding.POSITIONAL_ONLY, _Binding.VAR_POSITIONAL) or (
             p.binding == _Binding.POSITIONAL_OR_KEYWORD and has_var_positional
         ):
