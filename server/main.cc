@@ -71,6 +71,10 @@ ABSL_FLAG(int64_t, max_in_flight_request_bytes, int64_t{1} << 30,
           "Bytes of the inference requests admitted at once (gRPC messages, HTTP bodies), "
           "running or queued; a request that would pass it gets RESOURCE_EXHAUSTED (0: no "
           "limit). At least --max_message_bytes");
+ABSL_FLAG(int64_t, sequence_state_bytes, int64_t{1} << 30,
+          "Bytes of sequences' state (models whose config.pbtxt has sequence_batching) held "
+          "at once; past it the sequence idle longest is evicted, and a sequence that still "
+          "does not fit is refused RESOURCE_EXHAUSTED (0: no sequence may start)");
 ABSL_FLAG(int, inference_threads, 0,
           "Threads running inference requests; more wait in a queue (0: one per core "
           "the process may run on)");
@@ -205,6 +209,10 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   if (options.max_in_flight_request_bytes > 0 &&
       options.max_in_flight_request_bytes < absl::GetFlag(FLAGS_max_message_bytes)) {
     return absl::InvalidArgumentError("--max_in_flight_request_bytes must be 0 or at least --max_message_bytes");
+  }
+  options.sequence_state_bytes = absl::GetFlag(FLAGS_sequence_state_bytes);
+  if (options.sequence_state_bytes < 0) {
+    return absl::InvalidArgumentError("--sequence_state_bytes must be at least 0");
   }
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
   options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);

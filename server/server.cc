@@ -159,8 +159,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
       std::make_unique<ModelRepository>(std::move(repository_options), server.get());
   const ControlAccess access(o.admin_token, o.allow_unauthenticated_control);
   server->tracer_ = std::make_unique<RequestTracer>(o.trace_file, o.trace);
-  server->api_ = std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_,
-                                                o.max_request_time, server->tracer_.get());
+  SequenceStore::Options sequences;
+  sequences.max_bytes = o.sequence_state_bytes;
+  server->sequences_ = std::make_unique<SequenceStore>(sequences);
+  server->api_ =
+      std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_,
+                                     o.max_request_time, server->tracer_.get(),
+                                     server->sequences_.get());
   server->inference_ = std::make_unique<InferenceService>(
       *server->api_, *server->scheduler_, access, o.inference_pollers, o.grpc_answers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);
@@ -168,7 +173,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   RequestScheduler* scheduler = server->scheduler_.get();
   const ServingState* state = &server->state_;
   const InferenceService* grpc_inference = server->inference_.get();
-  server->metrics_->ExportServerLoad([scheduler, state, grpc_inference] {
+  SequenceStore* sequence_store = server->sequences_.get();
+  server->metrics_->ExportServerLoad([scheduler, state, grpc_inference, sequence_store] {
     ServerLoad load;
     load.draining = state->draining();
     load.in_flight = scheduler->in_flight();
@@ -180,6 +186,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     load.in_flight_bytes = scheduler->in_flight_bytes();
     load.max_in_flight_bytes = scheduler->max_in_flight_bytes();
     load.grpc_unsent_answer_bytes = grpc_inference->unsent_answer_bytes();
+    for (const SequenceStore::ModelStats& s : sequence_store->Stats()) {
+      load.sequences.push_back(
+          {s.model, s.active, s.state_bytes, s.ended, s.expired, s.evicted});
+    }
+    load.max_sequence_state_bytes = sequence_store->max_bytes();
     return load;
   });
   if (!o.metrics_address.empty()) {

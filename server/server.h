@@ -109,6 +109,10 @@ struct ServerOptions {
   // gRPC's default (2) lets the others exit after each burst and creates them
   // again for the next. Default: 64.
   int grpc_max_pollers = 64;
+  // Bytes of sequences' state (models whose config.pbtxt has
+  // sequence_batching) the server holds at once; past it the sequence idle
+  // longest is evicted (server/scheduling/sequence_state.h). Default: 1 GiB.
+  int64_t sequence_state_bytes = int64_t{1} << 30;
   // Options for every model (runners, CUDA device, require_complete).
   LoadOptions load_options;
   // Device type the server runs models on ("cpu" or "cuda"): an artifact
@@ -180,8 +184,9 @@ class Server final : public RepositoryListener {
   std::unique_ptr<RequestScheduler> scheduler_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRepository> repository_;
-  // Outlives the API that writes to it.
+  // Outlive the API that writes to them.
   std::unique_ptr<RequestTracer> tracer_;
+  std::unique_ptr<SequenceStore> sequences_;
   std::unique_ptr<InferenceApi> api_;
   std::unique_ptr<InferenceService> inference_;
   std::unique_ptr<AdminService> admin_;

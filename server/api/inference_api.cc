@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -159,7 +160,8 @@ std::string ScalarText(const artifact::v1::Scalar& s) {
 
 RequestOutcome OutcomeOfStatus(const absl::Status& status) {
   switch (status.code()) {
-    case absl::StatusCode::kFailedPrecondition: return RequestOutcome::kRefused;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAborted: return RequestOutcome::kRefused;
     case absl::StatusCode::kInvalidArgument: return RequestOutcome::kInvalid;
     case absl::StatusCode::kResourceExhausted: return RequestOutcome::kOverloaded;
     case absl::StatusCode::kCancelled:
@@ -168,6 +170,74 @@ RequestOutcome OutcomeOfStatus(const absl::Status& status) {
   }
 }
 
+
+// The state tensors of a model that keeps sequences are the server's, not
+// the client's: `meta` without them.
+std::vector<TensorMeta> WithoutState(std::vector<TensorMeta> meta, const SequenceConfig* sequences,
+                                     bool inputs) {
+  if (sequences == nullptr) return meta;
+  std::erase_if(meta, [&](const TensorMeta& t) {
+    return (inputs ? sequences->ForInput(t.name) : sequences->ForOutput(t.name)) != nullptr;
+  });
+  return meta;
+}
+
+// Triton's sequence parameters of a request to a model that keeps
+// sequences.
+struct SequenceParams {
+  SequenceId id;
+  bool start = false;
+  bool end = false;
+};
+
+absl::StatusOr<SequenceParams> ReadSequenceParams(const inference::ModelInferRequest& request) {
+  const auto& params = request.parameters();
+  auto id = params.find("sequence_id");
+  if (id == params.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", request.model_name(),
+        "' keeps state between the requests of a sequence (sequence_batching in its "
+        "config.pbtxt): a request names its sequence with the parameter sequence_id (a "
+        "positive integer or a string), and a sequence's first request carries "
+        "sequence_start"));
+  }
+  SequenceParams sequence;
+  const inference::InferParameter& value = id->second;
+  const auto not_an_id = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter 'sequence_id' is ", what, ": a positive integer or a string of 1 to ",
+        kMaxSequenceIdBytes, " bytes"));
+  };
+  switch (value.parameter_choice_case()) {
+    case inference::InferParameter::kInt64Param:
+      if (value.int64_param() <= 0) return not_an_id(absl::StrCat(value.int64_param()));
+      sequence.id.text = absl::StrCat(value.int64_param());
+      break;
+    case inference::InferParameter::kUint64Param:
+      if (value.uint64_param() == 0) return not_an_id("0");
+      sequence.id.text = absl::StrCat(value.uint64_param());
+      break;
+    case inference::InferParameter::kStringParam:
+      if (value.string_param().empty() || value.string_param().size() > kMaxSequenceIdBytes) {
+        return not_an_id(absl::StrCat("a string of ", value.string_param().size(), " bytes"));
+      }
+      sequence.id.text = absl::StrCat("\"", absl::CHexEscape(value.string_param()), "\"");
+      break;
+    default:
+      return not_an_id("neither");
+  }
+  for (const auto& [key, flag] : {std::pair<const char*, bool*>{"sequence_start", &sequence.start},
+                                  std::pair<const char*, bool*>{"sequence_end", &sequence.end}}) {
+    auto it = params.find(key);
+    if (it == params.end()) continue;
+    if (it->second.parameter_choice_case() != inference::InferParameter::kBoolParam) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", key, "' is a bool (true or false)"));
+    }
+    *flag = it->second.bool_param();
+  }
+  return sequence;
+}
 
 }  // namespace
 
@@ -203,14 +273,15 @@ absl::Status InferenceApi::ModelMetadata(const inference::ModelMetadataRequest& 
   // A batching model's first dimension is its rows, of any number up to
   // max_batch_size: -1, as Triton says.
   const bool batching = handle->batching != nullptr;
-  for (const TensorMeta& in : InputsOf(entry)) {
+  const SequenceConfig* sequences = handle->sequences.get();
+  for (const TensorMeta& in : WithoutState(InputsOf(entry), sequences, true)) {
     auto* t = response->add_inputs();
     t->set_name(in.name);
     t->set_datatype(DatatypeOf(in.dtype));
     for (int64_t d : in.shape) t->add_shape(d);
     if (batching && t->shape_size() > 0) t->set_shape(0, -1);
   }
-  for (const TensorMeta& out : OutputsOf(entry)) {
+  for (const TensorMeta& out : WithoutState(OutputsOf(entry), sequences, false)) {
     auto* t = response->add_outputs();
     t->set_name(out.name);
     t->set_datatype(DatatypeOf(out.dtype));
@@ -260,14 +331,31 @@ absl::Status InferenceApi::ModelConfig(const inference::ModelConfigRequest& requ
       for (const int64_t v : policy.specific) version_policy->mutable_specific()->add_versions(v);
       break;
   }
-  for (const TensorMeta& in : InputsOf(entry)) {
+  const std::vector<TensorMeta> inputs = InputsOf(entry);
+  const SequenceConfig* sequences = handle->sequences.get();
+  if (sequences != nullptr) {
+    inference::ModelSequenceBatching* asked = config->mutable_sequence_batching();
+    asked->set_max_sequence_idle_microseconds(
+        static_cast<uint64_t>(absl::ToInt64Microseconds(sequences->max_idle)));
+    for (const SequenceConfig::State& state : sequences->states) {
+      auto* s = asked->add_state();
+      s->set_input_name(state.input);
+      s->set_output_name(state.output);
+      for (const TensorMeta& in : inputs) {
+        if (in.name != state.input) continue;
+        s->set_data_type(ConfigDataTypeOf(in.dtype));
+        for (int64_t d : in.shape) s->add_dims(d);
+      }
+    }
+  }
+  for (const TensorMeta& in : WithoutState(inputs, sequences, true)) {
     auto* t = config->add_input();
     t->set_name(in.name);
     t->set_data_type(ConfigDataTypeOf(in.dtype));
     for (size_t d = skipped; d < in.shape.size(); ++d) t->add_dims(in.shape[d]);
     t->set_optional(in.optional);
   }
-  for (const TensorMeta& out : OutputsOf(entry)) {
+  for (const TensorMeta& out : WithoutState(OutputsOf(entry), sequences, false)) {
     auto* t = config->add_output();
     t->set_name(out.name);
     t->set_data_type(ConfigDataTypeOf(out.dtype));
@@ -325,6 +413,12 @@ struct InferenceApi::RequestState {
   int64_t rows = 1;
   // It ran as part of a merged call, whose execution is recorded once.
   bool shared_execution = false;
+  // A request of a sequence: its hold on the sequence, the state it passes
+  // to the model (which `args` point into), and whether it ends the
+  // sequence.
+  std::optional<SequenceStore::Lease> sequence;
+  SequenceStore::State sequence_state;
+  bool sequence_end = false;
   // Its trace id when it is traced (else 0), its timestamps so far and
   // its model's frame calls.
   uint64_t trace_id = 0;
@@ -611,12 +705,21 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
     seen.push_back(name);
     return true;
   };
+  const SequenceConfig* sequences = handle->sequences.get();
   for (int i = 0; i < request.inputs_size(); ++i) {
     const std::string& name = request.inputs(i).name();
     const Parameter* p = parameter_of(name);
+    if (sequences != nullptr && sequences->ForInput(name) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", name, "' of model '", request.model_name(),
+          "' is its sequences' state (sequence_batching in its config.pbtxt): the server "
+          "keeps it between a sequence's requests; send only sequence_id"));
+    }
     if (p == nullptr || !IsTensorKind(p->kind())) {
       std::vector<std::string> tensors;
-      for (const TensorMeta& in : InputsOf(entry)) tensors.push_back(in.name);
+      for (const TensorMeta& in : WithoutState(InputsOf(entry), sequences, true)) {
+        tensors.push_back(in.name);
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", request.model_name(), "' has no input '", name, "' (its inputs: ",
           absl::StrJoin(tensors, ", "), ")",
@@ -658,7 +761,18 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
   }
   std::vector<bool>& wanted = s.wanted;
   wanted.assign(output_names.size(), request.outputs_size() == 0);
+  if (sequences != nullptr) {
+    for (size_t i = 0; i < output_names.size(); ++i) {
+      if (sequences->ForOutput(*output_names[i]) != nullptr) wanted[i] = false;
+    }
+  }
   for (const auto& out : request.outputs()) {
+    if (sequences != nullptr && sequences->ForOutput(out.name()) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output '", out.name(), "' of model '", request.model_name(),
+          "' is its sequences' state (sequence_batching in its config.pbtxt): the server "
+          "keeps it for the sequence's next request and does not send it"));
+    }
     int index = -1;
     for (size_t i = 0; i < output_names.size(); ++i) {
       if (out.name() == *output_names[i]) index = static_cast<int>(i);
@@ -681,9 +795,46 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
         "' (its outputs: ", absl::StrJoin(names, ", "), ")"));
   }
 
+  // Last, so that a request refused above leaves its sequence as it was.
+  if (sequences != nullptr) {
+    if (absl::Status joined = JoinSequence(s, *sequences); !joined.ok()) return joined;
+  }
+
   s.model_start = absl::Now();
   s.timing.input = s.model_start - start;
   s.Mark("COMPUTE_INPUT_END", s.model_start);
+  return absl::OkStatus();
+}
+
+absl::Status InferenceApi::JoinSequence(RequestState& s, const SequenceConfig& sequences) {
+  const std::string& model = s.request.model_name();
+  if (sequences_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "model '", model, "' keeps sequences' state, which this server holds none of"));
+  }
+  absl::StatusOr<SequenceParams> params = ReadSequenceParams(s.request);
+  if (!params.ok()) return params.status();
+  SequenceStore::Request asked;
+  asked.model = model;
+  asked.version = s.handle.version;
+  asked.loaded = s.handle.model.get();
+  asked.id = std::move(params->id);
+  asked.start = params->start;
+  asked.max_idle = sequences.max_idle;
+  absl::StatusOr<SequenceStore::Lease> lease = sequences_->Acquire(asked);
+  if (!lease.ok()) return lease.status();
+  s.sequence.emplace(*std::move(lease));
+  s.sequence_end = params->end;
+  // Pinned here: the store replaces the sequence's state when it commits.
+  s.sequence_state = s.sequence->state();
+  for (const auto& [input, tensor] : s.sequence_state) {
+    TensorArg arg;
+    arg.dtype = tensor.dtype;
+    arg.shape = tensor.shape;
+    arg.data = tensor.data;
+    arg.nbytes = tensor.nbytes;
+    s.args.push_back({input, std::move(arg)});
+  }
   return absl::OkStatus();
 }
 
@@ -745,12 +896,24 @@ absl::Status InferenceApi::Answer(Call& call, RequestState& s, CallResult result
         "model '", s.request.model_name(), "' returned ", result.outputs.size(),
         " tensors for ", s.output_names.size(), " outputs"));
   }
+  SequenceStore::State next_state;
+  const SequenceConfig* sequences = s.handle.sequences.get();
   for (size_t i = 0; i < result.outputs.size(); ++i) {
+    if (s.sequence) {
+      if (const SequenceConfig::State* state = sequences->ForOutput(*s.output_names[i])) {
+        next_state.emplace_back(state->input, result.outputs[i]);
+      }
+    }
     if (!s.wanted[i]) continue;
     DescribeOutput(result.outputs[i], *s.output_names[i], &response);
     outputs.push_back(std::move(result.outputs[i]));
   }
   absl::Status encoded = call.Encode(response, outputs);
+  // Only an answer that goes out moves its sequence on: a client that
+  // gets an error sends the same step again.
+  if (encoded.ok() && s.sequence) {
+    encoded = s.sequence->Commit(std::move(next_state), s.sequence_end);
+  }
   const absl::Time done = absl::Now();
   s.timing.output = done - called;
   s.Mark("COMPUTE_END", done);

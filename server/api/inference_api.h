@@ -16,6 +16,13 @@
 // batching adds "precompile_batch_rows", the rows of the call that served
 // the request (more than its own when it ran in a batch).
 //
+// A model whose config.pbtxt keeps sequences' state
+// (server/scheduling/sequence_state.h) takes Triton's request parameters
+// sequence_id, sequence_start and sequence_end. Its state tensors are the
+// server's: its metadata does not list them, a request may not send them,
+// and no answer carries them; ModelConfig lists them under
+// sequence_batching.
+//
 // Requests the tracer samples (server/api/request_trace.h) are written to its
 // trace file when they end: Triton's timestamps (REQUEST_START and
 // QUEUE_START when the request arrived, COMPUTE_START when a run slot took
@@ -49,6 +56,7 @@
 #include "server/metrics/metrics.h"
 #include "server/repository/model_repository.h"
 #include "server/scheduling/request_scheduler.h"
+#include "server/scheduling/sequence_state.h"
 
 namespace precompile::server {
 
@@ -91,15 +99,18 @@ class InferenceApi {
   // The references must outlive the API. `metrics` may be null. A request
   // still running `max_request_time` after it arrived ends with
   // DEADLINE_EXCEEDED (zero: no limit).
-  // `tracer` may be null: no request is traced.
+  // `tracer` may be null: no request is traced. `sequences` holds the
+  // state of models' sequences; null: a model that keeps sequences is
+  // refused (UNAVAILABLE).
   InferenceApi(ModelRepository& repository, ServerMetrics* metrics, const ServingState& state,
                absl::Duration max_request_time = absl::ZeroDuration(),
-               RequestTracer* tracer = nullptr)
+               RequestTracer* tracer = nullptr, SequenceStore* sequences = nullptr)
       : repository_(repository),
         metrics_(metrics),
         state_(state),
         max_request_time_(max_request_time),
-        tracer_(tracer) {}
+        tracer_(tracer),
+        sequences_(sequences) {}
 
   // Runs one admitted request: decodes it, runs the model, encodes the
   // answer, and records the request in the model's metrics; returns the
@@ -153,10 +164,13 @@ class InferenceApi {
                                                        const RequestTracer::Changes& changes);
 
  private:
-  // Infer's stages. Decode: the request into the entry's arguments.
+  // Infer's stages. Decode: the request into the entry's arguments (and,
+  // for a model that keeps sequences, its sequence's state).
   // RunModel: the call (stopping at an eager miss when `deferred` is not
   // null, and then setting it) and Answer: the answer's encoding.
   absl::Status Decode(Call& call, RequestState& s);
+  // Takes `s`'s sequence from the store and passes its state to the model.
+  absl::Status JoinSequence(RequestState& s, const SequenceConfig& sequences);
   // Whether `s`, decoded, is to wait for a batch (then its ticket is set).
   absl::StatusOr<bool> JoinsBatch(RequestState& s, BatchTicket& ticket);
   absl::Status RunModel(Call& call, RequestState& s, bool* deferred);
@@ -189,6 +203,7 @@ class InferenceApi {
   const ServingState& state_;
   const absl::Duration max_request_time_;
   RequestTracer* const tracer_;
+  SequenceStore* const sequences_;
   std::mutex log_mu_;
   absl::flat_hash_map<std::string, absl::Time> last_logged_ ABSL_GUARDED_BY(log_mu_);
 };

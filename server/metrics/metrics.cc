@@ -36,6 +36,43 @@ std::vector<absl::Duration> DispatchBuckets() {
 // Gauges read when Prometheus scrapes: the server's load and the
 // process's memory (the names and meanings of Prometheus's client libraries,
 // so that dashboards made for other servers read them).
+// Per model that keeps sequences' state (sequence_batching).
+void AddSequences(const std::vector<SequenceLoad>& sequences,
+                  std::vector<prometheus::MetricFamily>& families) {
+  if (sequences.empty()) return;
+  prometheus::MetricFamily active{"precompile_sequences_active",
+                                  "Sequences whose state the server holds, by model",
+                                  prometheus::MetricType::Gauge, {}};
+  prometheus::MetricFamily bytes{"precompile_sequence_state_bytes",
+                                 "Bytes of the sequences' state tensors the server holds, by model",
+                                 prometheus::MetricType::Gauge, {}};
+  prometheus::MetricFamily gone{
+      "precompile_sequences_gone_total",
+      "Sequences whose state the server dropped, by model and reason: ended (sequence_end or "
+      "a new sequence_start), expired (idle past max_sequence_idle_microseconds), evicted "
+      "(to keep within --sequence_state_bytes)",
+      prometheus::MetricType::Counter, {}};
+  for (const SequenceLoad& s : sequences) {
+    const prometheus::ClientMetric::Label model{"model", s.model};
+    active.metric.emplace_back();
+    active.metric.back().label = {model};
+    active.metric.back().gauge.value = static_cast<double>(s.active);
+    bytes.metric.emplace_back();
+    bytes.metric.back().label = {model};
+    bytes.metric.back().gauge.value = static_cast<double>(s.state_bytes);
+    for (const auto& [reason, count] : {std::pair<const char*, uint64_t>{"ended", s.ended},
+                                        {"expired", s.expired},
+                                        {"evicted", s.evicted}}) {
+      gone.metric.emplace_back();
+      gone.metric.back().label = {model, {"reason", reason}};
+      gone.metric.back().counter.value = static_cast<double>(count);
+    }
+  }
+  families.push_back(std::move(active));
+  families.push_back(std::move(bytes));
+  families.push_back(std::move(gone));
+}
+
 class LoadCollectable final : public prometheus::Collectable {
  public:
   LoadCollectable() : start_seconds_(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())) {}
@@ -80,6 +117,11 @@ class LoadCollectable final : public prometheus::Collectable {
             "Bytes of gRPC answers their clients have not taken whole yet; at "
             "--grpc_unsent_answer_bytes new inference calls are refused",
             load.grpc_unsent_answer_bytes);
+      gauge("precompile_sequence_state_max_bytes",
+            "Bytes of sequences' state the server may hold (--sequence_state_bytes); past it "
+            "the sequence idle longest is evicted",
+            static_cast<double>(load.max_sequence_state_bytes));
+      AddSequences(load.sequences, families);
     }
     // /proc/self/statm: the virtual and the resident size, in pages.
     std::ifstream statm("/proc/self/statm");

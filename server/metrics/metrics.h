@@ -6,7 +6,9 @@
 // frames, variants), and latency histograms for the whole request, guard
 // dispatch and execution. Server-wide: loaded models, each model's readiness
 // and load failures, the request scheduler's load (in flight, queued, run
-// slots, the admission limit), whether it drains, and the process's memory.
+// slots, the admission limit), whether it drains, the sequences' state it
+// holds (active sequences, their bytes, those gone by why, per model), and
+// the process's memory.
 //
 // A ModelMetrics owns the series of one model version; they disappear when
 // it is destroyed, which happens when the last request using that version
@@ -50,6 +52,17 @@ namespace precompile::server {
 class ServerMetrics;
 class LoadCollectable;
 
+// The sequences of one model that keeps their state (sequence_batching).
+struct SequenceLoad {
+  std::string model;
+  int64_t active = 0;
+  int64_t state_bytes = 0;
+  // Sequences gone since the server started, by why.
+  uint64_t ended = 0;
+  uint64_t expired = 0;
+  uint64_t evicted = 0;
+};
+
 // What the request scheduler holds, and whether the server drains, read at
 // each scrape.
 struct ServerLoad {
@@ -64,6 +77,9 @@ struct ServerLoad {
   int64_t max_in_flight_bytes = 0;  // 0: no limit.
   // Answers handed to gRPC that their clients have not taken whole.
   int64_t grpc_unsent_answer_bytes = 0;
+  // The sequences' state the server holds, by model, and its budget.
+  std::vector<SequenceLoad> sequences;
+  int64_t max_sequence_state_bytes = 0;
 };
 
 class ModelMetrics final : public ModelRecorder {

@@ -95,7 +95,10 @@ absl::StatusOr<ModelConfigFile> ParseModelConfig(absl::string_view name, const s
   if (!max_request_time.ok()) return max_request_time.status();
   absl::StatusOr<std::shared_ptr<const BatchingConfig>> batching = ReadBatchingConfig(config);
   if (!batching.ok()) return batching.status();
-  return ModelConfigFile{std::move(policy), *max_request_time, *std::move(batching)};
+  absl::StatusOr<std::shared_ptr<const SequenceConfig>> sequences = ReadSequenceConfig(config);
+  if (!sequences.ok()) return sequences.status();
+  return ModelConfigFile{std::move(policy), *max_request_time, *std::move(batching),
+                         *std::move(sequences)};
 }
 
 absl::StatusOr<ModelConfigFile> ReadModelConfig(absl::string_view name,

@@ -1,6 +1,7 @@
 // What the server reads of a model's optional <model>/config.pbtxt,
 // Triton's ModelConfig in text format: the version policy, the model's own
-// request time limit and its batching. No files but that one, no torch.
+// request time limit, its batching and its sequences' state. No files but
+// that one, no torch.
 #ifndef PRECOMPILE_SERVER_REPOSITORY_MODEL_CONFIG_FILE_H_
 #define PRECOMPILE_SERVER_REPOSITORY_MODEL_CONFIG_FILE_H_
 
@@ -13,6 +14,7 @@
 #include "absl/time/time.h"
 #include "server/repository/repository_policy.h"
 #include "server/scheduling/dynamic_batching.h"
+#include "server/scheduling/sequence_state.h"
 
 namespace precompile::server {
 
@@ -23,6 +25,8 @@ struct ModelConfigFile {
   std::optional<absl::Duration> max_request_time;
   // max_batch_size and dynamic_batching; null for none.
   std::shared_ptr<const BatchingConfig> batching;
+  // sequence_batching's state; null for none.
+  std::shared_ptr<const SequenceConfig> sequences;
 };
 
 // `text` as model `name`'s config. Fields this server does not know are
@@ -30,7 +34,7 @@ struct ModelConfigFile {
 // parser cannot skip `f [ {...} ]` of an unknown field). It may name the
 // model, as its directory does. INVALID_ARGUMENT, starting "config.pbtxt",
 // naming what it refuses: text that does not parse, another model's name,
-// a version policy or limit out of range, batching settings that
+// a version policy or limit out of range, batching or sequence settings that
 // contradict each other.
 absl::StatusOr<ModelConfigFile> ParseModelConfig(absl::string_view name, const std::string& text);
 

@@ -120,6 +120,7 @@ void ModelRepository::Changed() {
     Answer& answer = (*answers)[name];
     answer.max_request_time = entry.state.max_request_time;
     answer.batching = entry.state.batching;
+    answer.sequences = entry.state.sequences;
     if (!entry.versions.empty()) {
       for (const Loaded& loaded : entry.versions) {
         answer.versions.push_back(
@@ -248,13 +249,14 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
     state.policy = config->policy;
     state.max_request_time = config->max_request_time;
     state.batching = config->batching;
+    state.sequences = config->sequences;
   } else {
     config_failure = LoadFailure{versions.front().first, std::string(config.status().message()), ""};
   }
   absl::flat_hash_map<int64_t, Loaded> loaded;
   const std::vector<StepResult> results = WalkPlan(plan, served_before, [&](int64_t version) {
     return LoadVersion(name, version, directories.at(version), fingerprints.at(version),
-                       state.batching != nullptr, absl::c_linear_search(served_before, version),
+                       state, absl::c_linear_search(served_before, version),
                        loaded);
   });
   const LoadVerdict verdict = ResolveLoad(plan, results, served_before, config_failure);
@@ -317,7 +319,8 @@ absl::StatusOr<ModelState> ModelRepository::CarryOut(
 
 StepResult ModelRepository::LoadVersion(const std::string& name, int64_t version,
                                         const std::string& directory,
-                                        const std::string& fingerprint, bool batching,
+                                        const std::string& fingerprint,
+                                        const ModelState& config,
                                         bool reloaded,
                                         absl::flat_hash_map<int64_t, Loaded>& loaded) {
   auto failed = [&](absl::string_view message, absl::string_view why) {
@@ -332,9 +335,15 @@ StepResult ModelRepository::LoadVersion(const std::string& name, int64_t version
       options_.loader ? options_.loader(directory, load_options)
                       : LoadedVersion::Load(directory, load_options);
   if (!model.ok()) return failed(model.status().message(), "failed to load");
-  if (batching) {
+  if (config.batching != nullptr) {
     if (absl::Status batchable = CheckBatchable((*model)->entry_frame()); !batchable.ok()) {
       return failed(batchable.message(), "cannot be served as its config.pbtxt asks");
+    }
+  }
+  if (config.sequences != nullptr) {
+    if (absl::Status keeps = CheckSequenceState((*model)->entry_frame(), *config.sequences);
+        !keeps.ok()) {
+      return failed(keeps.message(), "cannot be served as its config.pbtxt asks");
     }
   }
   std::shared_ptr<ModelRecorder> metrics;
@@ -440,7 +449,7 @@ absl::StatusOr<std::vector<ModelRepository::Handle>> ModelRepository::GetVersion
   for (const Answer::Version& v : it->second.versions) {
     handles.push_back(
         Handle{v.model.lock(), v.version, v.metrics.lock(), it->second.max_request_time,
-               it->second.batching});
+               it->second.batching, it->second.sequences});
   }
   return handles;
 }
@@ -473,7 +482,7 @@ std::optional<absl::StatusOr<ModelRepository::Handle>> ModelRepository::Find(
   std::shared_ptr<LoadedVersion> model = chosen->model.lock();
   if (!model) return std::nullopt;
   return Handle{std::move(model), chosen->version, chosen->metrics.lock(),
-                answer.max_request_time, answer.batching};
+                answer.max_request_time, answer.batching, answer.sequences};
 }
 
 std::vector<ModelState> ModelRepository::List() const {

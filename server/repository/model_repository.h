@@ -36,6 +36,7 @@
 #include "server/repository/model_state.h"
 #include "server/repository/repository_policy.h"
 #include "server/scheduling/dynamic_batching.h"
+#include "server/scheduling/sequence_state.h"
 
 namespace precompile::server {
 
@@ -76,6 +77,9 @@ class ModelRepository {
     // The model's batching, if its config.pbtxt asks for it (filled in by
     // Get and GetVersions; server/scheduling/dynamic_batching.h).
     std::shared_ptr<const BatchingConfig> batching;
+    // The state its sequences keep, if its config.pbtxt asks for it
+    // (likewise; server/scheduling/sequence_state.h).
+    std::shared_ptr<const SequenceConfig> sequences;
   };
 
   // `listener` may be null; it must outlive the repository.
@@ -143,6 +147,7 @@ class ModelRepository {
     absl::Status unavailable;  // OK when a version is served.
     std::optional<absl::Duration> max_request_time;
     std::shared_ptr<const BatchingConfig> batching;
+    std::shared_ptr<const SequenceConfig> sequences;
     struct Version {
       std::weak_ptr<LoadedVersion> model;
       int64_t version = 0;
@@ -170,10 +175,10 @@ class ModelRepository {
                                       ModelState previous, std::vector<Loaded> previous_versions,
                                       absl::flat_hash_map<int64_t, Loaded> loaded);
   // Loads one version of `name` into `loaded` and gives it its recorder;
-  // `batching`: the config asks for dynamic batching, which the entry frame
-  // must allow.
+  // `config`: what the model's config.pbtxt asks for (batching, sequences'
+  // state), which the entry frame must allow.
   StepResult LoadVersion(const std::string& name, int64_t version, const std::string& directory,
-                         const std::string& fingerprint, bool batching, bool reloaded,
+                         const std::string& fingerprint, const ModelState& config, bool reloaded,
                          absl::flat_hash_map<int64_t, Loaded>& loaded);
   // Replaces what the repository holds for `state.name` with `state` and
   // `versions` (empty: nothing served).

@@ -15,6 +15,7 @@
 namespace precompile::server {
 
 struct BatchingConfig;  // server/scheduling/dynamic_batching.h
+struct SequenceConfig;  // server/scheduling/sequence_state.h
 
 struct ModelState {
   enum class Phase { kUnavailable, kLoading, kReady, kUnloading };
@@ -33,6 +34,8 @@ struct ModelState {
   std::optional<absl::Duration> max_request_time;
   // Its batching (max_batch_size and dynamic_batching); null for none.
   std::shared_ptr<const BatchingConfig> batching;
+  // The state its sequences keep (sequence_batching); null for none.
+  std::shared_ptr<const SequenceConfig> sequences;
   // Its last load failed and no version of it is served.
   bool failed = false;
 };
