@@ -52,6 +52,23 @@ TEST(ParseModelConfig, RefusesWhatItCannotHonourNamingIt) {
               HasSubstr("config.pbtxt:2:"));
   EXPECT_THAT(ParseModelConfig("mlp", "dynamic_batching { }").status().message(),
               HasSubstr("dynamic_batching needs max_batch_size above 0"));
+  EXPECT_THAT(ParseModelConfig("mlp", "sequence_batching { }").status().message(),
+              HasSubstr("config.pbtxt: sequence_batching names no state"));
+}
+
+TEST(ParseModelConfig, ReadsTheStateOfSequences) {
+  EXPECT_EQ(ParseModelConfig("mlp", "")->sequences, nullptr);
+  // As Triton users write it, with the strategy this server does not need.
+  auto config = ParseModelConfig(
+      "mlp", "sequence_batching { max_sequence_idle_microseconds: 2000000 direct { } "
+             "state [ { input_name: \"past\" output_name: \"present\" "
+             "data_type: TYPE_FP32 dims: [ -1 ] } ] }");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_NE(config->sequences, nullptr);
+  EXPECT_EQ(config->sequences->max_idle, absl::Seconds(2));
+  ASSERT_EQ(config->sequences->states.size(), 1u);
+  EXPECT_EQ(config->sequences->states[0].input, "past");
+  EXPECT_EQ(config->sequences->states[0].output, "present");
 }
 
 TEST(ParseModelConfig, IgnoresFieldsItDoesNotKnowAndReadsBatching) {

@@ -243,6 +243,22 @@ TEST_F(RepositoryTest, AConfigThatDoesNotParseOrNamesAnotherModelIsRefusedNaming
   EXPECT_THAT(loader_.loaded, ::testing::IsEmpty());
 }
 
+TEST_F(RepositoryTest, ASequenceStateTheModelCannotKeepIsRefusedAtLoad) {
+  // The mlp's only input, x, has no default: a sequence's first request,
+  // which runs without its state, could not call it.
+  WriteConfig(root_, R"(sequence_batching { state { input_name: "x" output_name: "output0" } })");
+  EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
+              HasSubstr("cannot be served as its config.pbtxt asks: sequence_batching { state } "
+                        "names input 'x', which a call may not leave out"));
+  EXPECT_EQ(Served(), nullptr);
+  WriteConfig(root_, R"(sequence_batching { state { input_name: "h" output_name: "output0" } })");
+  EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
+              HasSubstr("names input 'h', which is not a tensor input of the model"));
+  WriteConfig(root_, "");
+  ASSERT_TRUE(repository_->Load("mlp").ok());
+  EXPECT_EQ(repository_->Get("mlp", "")->sequences, nullptr);
+}
+
 TEST_F(RepositoryTest, AConfigMaySetTheModelsOwnRequestTimeLimit) {
 #if defined(__SANITIZE_THREAD__)
   // Protobuf's headers give a map field (config.pbtxt's parameters) two more
