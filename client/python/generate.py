@@ -1,5 +1,5 @@
-"""Generating text through precompile-serve with tritonclient, the cache
-sent back and forth.
+"""Generating text through precompile-serve with tritonclient: the cache
+sent back and forth, or kept by the server.
 
 A decoder captured with its cache (the gallery's `gpt2_decoder`) returns,
 besides its logits, the keys and values of every position so far, as
@@ -11,13 +11,22 @@ position, not the whole prefix. The server keeps nothing between calls.
     .venv/bin/python client/python/generate.py --address 127.0.0.1:8001 \\
         --model gpt2_decoder --prompt 17,4,99,250,3 --tokens 8
 
+The same artifact served with `sequence_batching { state [...] }` in its
+config.pbtxt (the gallery's `gpt2_decoder_stateful`) keeps each sequence's
+cache on the server between its requests: the client sends the new token,
+the mask and Triton's sequence parameters, and the cache never crosses the
+wire (--sequence_id).
+
+    .venv/bin/python client/python/generate.py --address 127.0.0.1:8001 \\
+        --model gpt2_decoder_stateful --sequence_id 7 --prompt 17,4,99,250,3 --tokens 8
+
 Greedy decoding (the most likely token each step): the tokens equal
 `model.generate(input_ids, attention_mask=..., do_sample=False)` run in
 process. It needs only tritonclient and numpy.
 """
 
 import argparse
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Union
 
 import numpy as np
 import tritonclient.grpc as triton
@@ -59,16 +68,42 @@ def generate(client: triton.InferenceServerClient, model: str, prompt: Sequence[
     return out
 
 
+def generate_stateful(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
+                      tokens: int, sequence_id: Union[int, str]) -> List[int]:
+    """As generate(), the cache kept by the server for sequence
+    `sequence_id`: started by the first call, ended by the last."""
+    ids = np.asarray([prompt], dtype=np.int64)
+    length = 0  # Positions the server's cache holds.
+    out: List[int] = []
+    for step in range(tokens):
+        mask = np.ones((1, length + ids.shape[1]), dtype=np.int64)
+        result = client.infer(model, [_input("input_ids", ids), _input("attention_mask", mask)],
+                              sequence_id=sequence_id, sequence_start=step == 0,
+                              sequence_end=step == tokens - 1)
+        token = int(np.argmax(result.as_numpy("logits")[0, -1]))
+        out.append(token)
+        length = mask.shape[1]
+        ids = np.asarray([[token]], dtype=np.int64)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--address", default="127.0.0.1:8001")
     parser.add_argument("--model", default="gpt2_decoder")
     parser.add_argument("--prompt", default="17,4,99,250,3", help="token ids, comma-separated")
     parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--sequence_id", type=int, default=0,
+                        help="a stateful model's sequence (a positive integer): the server "
+                             "keeps the cache; 0: the cache is sent back and forth")
     args = parser.parse_args()
     client = triton.InferenceServerClient(args.address)
     prompt = [int(t) for t in args.prompt.split(",")]
-    print(",".join(str(t) for t in generate(client, args.model, prompt, args.tokens)))
+    if args.sequence_id:
+        tokens = generate_stateful(client, args.model, prompt, args.tokens, args.sequence_id)
+    else:
+        tokens = generate(client, args.model, prompt, args.tokens)
+    print(",".join(str(t) for t in tokens))
 
 
 if __name__ == "__main__":

@@ -23,16 +23,29 @@ sys.path.insert(0, str(ROOT / "tests" / "testing"))
 from server_process import ServerProcess  # noqa: E402
 
 MODELS = ("bert", "gpt2", "gpt2_decoder", "llama_decoder", "resnet18", "bert_recentering")
+# The decoders again, as stateful models: the server keeps their caches.
+STATEFUL = {"gpt2_decoder_stateful": "gpt2_decoder", "llama_decoder_stateful": "llama_decoder"}
+STATEFUL_CONFIG = ROOT / "gallery" / "decoder_stateful.config.pbtxt"
+
+
+def add_model(repository, name, artifact_name, config=None):
+    """Serves gallery artifact `artifact_name` as model `name`, with
+    `config` (config.pbtxt's text) if given."""
+    (repository / name).mkdir()
+    # The artifact's real directory: in runfiles each file is a link.
+    artifact = (ROOT / "gallery" / artifact_name / "MANIFEST.pb").resolve().parent
+    (repository / name / "1").symlink_to(artifact)
+    if config is not None:
+        (repository / name / "config.pbtxt").write_text(config)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repository = tmp_path_factory.mktemp("repository")
     for name in MODELS:
-        (repository / name).mkdir()
-        # The artifact's real directory: in runfiles each file is a link.
-        artifact = (ROOT / "gallery" / name / "MANIFEST.pb").resolve().parent
-        (repository / name / "1").symlink_to(artifact)
+        add_model(repository, name, name)
+    for name, artifact in STATEFUL.items():
+        add_model(repository, name, artifact, STATEFUL_CONFIG.read_text())
     # bert_recentering's eager program is Python: it carries gallery.models'
     # code by value, and the server imports transformers from its environment.
     process = ServerProcess(ROOT / "server" / "precompile_server", repository,

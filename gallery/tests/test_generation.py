@@ -7,13 +7,18 @@ tritonclient's protos and the project's share a package name: this file
 runs in a process of its own.
 """
 
+import re
 import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as triton
-from conftest import ROOT
+import tritonclient.http as triton_http
+from conftest import ROOT, STATEFUL_CONFIG, ServerProcess, add_model
 from tritonclient.utils import InferenceServerException
 
 from gallery import models
@@ -124,3 +129,224 @@ def test_a_cache_that_does_not_fit_the_call_is_refused_naming_the_input(client):
     assert "past_key_values.key_cache.0.size(2): expected" in message and "got 128" in message
     # And the server goes on serving.
     assert generate.generate(client, MODEL, PROMPT[:5], 2) == _in_process(PROMPT[:5], 2)
+
+
+# Stateful: the same decoders served with sequence_batching, the cache kept
+# by the server (gallery/decoder_stateful.config.pbtxt).
+
+STATEFUL = {"gpt2_decoder": "gpt2_decoder_stateful", "llama_decoder": "llama_decoder_stateful"}
+STATE = [f"past_key_values.{kind}.{layer}" for kind in ("key_cache", "value_cache")
+         for layer in range(LAYERS)]
+
+
+def _step(client, model, ids, past, sequence_id, start=False, end=False, **kwargs):
+    """One request of sequence `sequence_id`: token ids after `past`
+    positions the server holds; the last position's logits."""
+    ids = np.asarray([ids], dtype=np.int64)
+    inputs = [generate._input("input_ids", ids),
+              generate._input("attention_mask", np.ones((1, past + ids.shape[1]), dtype=np.int64))]
+    result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=start,
+                          sequence_end=end, **kwargs)
+    # The cache stays on the server.
+    assert [o.name for o in result.get_response().outputs] == ["logits"]
+    return result.as_numpy("logits")[0, -1]
+
+
+def _refused(call, code):
+    with pytest.raises(InferenceServerException) as e:
+        call()
+    assert e.value.status() == f"StatusCode.{code}", e.value
+    return e.value.message()
+
+
+@pytest.mark.parametrize("model", sorted(STATEFUL))
+def test_stateful_generation_equals_model_generate(client, model):
+    # The cache never crosses the wire; the tokens are those of generate().
+    assert generate.generate_stateful(client, STATEFUL[model], PROMPT, 20, sequence_id=11) == \
+        _in_process(PROMPT, 20, model)
+    assert generate.generate_stateful(client, STATEFUL[model], [7], 6, sequence_id=12) == \
+        _in_process([7], 6, model)
+
+
+@pytest.mark.parametrize("model", sorted(STATEFUL))
+def test_each_stateful_step_scores_the_sequence_as_the_whole_sequence_does(client, model):
+    # As the stateless test above: every step's logits, the cache held by
+    # the server, equal those of the whole sequence run at once.
+    sequence = [int(t) for t in np.random.default_rng(2).integers(0, 1000, 16)]
+    steps = [_step(client, STATEFUL[model], sequence[:6], 0, 61, start=True)]
+    for end in range(7, len(sequence) + 1):
+        steps.append(_step(client, STATEFUL[model], sequence[end - 1:end], end - 1, 61,
+                           end=end == len(sequence)))
+    with torch.no_grad():
+        whole = FACTORIES[model]()(input_ids=torch.tensor([sequence])).logits[0, 5:].numpy()
+    np.testing.assert_allclose(np.stack(steps), whole, rtol=1e-4, atol=1e-4)
+
+
+def test_sequences_over_http_as_over_grpc(server):
+    # tritonclient's HTTP client sends the same parameters in the JSON body.
+    client = triton_http.InferenceServerClient(server.http_address)
+
+    def step(ids, past, **sequence):
+        inputs = []
+        for name, value in (("input_ids", np.array([ids], dtype=np.int64)),
+                            ("attention_mask", np.ones((1, past + len(ids)), dtype=np.int64))):
+            inputs.append(triton_http.InferInput(name, list(value.shape), "INT64"))
+            inputs[-1].set_data_from_numpy(value)
+        return client.infer(STATEFUL[MODEL], inputs, **sequence).as_numpy("logits")[0, -1]
+
+    tokens = [int(np.argmax(step(PROMPT, 0, sequence_id=71, sequence_start=True)))]
+    for past in range(len(PROMPT), len(PROMPT) + 3):
+        tokens.append(int(np.argmax(step([tokens[-1]], past, sequence_id=71))))
+    assert tokens == _in_process(PROMPT, 4)
+    with pytest.raises(InferenceServerException) as e:
+        step([5], 3, sequence_id=72)
+    assert "sequence 72 of model 'gpt2_decoder_stateful' is not active" in e.value.message()
+
+
+def test_interleaved_sequences_each_keep_their_own_cache(server, client):
+    # Three sequences stepped in turn, then four at once from threads (ids
+    # that are strings, as Triton allows): each generates what it
+    # generates alone.
+    model = STATEFUL[MODEL]
+    prompts = {101: [17, 4, 99], 102: [5, 6, 7, 8, 9, 10, 11], 103: [250]}
+    got = {sid: [] for sid in prompts}
+    for step in range(8):
+        for sid, prompt in prompts.items():
+            ids = prompt if step == 0 else [got[sid][-1]]
+            past = 0 if step == 0 else len(prompt) + step - 1
+            logits = _step(client, model, ids, past, sid, start=step == 0, end=step == 7)
+            got[sid].append(int(np.argmax(logits)))
+    assert got == {sid: _in_process(p, 8) for sid, p in prompts.items()}
+
+    def alone(sid, prompt):
+        return generate.generate_stateful(triton.InferenceServerClient(server.address), model,
+                                          prompt, 10, sid)
+
+    prompts = {f"thread-{i}": [3 + i, 40 * i + 1] for i in range(4)}
+    with ThreadPoolExecutor(4) as pool:
+        futures = {sid: pool.submit(alone, sid, p) for sid, p in prompts.items()}
+    for sid, future in futures.items():
+        assert future.result() == _in_process(prompts[sid], 10), sid
+
+
+def test_a_sequence_ended_or_never_started_is_refused_saying_why(client):
+    model = STATEFUL[MODEL]
+    _step(client, model, PROMPT, 0, 21, start=True)
+    _step(client, model, [5], len(PROMPT), 21, end=True)
+    message = _refused(lambda: _step(client, model, [6], len(PROMPT) + 1, 21), "FAILED_PRECONDITION")
+    assert "sequence 21 of model 'gpt2_decoder_stateful' is not active: it ended" in message
+    message = _refused(lambda: _step(client, model, [6], 3, 22), "FAILED_PRECONDITION")
+    assert "sequence 22 of model 'gpt2_decoder_stateful' is not active: a sequence's first " \
+           "request carries sequence_start" in message
+    message = _refused(lambda: client.infer(model, [generate._input("input_ids", np.array([[5]]))]),
+                       "INVALID_ARGUMENT")
+    assert "a request names its sequence with the parameter sequence_id" in message
+
+
+def test_a_failed_step_leaves_the_sequence_as_it_was(client):
+    # A mask of the wrong length is refused by the guards; the next, right
+    # step continues from the cache as it was, to the tokens of generate().
+    model = STATEFUL[MODEL]
+    tokens = [int(np.argmax(_step(client, model, PROMPT, 0, 31, start=True)))]
+    message = _refused(lambda: _step(client, model, [tokens[-1]], len(PROMPT) + 4, 31),
+                       "FAILED_PRECONDITION")
+    assert "attention_mask.size(1): expected past_key_values.key_cache.0.size(2)+1" in message
+    for step in range(1, 6):
+        tokens.append(int(np.argmax(_step(client, model, [tokens[-1]], len(PROMPT) + step - 1, 31))))
+    assert tokens == _in_process(PROMPT, 6)
+
+
+def test_the_cache_of_a_stateful_model_is_the_servers_alone(client):
+    model = STATEFUL[MODEL]
+    meta = client.get_model_metadata(model)
+    assert [i.name for i in meta.inputs] == ["input_ids", "attention_mask"]
+    assert [o.name for o in meta.outputs] == ["logits"]
+    config = client.get_model_config(model).config
+    assert [s.input_name for s in config.sequence_batching.state] == STATE
+    assert [s.output_name for s in config.sequence_batching.state] == STATE
+    assert list(config.sequence_batching.state[0].dims) == [1, HEADS, -1, HEAD_DIM]
+    assert config.sequence_batching.max_sequence_idle_microseconds == 60_000_000
+    _step(client, model, PROMPT, 0, 41, start=True)
+    cache = generate._input(STATE[0], np.zeros((1, HEADS, 6, HEAD_DIM), dtype=np.float32))
+    message = _refused(lambda: client.infer(
+        model, [generate._input("input_ids", np.array([[5]])),
+                generate._input("attention_mask", np.ones((1, 7), dtype=np.int64)), cache],
+        sequence_id=41), "INVALID_ARGUMENT")
+    assert f"input '{STATE[0]}' of model 'gpt2_decoder_stateful' is its sequences' state" in message
+    message = _refused(lambda: _step(client, model, [5], 6, 41,
+                                     outputs=[triton.InferRequestedOutput(STATE[1])]),
+                       "INVALID_ARGUMENT")
+    assert f"output '{STATE[1]}' of model 'gpt2_decoder_stateful' is its sequences' state" in message
+    # Neither refusal touched the sequence: it goes on from its 6 positions.
+    _step(client, model, [5], 6, 41, end=True)
+
+
+def _metrics(server):
+    port = int(server.await_output(r"event=listening .*metrics_port=(\d+)"))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def _metric(text, name, **labels):
+    series = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    assert match, f"{series} not exported"
+    return float(match.group(1))
+
+
+# Room for one sequence of 6 positions (4 tensors of 1 x 4 x 6 x 16 float32:
+# 6 KiB, and 1 KiB of the sequence's own), not for two.
+BUDGET = 12_000
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("small")
+    config = STATEFUL_CONFIG.read_text()
+    add_model(repository, "decoder", "gpt2_decoder", config)
+    # Triton's default idle limit (a second): the config says none.
+    add_model(repository, "decoder_short_idle", "gpt2_decoder",
+              re.sub(r"max_sequence_idle_microseconds: \d+", "", config))
+    process = ServerProcess(ROOT / "server" / "precompile_server", repository,
+                            ["--metrics_port=0", f"--sequence_state_bytes={BUDGET}"])
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def test_state_past_the_budget_evicts_the_sequence_idle_longest(small_server):
+    client = triton.InferenceServerClient(small_server.address)
+    _step(client, "decoder", PROMPT, 0, 1, start=True)
+    assert _metric(_metrics(small_server), "precompile_sequence_state_bytes", model="decoder") == \
+        4 * HEADS * len(PROMPT) * HEAD_DIM * 4
+    _step(client, "decoder", PROMPT, 0, 2, start=True)
+    message = _refused(lambda: _step(client, "decoder", [5], len(PROMPT), 1), "FAILED_PRECONDITION")
+    assert "sequence 1 of model 'decoder' is not active: it was evicted to keep the server's " \
+           f"sequence state within --sequence_state_bytes ({BUDGET}" in message
+    # The newer one generates on.
+    _step(client, "decoder", [5], len(PROMPT), 2)
+    # A sequence whose state alone passes the budget (12 positions) is
+    # refused, and evicts nothing.
+    message = _refused(lambda: _step(client, "decoder", list(range(1, 13)), 0, 3, start=True),
+                       "RESOURCE_EXHAUSTED")
+    assert "the state of sequence 3 of model 'decoder' would take 12288 bytes" in message
+    assert f"past --sequence_state_bytes ({BUDGET})" in message
+    text = _metrics(small_server)
+    assert _metric(text, "precompile_sequences_active", model="decoder") == 1
+    assert _metric(text, "precompile_sequences_gone_total", model="decoder", reason="evicted") == 1
+    assert _metric(text, "precompile_sequence_state_max_bytes") == BUDGET
+    _step(client, "decoder", [6], len(PROMPT) + 1, 2, end=True)
+    assert _metric(_metrics(small_server), "precompile_sequences_active", model="decoder") == 0
+
+
+def test_an_idle_sequence_expires(small_server):
+    client = triton.InferenceServerClient(small_server.address)
+    _step(client, "decoder_short_idle", [1, 2], 0, 5, start=True)
+    time.sleep(1.5)
+    message = _refused(lambda: _step(client, "decoder_short_idle", [3], 2, 5),
+                       "FAILED_PRECONDITION")
+    assert "sequence 5 of model 'decoder_short_idle' is not active: it was dropped after 1s " \
+           "without a request (max_sequence_idle_microseconds" in message
+    text = _metrics(small_server)
+    assert _metric(text, "precompile_sequences_gone_total", model="decoder_short_idle",
+                   reason="expired") == 1
+    assert _metric(text, "precompile_sequences_active", model="decoder_short_idle") == 0
