@@ -7,7 +7,9 @@
 # (BERT, GPT-2 without and with its cache, a Llama with its cache, resnet18,
 # BERT behind a flagged wrapper), which join the server one by one: each
 # finished artifact is moved into the repository, which the server rescans
-# every 2 seconds.
+# every 2 seconds. The two decoders join twice: as captured, and as
+# <model>_stateful with gallery/decoder_stateful.config.pbtxt (the server
+# keeps each sequence's cache).
 #
 # It listens on 127.0.0.1 only and lets any local client load, unload and
 # rescan models without a token (--allow_unauthenticated_control): a
@@ -35,9 +37,10 @@ repository=${SERVE_REPOSITORY:-.serve/repository}
 staging=$repository.staging
 rm -rf "$repository" "$staging"
 mkdir -p "$repository" "$staging"
+# publish ARTIFACT [NAME [CONFIG]]: serves ARTIFACT as model NAME (its
+# directory's name by default), with CONFIG as its config.pbtxt.
 publish() {
-  local artifact=$1 name
-  name=$(basename "$artifact")
+  local artifact=$1 name=${2:-$(basename "$1")} config=${3:-}
   if [[ ! -f $artifact/MANIFEST.pb ]]; then
     say "$artifact has no MANIFEST.pb: not an artifact, not served"
     return 1
@@ -45,6 +48,7 @@ publish() {
   rm -rf "${staging:?}/$name"
   mkdir -p "$staging/$name"
   cp -rL "$artifact" "$staging/$name/1"
+  if [[ -n $config ]]; then cp "$config" "$staging/$name/config.pbtxt"; fi
   mv "$staging/$name" "$repository/$name"
 }
 for artifact in bazel-bin/examples/{branch,dtypes,loop,mlp,nested,passthrough}; do
@@ -85,6 +89,10 @@ gallery=(resnet18 bert gpt2 gpt2_decoder llama_decoder bert_recentering)
     fi
     if publish "bazel-bin/gallery/$model"; then
       say "gallery: $model is in the repository and loads at the next rescan; still to capture: ${left[*]:-none}"
+    fi
+    if [[ $model == *_decoder ]] &&
+      publish "bazel-bin/gallery/$model" "${model}_stateful" gallery/decoder_stateful.config.pbtxt; then
+      say "gallery: ${model}_stateful (the server keeps its cache) is in the repository too"
     fi
   done
 ) &

@@ -158,13 +158,15 @@ def requests_may_hold(values: dict):
     """What requests may hold in the server's memory at once under the flags
     `values` (name -> parsed value; the server's defaults for those left
     out): HTTP bodies arriving or answered, gRPC messages being received,
-    admitted requests, a response for each, and gRPC answers not taken yet.
+    admitted requests, a response for each, gRPC answers not taken yet, and
+    the state stateful models keep for their sequences.
     Returns (bytes, a description of the parts); ValueError for flags that
     leave memory unbounded."""
     default = {name: flag.default_value() for name, flag in server_flags().items()
                if name in ("max_in_flight_request_bytes", "grpc_memory_bytes",
                            "grpc_unsent_answer_bytes", "http_max_body_buffer_bytes",
-                           "max_concurrent_requests", "max_message_bytes")}
+                           "max_concurrent_requests", "max_message_bytes",
+                           "sequence_state_bytes")}
     v = {**default, **values}
     for name in ("grpc_memory_bytes", "grpc_unsent_answer_bytes", "max_concurrent_requests"):
         if v[name] <= 0:
@@ -177,11 +179,12 @@ def requests_may_hold(values: dict):
         requests = min(requests, v["max_in_flight_request_bytes"])
     responses = v["max_concurrent_requests"] * message
     held = (v["http_max_body_buffer_bytes"] + v["grpc_memory_bytes"] + requests + responses
-            + v["grpc_unsent_answer_bytes"])
+            + v["grpc_unsent_answer_bytes"] + v["sequence_state_bytes"])
     parts = (f"HTTP bodies ({v['http_max_body_buffer_bytes']}), gRPC messages being received "
              f"({v['grpc_memory_bytes']}), admitted requests ({requests}), "
              f"{v['max_concurrent_requests']} responses of {message} bytes and gRPC answers not "
-             f"taken yet ({v['grpc_unsent_answer_bytes']})")
+             f"taken yet ({v['grpc_unsent_answer_bytes']}), sequences' state "
+             f"({v['sequence_state_bytes']})")
     return held, parts
 
 

@@ -108,6 +108,8 @@ def test_the_examples_are_served_first_and_the_gallery_joins(served):
     for model in ("resnet18", "bert", "gpt2", "gpt2_decoder", "llama_decoder", "bert_recentering"):
         served.await_match(rf"\[serve\] gallery: {model} is in the repository", timeout=1800)
         await_ready(served, model, timeout=120)
+    for model in ("gpt2_decoder_stateful", "llama_decoder_stateful"):
+        await_ready(served, model, timeout=120)
 
 
 def test_the_readme_calls_answer(served):
@@ -124,14 +126,19 @@ def test_the_readme_calls_answer(served):
 
 
 def test_the_readme_generation_prints_the_tokens(served):
-    await_ready(served, "gpt2_decoder", timeout=1800)
+    # The cache sent back and forth, then kept by the server: the same tokens.
+    await_ready(served, "gpt2_decoder_stateful", timeout=1800)
     commands = shell_commands(readme_block("Generate with the gallery's decoder", "sh"))
-    assert len(commands) == 1, commands
-    run = subprocess.run(["bash", "-o", "pipefail", "-c", on_test_ports(commands[0], served)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, f"{commands[0]}\n{run.stdout}\n{run.stderr}"
-    tokens = run.stdout.strip().split(",")
-    assert len(tokens) == 8 and all(0 <= int(t) < 1000 for t in tokens), run.stdout
+    assert len(commands) == 2, commands
+    printed = []
+    for command in commands:
+        run = subprocess.run(["bash", "-o", "pipefail", "-c", on_test_ports(command, served)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
+        tokens = run.stdout.strip().split(",")
+        assert len(tokens) == 8 and all(0 <= int(t) < 1000 for t in tokens), run.stdout
+        printed.append(tokens)
+    assert printed[0] == printed[1]
 
 
 def test_the_readme_python_client_prints_what_the_readme_says(served):
