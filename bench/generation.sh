@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Generation with the cache sent back and forth against recomputing the
-# prefix each token: the gallery's decoders served by precompile_server
+# Generation with the cache kept by the server, with it sent back and forth,
+# and recomputing the prefix each token: the gallery's decoders (and the
+# same artifacts with gallery/decoder_stateful.config.pbtxt, as
+# <model>_stateful) served by precompile_server
 # (--config=opt, one torch thread, on $SERVER_CPUS), driven from Python with
 # tritonclient on $CLIENT_CPUS (bench/generation.py says what it measures).
 #
@@ -23,8 +25,11 @@ if [[ "${BUILD:-1}" == 1 ]]; then
   ${BAZEL:-bazel} build --config=opt //server:precompile_server "${MODELS[@]/#/\/\/gallery:}"
 fi
 for model in "${MODELS[@]}"; do
-  mkdir -p "$OUT/repository/$model"
-  cp -rL "$BIN/gallery/$model" "$OUT/repository/$model/1"
+  for name in "$model" "${model}_stateful"; do
+    mkdir -p "$OUT/repository/$name"
+    cp -rL "$BIN/gallery/$model" "$OUT/repository/$name/1"
+  done
+  cp gallery/decoder_stateful.config.pbtxt "$OUT/repository/${model}_stateful/config.pbtxt"
 done
 
 taskset -c "$SERVER_CPUS" "$BIN/server/precompile_server" \
