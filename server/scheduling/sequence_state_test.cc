@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -350,6 +351,42 @@ TEST_F(SequenceStoreTest, RemembersABoundedNumberOfSequencesGone) {
   EXPECT_THAT(store.Acquire(Ask("9", false)).status().message(),
               HasSubstr("sequence 9 of model 'decoder' is not active: a sequence's first "
                         "request carries sequence_start"));
+}
+
+TEST_F(SequenceStoreTest, ConcurrentRequestsKeepEachSequenceConsistent) {
+  // Four threads step their own sequences and contend for a shared one,
+  // under a budget that evicts: every step sees the state its sequence's
+  // last committed step left, or is refused; none sees another's.
+  SequenceStore store = MakeStore(6 * (Overhead("t0") + 64));
+  constexpr int kThreads = 4;
+  constexpr int kSteps = 300;
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string own = "t" + std::to_string(t);
+      uint8_t last = 0;  // What `own` holds; 0: not started.
+      for (int step = 0; step < kSteps; ++step) {
+        const bool start = last == 0;
+        auto lease = store.Acquire(Ask(own, start));
+        if (lease.ok()) {
+          if (!start && FirstByte(*lease) != last) ++wrong[t];
+          const uint8_t next = static_cast<uint8_t>(1 + (step + t) % 250);
+          if (lease->Commit(StateOf(64, next), false).ok()) last = next;
+        } else {
+          last = 0;  // Evicted: start again.
+        }
+        auto shared = store.Acquire(Ask("shared", step % 7 == 0));
+        if (shared.ok()) (void)shared->Commit(StateOf(64, 1), false);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong, std::vector<int>(kThreads, 0));
+  const auto stats = store.Stats();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_LE(stats[0].active, 5);
+  EXPECT_EQ(stats[0].state_bytes, stats[0].active * 64);
 }
 
 }  // namespace
