@@ -97,6 +97,8 @@ def _capture_impl(ctx):
         args.add("--frames", ",".join(ctx.attr.frames))
     if ctx.attr.allow_incomplete:
         args.add("--allow-incomplete")
+    if ctx.attr.static_shapes:
+        args.add("--static-shapes")
 
     return _run_capture(ctx, out, args, inputs, roots = ["$PWD"],
                         progress = "Capturing precompile artifact %s" % ctx.label)
@@ -117,6 +119,7 @@ _capture = rule(
             doc = "Eager programs of flagged frames (the capture's --eager)",
         ),
         "allow_incomplete": attr.bool(default = False, doc = "Save a capture that is not complete"),
+        "static_shapes": attr.bool(default = False, doc = "Each new shape a static variant (--static-shapes)"),
         "wrapper_opt_level": attr.string(
             default = "O0",
             values = ["O0", "O1", "O2", "O3"],
@@ -202,7 +205,8 @@ def precompile_artifact(name, model_name = None, visibility = None, testonly = N
       visibility: of the artifact.
       testonly: of both targets.
       **kwargs: the capture's attributes (model, calls, frames, deps, srcs,
-        device, recompile_limit, eager, allow_incomplete, wrapper_opt_level).
+        device, recompile_limit, eager, allow_incomplete, static_shapes,
+        wrapper_opt_level).
     """
     _captured_and_copied(_capture, name, visibility, testonly, model_name = model_name or name, **kwargs)
 

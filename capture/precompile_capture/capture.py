@@ -164,6 +164,12 @@ class Capture:
         libtorch at serve time), "python" (the frame's own Python, run by the
         server's embedded interpreter: see python_program.py), or "auto"
         (default): TorchScript when the frame scripts, else Python.
+      dynamic: as torch.compile's: None (default), Dynamo's automatic dynamic
+        shapes (a dimension seen at two sizes becomes dynamic at the next
+        compile); False, never dynamic: each new shape compiles a static
+        variant (a server padding merged batches up to one of their batch
+        sizes, say). True is not offered: Dynamo's marks every dimension
+        dynamic, including sizes the model needs fixed.
     """
 
     def __init__(
@@ -177,7 +183,10 @@ class Capture:
         suppress_errors: bool = False,
         decline: Optional[Callable[[torch.export.ExportedProgram], Any]] = None,
         eager: str = "auto",
+        dynamic: Optional[bool] = None,
     ) -> None:
+        if dynamic not in (None, False):
+            raise PrecompileError(f"dynamic must be None (automatic) or False (static), not {dynamic!r}")
         if not name or not isinstance(name, str):
             raise PrecompileError("a capture needs a model name")
         if device not in DEVICES:
@@ -221,7 +230,9 @@ class Capture:
         self._workdir = tempfile.mkdtemp(prefix="precompile-capture-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._workdir, True)
         self._call_counter = itertools.count(1)
-        self._compiler = VariantCompiler(self._workdir, decline, lambda: self._interceptor.state(False))
+        self._compiler = VariantCompiler(
+            self._workdir, decline, lambda: self._interceptor.state(False), static=dynamic is False
+        )
         # The entry calls that ran, in order (call_record()); the manifest's
         # captured_calls, each signature once.
         self._entry_calls: List[Dict[str, Any]] = []

@@ -192,6 +192,7 @@ def _capture(args: argparse.Namespace) -> int:
             frames=frames,
             recompile_limit=args.recompile_limit,
             eager=args.eager,
+            dynamic=False if args.static_shapes else None,
         )
         results: List[Any] = []
         for call_args, call_kwargs in calls:
@@ -275,6 +276,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="eager programs of flagged frames: TorchScript, the frame's own Python, or TorchScript "
         "when the frame scripts, else Python (default)",
     )
+    parser.add_argument("--static-shapes", action="store_true",
+                        help="never a dynamic dimension: each new shape compiles a static variant "
+                        "(torch.compile's dynamic=False); default: Dynamo's automatic dynamic shapes")
     parser.add_argument("--allow-incomplete", action="store_true", help="save even if not complete")
     parser.add_argument("--recapture", metavar="REPOSITORY/MODEL",
                         help="write the next version of this served model from --misses")
@@ -295,4 +299,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--recapture needs --misses (the server's MissesResponse JSON)")
     if args.out:
         parser.error("--recapture writes REPOSITORY/MODEL/<N+1>; --out does not apply")
+    if args.static_shapes:
+        parser.error("--static-shapes applies to a first capture: a recapture compiles what the "
+                     "misses need, as Dynamo would")
     return _recapture(args)

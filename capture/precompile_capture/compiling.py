@@ -174,28 +174,32 @@ class VariantCompiler:
     """Compiles variants into packages under `workdir`. `decline` is the
     capture's decline hook (or None); `outside_capture` makes a context in
     which the frames' code runs as the user wrote it (the capture's
-    interception off) while it is traced, declined or compiled."""
+    interception off) while it is traced, declined or compiled. `static`:
+    never a dynamic dimension (torch.compile's dynamic=False)."""
 
     def __init__(
         self,
         workdir: str,
         decline: Optional[Callable[[torch.export.ExportedProgram], Any]],
         outside_capture: Callable[[], ContextManager[None]],
+        static: bool = False,
     ) -> None:
         self._workdir = workdir
+        self._static = static
         self.decline = decline
         self._outside_capture = outside_capture
         # (frame, variant id, seconds) of every compile.
         self.compile_log: List[Tuple[str, str, float]] = []
         self.export_count = 0
 
-    @staticmethod
-    def _dynamic_dims(frame: Frame, values: List[Any]) -> Dims:
+    def _dynamic_dims(self, frame: Frame, values: List[Any]) -> Dims:
         """Dynamo's automatic dynamic: dimensions that changed since earlier captures."""
         frame.compiled_shapes.append(
             [tuple(int(s) for s in v.shape) if isinstance(v, torch.Tensor) else None for v in values]
         )
         dynamic: Dims = {}
+        if self._static:
+            return dynamic
         for i, v in enumerate(values):
             if not isinstance(v, torch.Tensor):
                 continue

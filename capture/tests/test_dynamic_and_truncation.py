@@ -39,6 +39,12 @@ def test_first_capture_is_static_then_the_changed_dim_is_dynamic(mlp):
     assert compiles_before_miss == 2  # batch 32 hit the dynamic variant
 
 
+def test_dynamic_is_automatic_or_static_never_forced():
+    # dynamic=False is served by examples' mlp_static (tests/server_batching_test.cc).
+    with pytest.raises(precompile_capture.PrecompileError, match="dynamic must be None"):
+        precompile_capture.capture(MLP().eval(), name="mlp", dynamic=True)
+
+
 def test_recompile_limit_hit_truncates_and_does_not_flag(mlp):
     cap = mlp[0]
     info = cap.frame("forward")

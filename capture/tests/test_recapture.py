@@ -280,6 +280,10 @@ def test_the_cli_names_the_error_and_exits_2(v1, tmp_path, capsys):
         cli.main(["--model", "examples.models:make_mlp", "--recapture", str(model_dir)])
     assert e.value.code == 2
     assert "--recapture needs --misses" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv + ["--static-shapes"])
+    assert e.value.code == 2
+    assert "--static-shapes applies to a first capture" in capsys.readouterr().err
     assert snapshot(model_dir) == before
 
 
