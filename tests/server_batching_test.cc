@@ -111,6 +111,10 @@ class BatchingTest : public ::testing::Test {
              absl::StrCat(kBatched, R"pb(parameters {
                             key: "max_request_seconds" value { string_value: "0.3" } })pb"));
 #endif
+    // Static variants only, at batches 1, 4 and 8.
+    AddModel(root, "mlp_static", "mlp_static",
+             "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 300000 }");
+    AddModel(root, "mlp_static_alone", "mlp_static", "");
     // x[: x.size(0) // 2] has half the rows: it cannot batch.
     AddModel(root, "passthrough", "passthrough", "max_batch_size: 2048");
     server::ServerOptions options;
@@ -208,6 +212,41 @@ TEST_F(BatchingTest, MergesConcurrentRequestsIntoOneRunAndAnswersEachWithItsRows
                                  "version=\"1\"}") -
                 static_cast<double>(before.inference_stats().success().count()),
             4);
+}
+
+TEST_F(BatchingTest, AMergedBatchNoVariantTakesIsPaddedUpToAStaticVariantsBatch) {
+  const inference::ModelStatistics before = Statistics("mlp_static");
+  // Two requests of 1 row, each served alone by the batch-1 variant: merged,
+  // their 2 rows are padded to the batch-4 variant. A request of 2 rows,
+  // which no variant serves alone, is refused, not padded into a hit.
+  const std::vector<inference::ModelInferRequest> requests = {
+      Request("mlp_static", 1, 4, 50), Request("mlp_static", 1, 4, 51),
+      Request("mlp_static", 2, 4, 52)};
+  const auto answers = InferAll(requests);
+  EXPECT_EQ(answers[2].first.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << answers[2].first.error_message();
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& [status, response] = answers[i];
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.parameters().at("precompile_batch_rows").int64_param(), 2);
+    EXPECT_EQ(response.parameters().at("precompile_batch_padding_rows").int64_param(), 2);
+    ASSERT_EQ(response.outputs_size(), 1);
+    EXPECT_EQ(response.outputs(0).shape(0), 1) << "the padding's rows are dropped";
+    inference::ModelInferRequest alone = requests[i];
+    alone.set_model_name("mlp_static_alone");
+    inference::ModelInferResponse reference;
+    ASSERT_TRUE(Infer(alone, &reference).ok());
+    EXPECT_NE(Variant(reference), Variant(response)) << "alone, the batch-1 variant";
+    const std::vector<float> got = Floats(response), want = Floats(reference);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_NEAR(got[k], want[k], 1e-4 + 1e-4 * std::abs(want[k])) << "request " << i;
+    }
+  }
+  const inference::ModelStatistics after = Statistics("mlp_static");
+  EXPECT_EQ(after.execution_count() - before.execution_count(), 1u) << "one run";
+  EXPECT_EQ(after.inference_count() - before.inference_count(), 2u)
+      << "the requests' rows, not the padding";
 }
 
 TEST_F(BatchingTest, ABatchAtAPreferredSizeRunsWithoutWaitingWhenNoOtherRequestIsThere) {

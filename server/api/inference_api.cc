@@ -411,8 +411,10 @@ struct InferenceApi::RequestState {
   absl::Time model_start;
   // The inferences it counts for: its rows for a batching model, else 1.
   int64_t rows = 1;
-  // It ran as part of a merged call, whose execution is recorded once.
+  // It ran as part of a merged call, whose execution is recorded once, and
+  // the rows of padding that call had.
   bool shared_execution = false;
+  int64_t batch_padding_rows = 0;
   // A request of a sequence: its hold on the sequence, the state it passes
   // to the model (which `args` point into), and whether it ends the
   // sequence.
@@ -539,27 +541,51 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
   std::optional<CallResult> merged;
   std::vector<int64_t> rows;
   int64_t total_rows = 0;
+  // Rows of padding the call that served them had.
+  int64_t padding_rows = 0;
   std::vector<FrameCallEvent> merged_frames;
   first.stage = "running a merged batch";
   const absl::Status tried = Guarded(first, [&] {
     std::vector<absl::Span<const NamedValue>> parts;
+    const std::vector<NamedValue>* with_rows = nullptr;
     for (const size_t i : live) {
       parts.push_back(states[i]->args);
       rows.push_back(states[i]->rows);
       total_rows += states[i]->rows;
+      if (with_rows == nullptr && states[i]->rows > 0) with_rows = &states[i]->args;
     }
-    const MergedArguments args = MergeRows(parts);
     // A merged call that no variant takes, or that fails, is no answer:
     // each request then runs alone and gets the answer it gets alone.
     LoadedVersion::CallContext variant_only;
     variant_only.variant_only = true;
     variant_only.frame_calls = &merged_frames;
-    absl::StatusOr<CallResult> result = first.handle.model->Call(args.args, variant_only);
-    if (result.ok() && !result->no_variant) merged = *std::move(result);
+    const auto served = [&](absl::Span<const absl::Span<const NamedValue>> all) {
+      merged_frames.clear();
+      const MergedArguments args = MergeRows(all);
+      absl::StatusOr<CallResult> result = first.handle.model->Call(args.args, variant_only);
+      if (result.ok() && !result->no_variant) merged = *std::move(result);
+      return merged.has_value();
+    };
+    if (served(parts) || with_rows == nullptr) return absl::OkStatus();
+    // No variant takes these rows: padded up to a batch size a static
+    // variant takes, the smallest first.
+    for (const int64_t size : StaticBatchSizes(first.handle.model->entry_frame())) {
+      if (size <= total_rows || size > first.handle.batching->max_batch_size) continue;
+      const MergedArguments padding = PaddingRows(*with_rows, size - total_rows);
+      parts.push_back(padding.args);
+      if (served(parts)) {
+        padding_rows = size - total_rows;
+        break;
+      }
+      parts.pop_back();
+    }
     return absl::OkStatus();
   });
   if (!tried.ok() || !merged) return false;
-  std::optional<std::vector<std::vector<OutputTensor>>> split = SplitRows(merged->outputs, rows);
+  std::vector<int64_t> split_rows = rows;
+  if (padding_rows > 0) split_rows.push_back(padding_rows);
+  std::optional<std::vector<std::vector<OutputTensor>>> split =
+      SplitRows(merged->outputs, split_rows);
   if (!split) return false;
   const absl::Time called = absl::Now();
   if (first.handle.metrics) first.handle.metrics->RecordExecution(total_rows);
@@ -567,6 +593,7 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
     RequestState& s = *states[live[k]];
     s.timing.infer += called - s.model_start;
     s.shared_execution = true;
+    s.batch_padding_rows = padding_rows;
     if (s.trace_id != 0) s.frame_calls = merged_frames;
     s.Mark("COMPUTE_OUTPUT_START", called);
     CallResult mine;
@@ -889,6 +916,10 @@ absl::Status InferenceApi::Answer(Call& call, RequestState& s, CallResult result
   params[*kVariantKey].set_string_param(result.variant_id);
   if (s.handle.batching != nullptr && s.handle.batching->dynamic) {
     params[*kBatchRowsKey].set_int64_param(batch_rows);
+    if (s.batch_padding_rows > 0) {
+      static const std::string* const kPaddingKey = new std::string("precompile_batch_padding_rows");
+      params[*kPaddingKey].set_int64_param(s.batch_padding_rows);
+    }
   }
   std::vector<OutputTensor> outputs;
   if (result.outputs.size() != s.output_names.size()) {

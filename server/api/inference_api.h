@@ -13,8 +13,10 @@
 // response carries two parameters saying how the entry frame was served:
 // "precompile_outcome" ("variant" or "eager_fallback") and
 // "precompile_variant" (the variant's id, or ""); a model with dynamic
-// batching adds "precompile_batch_rows", the rows of the call that served
-// the request (more than its own when it ran in a batch).
+// batching adds "precompile_batch_rows", the requests' rows in the call
+// that served the request (more than its own when it ran in a batch), and
+// "precompile_batch_padding_rows" when that call was padded up to a static
+// variant's batch.
 //
 // A model whose config.pbtxt keeps sequences' state
 // (server/scheduling/sequence_state.h) takes Triton's request parameters
@@ -130,8 +132,10 @@ class InferenceApi {
   // and whose deadline is more than twice the batch delay away, stops
   // before its call too, with call.batch_ticket() set. Then
   // InferBatch(calls), given requests with tickets of the same key, runs
-  // them as one call when a variant takes their rows stacked, and answers
-  // each with its rows of the outputs; otherwise each runs alone, as Infer
+  // them as one call when a variant takes their rows stacked (padded, if
+  // need be, up to the smallest batch a static variant takes, with copies
+  // of a real row whose outputs are dropped), and answers each with its
+  // rows of the outputs; otherwise each runs alone, as Infer
   // would have run it. So batching never turns an answer into a miss. Its
   // answers are in the order of `calls`: nullopt for a request that stopped
   // at an eager miss (then InferEager(call) as above).
@@ -178,9 +182,9 @@ class InferenceApi {
   // batch's).
   absl::Status Answer(Call& call, RequestState& s, CallResult result, absl::Time called,
                       int64_t batch_rows);
-  // Runs the requests `live` of `calls` as one call; false, having answered
-  // none, when no variant takes them together or their outputs cannot be
-  // split by rows.
+  // Runs the requests `live` of `calls` as one call (padded up to a static
+  // variant's batch if need be); false, having answered none, when no
+  // variant takes them together or their outputs cannot be split by rows.
   bool RunMerged(absl::Span<Call* const> calls, std::vector<std::unique_ptr<RequestState>>& states,
                  const std::vector<size_t>& live,
                  std::vector<std::optional<absl::Status>>& answers);

@@ -243,6 +243,51 @@ MergedArguments MergeRows(absl::Span<const absl::Span<const NamedValue>> request
   return merged;
 }
 
+std::vector<int64_t> StaticBatchSizes(const Frame& entry) {
+  std::vector<int64_t> sizes;
+  for (const auto& variant : entry.variants()) {
+    for (const auto& guard : variant.guards()) {
+      if (!guard.has_tensor() || guard.tensor().is_none() || guard.tensor().dims_size() == 0) {
+        continue;
+      }
+      // A batchable variant's inputs agree on their first dimension: the
+      // first tensor says it.
+      const artifact::v1::DimGuard& rows = guard.tensor().dims(0);
+      if (rows.size_case() == artifact::v1::DimGuard::kStaticSize) {
+        sizes.push_back(rows.static_size());
+      }
+      break;
+    }
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
+
+MergedArguments PaddingRows(absl::Span<const NamedValue> request, int64_t rows) {
+  MergedArguments padding;
+  for (const NamedValue& arg : request) {
+    const auto* tensor = std::get_if<TensorArg>(&arg.value);
+    if (tensor == nullptr) {
+      padding.args.push_back(arg);
+      continue;
+    }
+    const size_t row_bytes = tensor->nbytes / static_cast<size_t>(tensor->shape[0]);
+    const size_t bytes = row_bytes * static_cast<size_t>(rows);
+    auto storage = std::make_unique<uint8_t[]>(std::max<size_t>(bytes, 1));
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(storage.get() + static_cast<size_t>(r) * row_bytes, tensor->data, row_bytes);
+    }
+    TensorArg repeated = *tensor;
+    repeated.shape[0] = rows;
+    repeated.data = storage.get();
+    repeated.nbytes = bytes;
+    padding.args.push_back({arg.name, std::move(repeated)});
+    padding.storage.push_back(std::move(storage));
+  }
+  return padding;
+}
+
 std::optional<std::vector<std::vector<OutputTensor>>> SplitRows(
     const std::vector<OutputTensor>& outputs, absl::Span<const int64_t> rows) {
   int64_t total = 0;

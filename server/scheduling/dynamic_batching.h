@@ -82,6 +82,18 @@ struct MergedArguments {
 };
 MergedArguments MergeRows(absl::Span<const absl::Span<const NamedValue>> requests);
 
+// The batch sizes at which some variant of `entry` takes its rows as a
+// static size, ascending: a merged call whose rows no variant takes may be
+// padded up to one. REQUIRES: CheckBatchable(entry) is OK.
+std::vector<int64_t> StaticBatchSizes(const artifact::v1::Frame& entry);
+
+// `rows` rows of padding for a merged call: every tensor of `request` with
+// its first row repeated `rows` times (a real row, so that values the model
+// indexes with stay in range), its other arguments as they are. Stacked
+// after the requests, its rows of the outputs are dropped. REQUIRES:
+// `request`'s tensors have at least one row.
+MergedArguments PaddingRows(absl::Span<const NamedValue> request, int64_t rows);
+
 // Each request's share of a merged call's outputs: for request r, every
 // output's rows from the sum of rows[0..r) on, sharing the output's bytes.
 // nullopt when an output's first dimension is not the sum of `rows` (the

@@ -263,6 +263,43 @@ TEST(MergeRows, StacksEachInputsRowsInTheRequestsOrder) {
   EXPECT_EQ(std::get<int64_t>(merged.args[2].value), 3);
 }
 
+TEST(PaddingRows, RepeatsTheFirstRowOfEachTensor) {
+  const std::vector<float> x = {1, 2, 3, 4}, y = {10, 20};
+  const std::vector<NamedValue> request = {Tensor("x", {2, 2}, x), {"k", int64_t{3}},
+                                           Tensor("y", {2, 1}, y)};
+  MergedArguments padding = PaddingRows(request, 3);
+  ASSERT_EQ(padding.args.size(), 3u);
+  const TensorArg& px = std::get<TensorArg>(padding.args[0].value);
+  EXPECT_THAT(px.shape, ElementsAre(3, 2));
+  ASSERT_EQ(px.nbytes, 6 * sizeof(float));
+  std::vector<float> xs(6);
+  std::memcpy(xs.data(), px.data, px.nbytes);
+  EXPECT_THAT(xs, ElementsAre(1, 2, 1, 2, 1, 2));
+  EXPECT_EQ(std::get<int64_t>(padding.args[1].value), 3);
+  const TensorArg& py = std::get<TensorArg>(padding.args[2].value);
+  std::vector<float> ys(3);
+  ASSERT_EQ(py.nbytes, 3 * sizeof(float));
+  std::memcpy(ys.data(), py.data, py.nbytes);
+  EXPECT_THAT(ys, ElementsAre(10, 10, 10));
+}
+
+TEST(StaticBatchSizes, ListsTheStaticBatchesOfTheVariantsOnce) {
+  artifact::v1::Frame frame = FrameFrom(absl::StrCat(kTwoInputs, R"pb(
+    variants {
+      guards { parameter: 0 tensor { dims { static_size: 8 } dims { static_size: 8 } } }
+    }
+    variants { guards { parameter: 0 tensor { dims { symbol: 0 } dims { static_size: 8 } } } }
+    variants {
+      guards { parameter: 1 tensor { is_none: true } }
+      guards { parameter: 0 tensor { dims { static_size: 1 } dims { static_size: 8 } } }
+    }
+    variants {
+      guards { parameter: 0 tensor { dims { static_size: 8 } dims { static_size: 4 } } }
+    }
+  )pb"));
+  EXPECT_THAT(StaticBatchSizes(frame), ElementsAre(1, 8));
+}
+
 OutputTensor Output(std::vector<int64_t> shape, const std::vector<float>& values) {
   OutputTensor out;
   out.shape = std::move(shape);
