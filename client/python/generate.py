@@ -15,7 +15,9 @@ The same artifact served with `sequence_batching { state [...] }` in its
 config.pbtxt (the gallery's `gpt2_decoder_stateful`) keeps each sequence's
 cache on the server between its requests: the client sends the new token,
 the mask and Triton's sequence parameters, and the cache never crosses the
-wire (--sequence_id).
+wire (--sequence_id). A sequence the server no longer holds (idle too long,
+evicted for memory, or its server gone) is started again with the whole
+sequence so far.
 
     .venv/bin/python client/python/generate.py --address 127.0.0.1:8001 \\
         --model gpt2_decoder_stateful --sequence_id 7 --prompt 17,4,99,250,3 --tokens 8
@@ -30,6 +32,7 @@ from typing import Dict, List, Sequence, Union
 
 import numpy as np
 import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
 
 CACHE_PREFIX = "past_key_values."
 
@@ -68,23 +71,39 @@ def generate(client: triton.InferenceServerClient, model: str, prompt: Sequence[
     return out
 
 
+def _not_active(error: InferenceServerException) -> bool:
+    """The server no longer holds the sequence (it ended, was idle too long,
+    was evicted for memory, or the server that held it went away)."""
+    return error.status() == "StatusCode.FAILED_PRECONDITION" and \
+        "is not active" in (error.message() or "")
+
+
 def generate_stateful(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
                       tokens: int, sequence_id: Union[int, str]) -> List[int]:
     """As generate(), the cache kept by the server for sequence
-    `sequence_id`: started by the first call, ended by the last."""
-    ids = np.asarray([prompt], dtype=np.int64)
+    `sequence_id`: started by the first call, ended by the last. A sequence
+    the server no longer holds is started again with everything so far, the
+    prompt and the tokens generated, as the server's refusal says to."""
+    sequence = list(prompt)
     length = 0  # Positions the server's cache holds.
-    out: List[int] = []
     for step in range(tokens):
-        mask = np.ones((1, length + ids.shape[1]), dtype=np.int64)
-        result = client.infer(model, [_input("input_ids", ids), _input("attention_mask", mask)],
-                              sequence_id=sequence_id, sequence_start=step == 0,
-                              sequence_end=step == tokens - 1)
-        token = int(np.argmax(result.as_numpy("logits")[0, -1]))
-        out.append(token)
-        length = mask.shape[1]
-        ids = np.asarray([[token]], dtype=np.int64)
-    return out
+        new = sequence[length:]
+        mask = np.ones((1, len(sequence)), dtype=np.int64)
+        inputs = [_input("input_ids", np.asarray([new], dtype=np.int64)),
+                  _input("attention_mask", mask)]
+        try:
+            result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=length == 0,
+                                  sequence_end=step == tokens - 1)
+        except InferenceServerException as e:
+            if length == 0 or not _not_active(e):
+                raise
+            length = 0
+            inputs[0] = _input("input_ids", np.asarray([sequence], dtype=np.int64))
+            result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=True,
+                                  sequence_end=step == tokens - 1)
+        sequence.append(int(np.argmax(result.as_numpy("logits")[0, -1])))
+        length = len(sequence) - 1
+    return sequence[len(prompt):]
 
 
 def main() -> None:

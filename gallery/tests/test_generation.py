@@ -350,3 +350,29 @@ def test_an_idle_sequence_expires(small_server):
     assert _metric(text, "precompile_sequences_gone_total", model="decoder_short_idle",
                    reason="expired") == 1
     assert _metric(text, "precompile_sequences_active", model="decoder_short_idle") == 0
+
+
+class _EvictsAfter:
+    """The real client; after its `calls`-th call, another sequence takes
+    the budget and evicts the one it serves, as a replica gone would lose it."""
+
+    def __init__(self, client, calls):
+        self._client, self._calls = client, calls
+
+    def infer(self, *args, **kwargs):
+        result = self._client.infer(*args, **kwargs)
+        self._calls -= 1
+        if self._calls == 0:
+            _step(self._client, "decoder", PROMPT, 0, 99, start=True)
+        return result
+
+
+def test_a_sequence_the_server_lost_is_started_again_with_its_prefix(small_server):
+    client = triton.InferenceServerClient(small_server.address)
+    evicted = _metric(_metrics(small_server), "precompile_sequences_gone_total", model="decoder",
+                      reason="evicted")
+    tokens = generate.generate_stateful(_EvictsAfter(client, 3), "decoder", [17, 4], 6,
+                                        sequence_id=98)
+    assert tokens == _in_process([17, 4], 6)
+    assert _metric(_metrics(small_server), "precompile_sequences_gone_total", model="decoder",
+                   reason="evicted") >= evicted + 1
