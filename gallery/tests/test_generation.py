@@ -7,9 +7,11 @@ tritonclient's protos and the project's share a package name: this file
 runs in a process of its own.
 """
 
+import json
 import re
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -201,6 +203,15 @@ def test_sequences_over_http_as_over_grpc(server):
     with pytest.raises(InferenceServerException) as e:
         step([5], 3, sequence_id=72)
     assert "sequence 72 of model 'gpt2_decoder_stateful' is not active" in e.value.message()
+    # An id that is neither an integer nor a string, in Triton's JSON.
+    body = json.dumps({"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT64",
+                                   "data": [5]}],
+                       "parameters": {"sequence_id": 1.5, "sequence_start": True}}).encode()
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://{server.http_address}/v2/models/{STATEFUL[MODEL]}/infer",
+                               body, timeout=10)
+    assert e.value.code == 400
+    assert "parameter 'sequence_id' is neither an integer nor a string" in e.value.read().decode()
 
 
 def test_interleaved_sequences_each_keep_their_own_cache(server, client):

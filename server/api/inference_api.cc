@@ -224,7 +224,7 @@ absl::StatusOr<SequenceParams> ReadSequenceParams(const inference::ModelInferReq
       sequence.id.text = absl::StrCat("\"", absl::CHexEscape(value.string_param()), "\"");
       break;
     default:
-      return not_an_id("neither");
+      return not_an_id("neither an integer nor a string");
   }
   for (const auto& [key, flag] : {std::pair<const char*, bool*>{"sequence_start", &sequence.start},
                                   std::pair<const char*, bool*>{"sequence_end", &sequence.end}}) {
