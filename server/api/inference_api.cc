@@ -843,7 +843,6 @@ absl::Status InferenceApi::JoinSequence(RequestState& s, const SequenceConfig& s
   if (!params.ok()) return params.status();
   SequenceStore::Request asked;
   asked.model = model;
-  asked.version = s.handle.version;
   asked.loaded = s.handle.model.get();
   asked.id = std::move(params->id);
   asked.start = params->start;

@@ -265,27 +265,16 @@ std::vector<int64_t> StaticBatchSizes(const Frame& entry) {
 }
 
 MergedArguments PaddingRows(absl::Span<const NamedValue> request, int64_t rows) {
-  MergedArguments padding;
-  for (const NamedValue& arg : request) {
-    const auto* tensor = std::get_if<TensorArg>(&arg.value);
-    if (tensor == nullptr) {
-      padding.args.push_back(arg);
-      continue;
+  // The request's first row, stacked `rows` times as requests are.
+  std::vector<NamedValue> first_row(request.begin(), request.end());
+  for (NamedValue& arg : first_row) {
+    if (auto* tensor = std::get_if<TensorArg>(&arg.value)) {
+      tensor->nbytes /= static_cast<size_t>(tensor->shape[0]);
+      tensor->shape[0] = 1;
     }
-    const size_t row_bytes = tensor->nbytes / static_cast<size_t>(tensor->shape[0]);
-    const size_t bytes = row_bytes * static_cast<size_t>(rows);
-    auto storage = std::make_unique<uint8_t[]>(std::max<size_t>(bytes, 1));
-    for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(storage.get() + static_cast<size_t>(r) * row_bytes, tensor->data, row_bytes);
-    }
-    TensorArg repeated = *tensor;
-    repeated.shape[0] = rows;
-    repeated.data = storage.get();
-    repeated.nbytes = bytes;
-    padding.args.push_back({arg.name, std::move(repeated)});
-    padding.storage.push_back(std::move(storage));
   }
-  return padding;
+  const std::vector<absl::Span<const NamedValue>> copies(static_cast<size_t>(rows), first_row);
+  return MergeRows(copies);
 }
 
 std::optional<std::vector<std::vector<OutputTensor>>> SplitRows(

@@ -26,6 +26,11 @@ std::string KeyOf(absl::string_view model, absl::string_view id) {
   return absl::StrCat(model, std::string(1, '\0'), id);
 }
 
+// What a sequence keyed `key` counts besides its tensors.
+int64_t OverheadBytes(const std::string& key) {
+  return SequenceStore::kSequenceOverheadBytes + static_cast<int64_t>(key.size());
+}
+
 std::string Describe(absl::string_view model, absl::string_view id) {
   return absl::StrCat("sequence ", id, " of model '", model, "'");
 }
@@ -180,7 +185,7 @@ absl::StatusOr<SequenceStore::Lease> SequenceStore::Acquire(const Request& reque
                            "; start it again with sequence_start")
             : std::string("a sequence's first request carries sequence_start")));
   }
-  const int64_t bytes = kSequenceOverheadBytes + static_cast<int64_t>(key.size());
+  const int64_t bytes = OverheadBytes(key);
   if (!MakeRoom(bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the server holds ", bytes_, " bytes of sequence state in requests running now, "
@@ -190,7 +195,6 @@ absl::StatusOr<SequenceStore::Lease> SequenceStore::Acquire(const Request& reque
   Entry& entry = entries_[key];
   entry.model = request.model;
   entry.id = request.id.text;
-  entry.version = request.version;
   entry.loaded = request.loaded;
   entry.max_idle = request.max_idle;
   entry.bytes = bytes;
@@ -226,7 +230,7 @@ absl::Status SequenceStore::Commit(const std::string& key, State next, bool end)
   }
   int64_t tensors = 0;
   for (const auto& [name, tensor] : next) tensors += static_cast<int64_t>(tensor.nbytes);
-  const int64_t bytes = kSequenceOverheadBytes + static_cast<int64_t>(key.size()) + tensors;
+  const int64_t bytes = OverheadBytes(key) + tensors;
   const int64_t more = bytes - entry.bytes;
   if (more > 0 && !MakeRoom(more)) {
     const std::string who = Describe(entry.model, entry.id);
@@ -242,8 +246,7 @@ absl::Status SequenceStore::Commit(const std::string& key, State next, bool end)
         options_.max_bytes, "); the sequence keeps the state it had"));
   }
   ModelStats& stats = stats_[entry.model];
-  stats.state_bytes += tensors - (entry.bytes - kSequenceOverheadBytes -
-                                  static_cast<int64_t>(key.size()));
+  stats.state_bytes += more;
   bytes_ += more;
   entry.bytes = bytes;
   entry.state = std::move(next);
@@ -288,15 +291,11 @@ void SequenceStore::Drop(const std::string& key, Gone why) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   Entry& entry = it->second;
-  if (!entry.busy) {
-    idle_by_expiry_.erase({entry.last_used + entry.max_idle, key});
-    idle_by_use_.erase({entry.last_used, key});
-    idle_bytes_ -= entry.bytes;
-  }
+  if (!entry.busy) SetBusy(key, entry);
   bytes_ -= entry.bytes;
   ModelStats& stats = stats_[entry.model];
   --stats.active;
-  stats.state_bytes -= entry.bytes - kSequenceOverheadBytes - static_cast<int64_t>(key.size());
+  stats.state_bytes -= entry.bytes - OverheadBytes(key);
   switch (why) {
     case Gone::kEnded: ++stats.ended; break;
     case Gone::kExpired: ++stats.expired; break;

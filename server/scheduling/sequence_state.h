@@ -102,7 +102,6 @@ class SequenceStore {
   // What a request asks of its sequence.
   struct Request {
     std::string model;
-    int64_t version = 0;
     // Tells loads of the model apart: the state of one is no input of another.
     const void* loaded = nullptr;
     SequenceId id;
@@ -170,10 +169,9 @@ class SequenceStore {
   struct Entry {
     std::string model;
     std::string id;
-    int64_t version = 0;
     const void* loaded = nullptr;
     State state;
-    int64_t bytes = 0;  // With the overhead.
+    int64_t bytes = 0;  // With the overhead (OverheadBytes).
     absl::Duration max_idle;
     absl::Time last_used;
     bool busy = false;
@@ -192,6 +190,7 @@ class SequenceStore {
   void Drop(const std::string& key, Gone why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetIdle(const std::string& key, Entry& entry, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes an idle `entry` out of the idle sets.
   void SetBusy(const std::string& key, Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts idle sequences, the one idle longest first, until `bytes` more
   // fit; false, evicting none, when they cannot.

@@ -134,7 +134,6 @@ class SequenceStoreTest : public ::testing::Test {
   SequenceStore::Request Ask(const std::string& id, bool start, const void* loaded = nullptr) {
     SequenceStore::Request request;
     request.model = "decoder";
-    request.version = 1;
     request.loaded = loaded != nullptr ? loaded : &model_;
     request.id.text = id;
     request.start = start;
