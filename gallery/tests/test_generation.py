@@ -212,6 +212,11 @@ def test_sequences_over_http_as_over_grpc(server):
                                body, timeout=10)
     assert e.value.code == 400
     assert "parameter 'sequence_id' is neither an integer nor a string" in e.value.read().decode()
+    # Ids are held by the server: a string past 128 bytes is refused, 128 taken.
+    with pytest.raises(InferenceServerException) as e:
+        step([5], 0, sequence_id="x" * 129, sequence_start=True)
+    assert "parameter 'sequence_id' is a string of 129 bytes" in e.value.message()
+    step([5], 0, sequence_id="x" * 128, sequence_start=True, sequence_end=True)
 
 
 def test_interleaved_sequences_each_keep_their_own_cache(server, client):
