@@ -17,7 +17,7 @@ debian_packages=(
   libabsl-dev libspdlog-dev libfmt-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
-  python3-venv python3-dev curl patchelf openssl clang libclang-rt-14-dev llvm-14
+  python3-venv python3-dev curl patchelf openssl clang lld libclang-rt-14-dev llvm-14
   libtcmalloc-minimal4
 )
 
