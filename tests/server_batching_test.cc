@@ -35,15 +35,6 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// Protobuf's headers give a map field (config.pbtxt's parameters) two more
-// members under ThreadSanitizer; Debian's libprotobuf, built without it,
-// parses text into the smaller layout and crashes.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kParsesMapFields = false;
-#else
-constexpr bool kParsesMapFields = true;
-#endif
-
 // No sum of the tests' requests but 8 is a preferred size: they wait for the
 // others, whatever order they come in.
 constexpr char kBatched[] = R"pb(
@@ -114,12 +105,10 @@ class BatchingTest : public ::testing::Test {
       max_batch_size: 16
       dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [2, 8] }
     )pb");
-#if !defined(__SANITIZE_THREAD__)  // See kParsesMapFields.
     // Its deadline comes long before its batch's delay.
     AddModel(root, "mlp_deadline", "mlp",
              absl::StrCat(kBatched, R"pb(parameters {
                             key: "max_request_seconds" value { string_value: "0.3" } })pb"));
-#endif
     // Static variants only, at batches 1, 4 and 8.
     AddModel(root, "mlp_static", "mlp_static",
              "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 300000 }");
@@ -350,7 +339,6 @@ TEST_F(BatchingTest, RequestsThatNoVariantServesAloneAreAnsweredAsAloneAndJoinNo
 }
 
 TEST_F(BatchingTest, ARequestWhoseDeadlineComesBeforeItsBatchsDelayRunsAloneAtOnce) {
-  if (!kParsesMapFields) GTEST_SKIP() << "map fields parsed by an uninstrumented libprotobuf";
   // Its limit is 0.3 s, the delay 30 s: waiting for others would fail it.
   inference::ModelInferResponse response;
   grpc::Status status = Infer(Request("mlp_deadline", 2, 4, 0), &response);

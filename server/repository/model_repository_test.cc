@@ -260,12 +260,6 @@ TEST_F(RepositoryTest, ASequenceStateTheModelCannotKeepIsRefusedAtLoad) {
 }
 
 TEST_F(RepositoryTest, AConfigMaySetTheModelsOwnRequestTimeLimit) {
-#if defined(__SANITIZE_THREAD__)
-  // Protobuf's headers give a map field (config.pbtxt's parameters) two more
-  // members under ThreadSanitizer; Debian's libprotobuf, built without it,
-  // parses text into the smaller layout and crashes.
-  GTEST_SKIP() << "map fields parsed by an uninstrumented libprotobuf";
-#endif
   auto limit_served = [this] {
     auto handle = repository_->Get("mlp", "");
     EXPECT_TRUE(handle.ok()) << handle.status();
