@@ -298,6 +298,7 @@ TEST_F(BatchingTest, GrpcAndHttpRequestsShareABatch) {
   const size_t json_length =
       std::stoul(by_http->get_header_value("Inference-Header-Content-Length"));
   const std::string http_raw = by_http->body.substr(json_length);
+  ASSERT_EQ(http_raw.size(), reference.raw_output_contents(0).size());
   std::vector<float> got(http_raw.size() / sizeof(float));
   std::memcpy(got.data(), http_raw.data(), got.size() * sizeof(float));
   ExpectClose(got, Floats(reference));
