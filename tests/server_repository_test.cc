@@ -93,15 +93,24 @@ class Harness {
   std::unique_ptr<precompile::v1::PrecompileAdmin::Stub> admin;
 };
 
-// Sends `request` from a new thread: `*status` is its result once the thread
-// is joined; `*done`, if given, turns true as soon as it returns.
-std::thread InferInBackground(Harness& harness, inference::ModelInferRequest request,
-                              grpc::Status* status, std::atomic<bool>* done = nullptr) {
-  return std::thread([&harness, request = std::move(request), status, done] {
+// Sends `request` from a new thread under `context`, which the test may
+// cancel: `*status` is its result once the thread is joined; `*done`, if
+// given, turns true as soon as it returns.
+std::thread InferInBackground(Harness& harness, grpc::ClientContext* context,
+                              inference::ModelInferRequest request, grpc::Status* status,
+                              std::atomic<bool>* done = nullptr) {
+  return std::thread([&harness, context, request = std::move(request), status, done] {
     inference::ModelInferResponse response;
-    *status = harness.Infer(request, &response);
+    *status = harness.inference->ModelInfer(context, request, &response);
     if (done) *done = true;
   });
+}
+
+// An eager miss that runs until its client cancels it (the server polls for
+// that at every iteration of the loop): a test ends it when it has seen what
+// it wanted, instead of waiting for a loop long enough for a slow machine.
+inference::ModelInferRequest EndlessLoopRequest() {
+  return SlowLoopRequest(int64_t{1000000000000});
 }
 
 // Clients that call `mlp` in a loop and count what they get back.
@@ -396,16 +405,29 @@ TEST(ServerRepository, ABrokenModelIsReportedAndDoesNotStopTheOthers) {
 TEST(ServerRepository, RequestsBeyondTheConcurrencyLimitGetResourceExhausted) {
   const std::string repository = ExampleRepository({"loop"});
   Harness harness(repository, /*max_concurrent_requests=*/1);
+  grpc::ClientContext slow_context;
+  // A bound for when cancelling fails, so that the test fails, not hangs.
+  slow_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
   grpc::Status slow_status;
-  std::thread slow = InferInBackground(harness, SlowLoopRequest(300000), &slow_status);
+  std::thread slow =
+      InferInBackground(harness, &slow_context, EndlessLoopRequest(), &slow_status);
   absl::SleepFor(absl::Milliseconds(300));
   inference::ModelInferResponse response;
   grpc::Status status = harness.Infer(SlowLoopRequest(0), &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("limit of 1 concurrent inference requests"));
+  slow_context.TryCancel();
   slow.join();
-  EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
-  EXPECT_TRUE(harness.Infer(SlowLoopRequest(0), &response).ok());
+  EXPECT_EQ(slow_status.error_code(), grpc::StatusCode::CANCELLED) << slow_status.error_message();
+  // The cancelled request gives its place back once the server sees the
+  // cancellation (at the loop's next iteration).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  status = harness.Infer(SlowLoopRequest(0), &response);
+  while (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    status = harness.Infer(SlowLoopRequest(0), &response);
+  }
+  EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
 TEST(ServerRepository, AnEagerMissLeavesTheOnlyInferenceThreadToOtherRequests) {
@@ -416,9 +438,12 @@ TEST(ServerRepository, AnEagerMissLeavesTheOnlyInferenceThreadToOtherRequests) {
   Harness harness(repository, /*max_concurrent_requests=*/4, absl::ZeroDuration(),
                   /*inference_threads=*/1);
   std::atomic<bool> slow_done{false};
+  grpc::ClientContext slow_context;
+  // A bound for when cancelling fails, so that the test fails, not hangs.
+  slow_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
   grpc::Status slow_status;
   std::thread slow =
-      InferInBackground(harness, SlowLoopRequest(300000), &slow_status, &slow_done);
+      InferInBackground(harness, &slow_context, EndlessLoopRequest(), &slow_status, &slow_done);
   absl::SleepFor(absl::Milliseconds(300));
 
   grpc::ClientContext metadata_context;
@@ -439,8 +464,11 @@ TEST(ServerRepository, AnEagerMissLeavesTheOnlyInferenceThreadToOtherRequests) {
   EXPECT_FALSE(slow_done) << "the slow miss ended before the hit was checked";
   // Another miss waits for the one eager thread, not for a run slot: the
   // hit after it is answered before either miss ends, and both are answered.
+  grpc::ClientContext short_context;
+  short_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   grpc::Status short_status;
-  std::thread short_miss = InferInBackground(harness, SlowLoopRequest(3), &short_status);
+  std::thread short_miss =
+      InferInBackground(harness, &short_context, SlowLoopRequest(3), &short_status);
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   double eager_queued = 0;
   while (eager_queued != 1 && absl::Now() < deadline) {
@@ -453,11 +481,12 @@ TEST(ServerRepository, AnEagerMissLeavesTheOnlyInferenceThreadToOtherRequests) {
   EXPECT_TRUE(harness.Infer(SlowLoopRequest(0), &hit_after).ok());
   EXPECT_EQ(hit_after.parameters().at("precompile_outcome").string_param(), "variant");
   EXPECT_FALSE(slow_done) << "the slow miss ended before the second hit was checked";
+  // The queued miss runs once the slow one gives the eager thread back.
+  slow_context.TryCancel();
+  slow.join();
+  EXPECT_EQ(slow_status.error_code(), grpc::StatusCode::CANCELLED) << slow_status.error_message();
   short_miss.join();
   EXPECT_TRUE(short_status.ok()) << short_status.error_message();
-
-  slow.join();
-  EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
 }
 
 TEST(ServerRepository, StopsCleanlyWhileARequestStillRuns) {
