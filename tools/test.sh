@@ -78,13 +78,17 @@ if bazel query //tests:python_eager_test >/dev/null 2>&1; then
 fi
 
 # ThreadSanitizer slows everything down ~10x: the tests that exercise threads
-# (concurrent calls, reloads under load, the gRPC server), not the process ones.
-tsan=(//runtime/... //server/... //client/... //tests:server_e2e_test //tests:server_repository_test
-      //tests:server_batching_test
-      //tests:torch_grpc_coexistence_test //tests:python_eager_test)
+# (concurrent calls, reloads under load, the gRPC server), not the process
+# ones, nor the unit tests tagged "single_threaded" (one thread: nothing to
+# race with; each would be one more file compiled a third time).
+tsan_scope="//runtime/... + //server/... + //client/... + //tests:server_e2e_test
+  + //tests:server_repository_test + //tests:server_batching_test
+  + //tests:torch_grpc_coexistence_test + //tests:python_eager_test"
+mapfile -t tsan < <(bazel query "tests($tsan_scope) except attr(tags, '\bsingle_threaded\b', tests($tsan_scope))" 2>/dev/null)
+((${#tsan[@]})) || { echo "[test] bazel query of the ThreadSanitizer tests failed"; failed=1; }
 echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
 timed tsan bazel test --config=tsan "${tsan[@]}" --nocache_test_results --keep_going --build_event_json_file="$events/tsan.json"
-summarize tsan --config=tsan $(bazel query "tests(set(${tsan[*]}))" 2>/dev/null)
+summarize tsan --config=tsan "${tsan[@]}"
 
 echo "[test] fuzzing: 4 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
 timed fuzz tests/fuzz/run_fuzzers.sh 20
