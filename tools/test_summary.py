@@ -14,6 +14,7 @@ Prints "LABEL: N passed, N failed, N skipped" (LABEL defaults to "bazel")
 and exits 1 if any failed.
 """
 
+import glob
 import json
 import os
 import sys
@@ -35,10 +36,22 @@ def bazel_statuses(bep: str) -> dict:
     return statuses
 
 
-def count_xml(testlogs: str, target: str):
-    """(passed, failed, skipped) from the target's test.xml, or None."""
-    package, name = target.lstrip("/").split(":")
-    xml = os.path.join(testlogs, package, name, "test.xml")
+def _xml_files(testlogs: str, package: str, name: str) -> list:
+    """The target's test.xml, or one per shard of a sharded test (the shard
+    count of its newest run: directories of another count may be left)."""
+    base = os.path.join(testlogs, package, name)
+    whole = os.path.join(base, "test.xml")
+    shards = glob.glob(os.path.join(base, "shard_*_of_*", "test.xml"))
+    if not shards:
+        return [whole]
+    newest = max(shards + ([whole] if os.path.exists(whole) else []), key=os.path.getmtime)
+    if newest == whole:
+        return [whole]
+    total = int(os.path.basename(os.path.dirname(newest)).rsplit("_of_", 1)[1])
+    return [os.path.join(base, f"shard_{i}_of_{total}", "test.xml") for i in range(1, total + 1)]
+
+
+def _count_one_xml(xml: str):
     passed = failed = skipped = 0
     try:
         root = ET.parse(xml).getroot()
@@ -58,6 +71,19 @@ def count_xml(testlogs: str, target: str):
         failed = int(root.get("failures", "0") != "0" or root.get("errors", "0") != "0")
         passed = 1 - failed
     return passed, failed, skipped
+
+
+def count_xml(testlogs: str, target: str):
+    """(passed, failed, skipped) from the target's test.xml (every shard's),
+    or None if one is missing or unreadable."""
+    package, name = target.lstrip("/").split(":")
+    totals = [0, 0, 0]
+    for xml in _xml_files(testlogs, package, name):
+        counted = _count_one_xml(xml)
+        if counted is None:
+            return None
+        totals = [t + n for t, n in zip(totals, counted)]
+    return tuple(totals)
 
 
 def count(testlogs: str, target: str, statuses: dict):

@@ -1,6 +1,7 @@
 """tools/test_summary.py counts only what the summarized Bazel run reports."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -54,3 +55,21 @@ def test_failures_count_from_the_xml_or_from_bazel(tmp_path):
              "//p:timeout": GTEST_XML.format(failures=0, failure="")})
     assert r.returncode == 1
     assert r.stdout.splitlines()[-1] == "x: 3 passed, 2 failed, 2 skipped"
+
+
+def test_a_sharded_target_counts_every_shard_of_its_newest_run(tmp_path):
+    r = run(tmp_path, {"//p:t": "PASSED"}, {})
+    base = tmp_path / "testlogs" / "p" / "t"
+    # Left by an earlier run with three shards, then two shards now.
+    (base / "shard_1_of_3").mkdir(parents=True)
+    (base / "shard_1_of_3" / "test.xml").write_text(GTEST_XML.format(failures=1, failure="<failure/>"))
+    os.utime(base / "shard_1_of_3" / "test.xml", (0, 0))
+    for i in (1, 2):
+        (base / f"shard_{i}_of_2").mkdir()
+        (base / f"shard_{i}_of_2" / "test.xml").write_text(GTEST_XML.format(failures=0, failure=""))
+    r = subprocess.run(r.args, capture_output=True, text=True)
+    assert r.stdout.splitlines()[-1] == "x: 4 passed, 0 failed, 2 skipped"
+    # A shard without its XML is a failure.
+    (base / "shard_2_of_2" / "test.xml").unlink()
+    r = subprocess.run(r.args, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout.splitlines()[-1] == "x: 0 passed, 1 failed, 0 skipped"
