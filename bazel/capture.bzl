@@ -179,9 +179,9 @@ _artifact = rule(
     },
 )
 
-def _captured_and_copied(capture_rule, name, visibility, testonly, **kwargs):
+def _captured_and_copied(capture_rule, name, visibility, testonly, tags = None, **kwargs):
     """`capture_rule` as the manual target `<name>.captured`, and its output
-    copied to `<name>` in the configuration that asks for it."""
+    copied to `<name>` (with `tags`) in the configuration that asks for it."""
     capture_rule(
         name = name + ".captured",
         tags = ["manual"],
@@ -194,9 +194,10 @@ def _captured_and_copied(capture_rule, name, visibility, testonly, **kwargs):
         captured = ":" + name + ".captured",
         visibility = visibility,
         testonly = testonly,
+        tags = tags,
     )
 
-def precompile_artifact(name, model_name = None, visibility = None, testonly = None, **kwargs):
+def precompile_artifact(name, model_name = None, visibility = None, testonly = None, tags = None, **kwargs):
     """A precompile artifact directory, bazel-bin/<package>/<name>.
 
     Args:
@@ -204,11 +205,13 @@ def precompile_artifact(name, model_name = None, visibility = None, testonly = N
       model_name: the model's name in the artifact.
       visibility: of the artifact.
       testonly: of both targets.
+      tags: of the artifact (["manual"]: built only when named or needed,
+        not by //...).
       **kwargs: the capture's attributes (model, calls, frames, deps, srcs,
         device, recompile_limit, eager, allow_incomplete, static_shapes,
         wrapper_opt_level).
     """
-    _captured_and_copied(_capture, name, visibility, testonly, model_name = model_name or name, **kwargs)
+    _captured_and_copied(_capture, name, visibility, testonly, tags, model_name = model_name or name, **kwargs)
 
 def precompile_script_artifacts(name, script, visibility = None, testonly = None):
     """The artifacts a user's script captures, run as its users run it: as
