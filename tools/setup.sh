@@ -18,7 +18,7 @@ debian_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   python3-venv python3-dev curl patchelf openssl clang lld libclang-rt-14-dev llvm-14
-  libtcmalloc-minimal4
+  libtcmalloc-minimal4 gdb
 )
 
 sudo_cmd=()

@@ -40,6 +40,10 @@ summarize() {
     "$testlogs" "$@" || failed=1
 }
 
+# A sanitizer test still running 45 s before its timeout writes every
+# thread's stack to its log (a rare hang says where it waits).
+stacks_on_hang=(--run_under=//tests/testing:stacks_on_hang)
+
 # Each target's tests run once, in the strictest configuration that can run
 # them: the runtime's, the server's, the client's and the end-to-end tests
 # under AddressSanitizer (and the threaded ones under ThreadSanitizer too);
@@ -65,14 +69,14 @@ summarize bazel "" $(bazel query "tests(//...) except tests(set(${sanitized[*]})
 # interpreter's memory, which is never freed (CPython is not finalized), and
 # on a fresh environment took over five minutes. ThreadSanitizer runs it.
 echo "[test] AddressSanitizer: bazel test --config=asan ${sanitized[*]} -//tests:python_eager_test"
-timed asan bazel test --config=asan --nocache_test_results --keep_going --build_event_json_file="$events/asan.json" -- \
+timed asan bazel test --config=asan --nocache_test_results "${stacks_on_hang[@]}" --keep_going --build_event_json_file="$events/asan.json" -- \
   "${sanitized[@]}" -//tests:python_eager_test
 summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]})) except //tests:python_eager_test" 2>/dev/null)
 # It runs under AddressSanitizer on its own, without the leak check;
 # PYTHONMALLOC=malloc puts Python's objects under AddressSanitizer too.
 if bazel query //tests:python_eager_test >/dev/null 2>&1; then
   echo "[test] AddressSanitizer without LeakSanitizer: //tests:python_eager_test"
-  timed asan_python bazel test --config=asan --nocache_test_results --build_event_json_file="$events/asan_python.json" //tests:python_eager_test \
+  timed asan_python bazel test --config=asan --nocache_test_results "${stacks_on_hang[@]}" --build_event_json_file="$events/asan_python.json" //tests:python_eager_test \
     --test_env=ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0 --test_env=PYTHONMALLOC=malloc
   summarize asan_python --config=asan //tests:python_eager_test
 fi
@@ -87,7 +91,7 @@ tsan_scope="//runtime/... + //server/... + //client/... + //tests:server_e2e_tes
 mapfile -t tsan < <(bazel query "tests($tsan_scope) except attr(tags, '\bsingle_threaded\b', tests($tsan_scope))" 2>/dev/null)
 ((${#tsan[@]})) || { echo "[test] bazel query of the ThreadSanitizer tests failed"; failed=1; }
 echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
-timed tsan bazel test --config=tsan "${tsan[@]}" --nocache_test_results --keep_going --build_event_json_file="$events/tsan.json"
+timed tsan bazel test --config=tsan "${tsan[@]}" --nocache_test_results "${stacks_on_hang[@]}" --keep_going --build_event_json_file="$events/tsan.json"
 summarize tsan --config=tsan "${tsan[@]}"
 
 echo "[test] fuzzing: 4 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
