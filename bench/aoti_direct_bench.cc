@@ -26,7 +26,8 @@
 // input on the GPU and copy output0 back to the host, which waits for the
 // kernels (the server copies outputs to the host too); model mode takes the
 // input in host memory, as the server does.
-#include <ATen/ATen.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/randn.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>

@@ -1,6 +1,7 @@
 #include "runtime/call_binding.h"
 
-#include <ATen/Functions.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/from_blob.h>
 
 #include <memory>
 #include <optional>

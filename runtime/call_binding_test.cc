@@ -2,7 +2,10 @@
 // by hand: no artifact, no compiled code.
 #include "runtime/call_binding.h"
 
-#include <ATen/Functions.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -3,7 +3,9 @@
 // with one, a CUDA tensor round-trips. CPU serving is unaffected either way.
 #include "runtime/cuda_support.h"
 
-#include <ATen/ATen.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

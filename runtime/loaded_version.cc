@@ -1,7 +1,7 @@
 #include "runtime/loaded_version.h"
 
 #include <ATen/Context.h>
-#include <ATen/Functions.h>
+#include <ATen/ops/ones.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/DefaultDtype.h>

@@ -2,7 +2,8 @@
 // by the capture tool, checked against the Python models' own outputs.
 #include "runtime/loaded_version.h"
 
-#include <ATen/ATen.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/ones.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>

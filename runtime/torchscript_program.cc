@@ -1,7 +1,7 @@
 // EagerProgram on libtorch's TorchScript interpreter.
 #include "runtime/torchscript_program.h"
 
-#include <torch/script.h>
+#include <torch/csrc/jit/serialization/import.h>
 
 #include <utility>
 

@@ -1,7 +1,9 @@
 // End-to-end: the real server on loopback serving the bundled example
 // artifacts, called through the generated KServe v2, admin and health stubs,
 // with metrics scraped over HTTP.
-#include <ATen/ATen.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/from_blob.h>
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>

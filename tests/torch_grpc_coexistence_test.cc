@@ -3,7 +3,8 @@
 // operation, called by a real client. If the two disagreed on headers (torch
 // ships protobuf 3.13 and fmt headers) or symbols, this would fail to build,
 // link or give the wrong numbers.
-#include <ATen/ATen.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/matmul.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 

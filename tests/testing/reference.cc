@@ -1,7 +1,8 @@
 #include "tests/testing/reference.h"
 
+#include <ATen/ops/from_blob.h>
 #include <gtest/gtest.h>
-#include <torch/script.h>
+#include <torch/csrc/jit/serialization/import.h>
 
 #include <cstdlib>
 #include <map>
