@@ -30,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::precompile::testing::CopyTree;
+using ::precompile::testing::EndlessLoopRequest;
 using ::precompile::testing::ExampleArtifact;
 using ::precompile::testing::ExampleRepository;
 using ::precompile::testing::HttpGet;
@@ -104,13 +105,6 @@ std::thread InferInBackground(Harness& harness, grpc::ClientContext* context,
     *status = harness.inference->ModelInfer(context, request, &response);
     if (done) *done = true;
   });
-}
-
-// An eager miss that runs until its client cancels it (the server polls for
-// that at every iteration of the loop): a test ends it when it has seen what
-// it wanted, instead of waiting for a loop long enough for a slow machine.
-inference::ModelInferRequest EndlessLoopRequest() {
-  return SlowLoopRequest(int64_t{1000000000000});
 }
 
 // Clients that call `mlp` in a loop and count what they get back.

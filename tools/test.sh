@@ -40,7 +40,7 @@ summarize() {
     "$testlogs" "$@" || failed=1
 }
 
-# A sanitizer test still running 45 s before its timeout writes every
+# A sanitizer test still running near its timeout writes every
 # thread's stack to its log (a rare hang says where it waits).
 stacks_on_hang=(--run_under=//tests/testing:stacks_on_hang)
 

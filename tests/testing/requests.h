@@ -36,6 +36,13 @@ inline inference::ModelInferRequest SlowLoopRequest(int64_t n) {
   return request;
 }
 
+// A loop call that runs until its client cancels it (the server polls for
+// that at every iteration): a test ends it when it has seen what it wanted,
+// instead of waiting for a loop long enough for a slow machine.
+inline inference::ModelInferRequest EndlessLoopRequest() {
+  return SlowLoopRequest(int64_t{1000000000000});
+}
+
 }  // namespace precompile::testing
 
 #endif  // PRECOMPILE_TESTS_TESTING_REQUESTS_H_

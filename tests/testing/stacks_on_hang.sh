@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs a test (bazel test --run_under) and, if it is still running 45 s
-# before Bazel's timeout (TEST_TIMEOUT) kills it, writes every thread's
-# stack to its log: a test that hangs, however rarely, says where it waits,
+# Runs a test (bazel test --run_under) and, if it is still running in the
+# last 45 s before Bazel's timeout (TEST_TIMEOUT) kills it, or in the last
+# quarter of a timeout under 3 minutes, writes every thread's stack to its
+# log: a test that hangs, however rarely, says where it waits,
 # where Bazel's timeout alone kills it without a trace. The stacks come from
 # gdb (tools/setup.sh installs it); without gdb the log says so.
 #
@@ -10,7 +11,9 @@ set -u
 
 "$@" &
 test_pid=$!
-budget=$((${TEST_TIMEOUT:-300} - 45))
+timeout=${TEST_TIMEOUT:-300}
+margin=$((timeout / 4 < 45 ? timeout / 4 : 45))
+budget=$((timeout - margin))
 ((budget > 0)) || budget=1
 (
   for ((waited = 0; waited < budget; waited++)); do

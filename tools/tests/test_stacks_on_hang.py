@@ -24,15 +24,15 @@ def test_a_test_that_ends_in_time_keeps_its_output_and_status():
 
 
 def test_a_test_still_running_near_its_timeout_writes_each_threads_stack():
-    # A timeout of 47 s leaves 2 s before the stacks; the test then ends by
-    # itself, with its own status.
+    # A timeout of 4 s keeps its last quarter for the stacks, which come
+    # after 3 s; the test then ends by itself, with its own status.
     program = ("import sys, threading, time\n"
                "threading.Thread(target=time.sleep, args=(6,)).start()\n"
                "time.sleep(6)\n"
                "sys.exit(5)\n")
-    r = run(program, 47)
+    r = run(program, 4)
     assert r.returncode == 5, r.stderr
-    assert "still runs after 2 s; the stack of each of its threads:" in r.stderr
+    assert "still runs after 3 s; the stack of each of its threads:" in r.stderr
     threads = [line for line in r.stderr.splitlines() if line.startswith("Thread ")]
     assert len(threads) == 2, r.stderr
     assert "sleep" in r.stderr, r.stderr
