@@ -48,6 +48,14 @@ const char* __tsan_default_suppressions() {
       "race:libgrpc++.so\n"
       "race:libgpr.so\n"
       "called_from_lib:libgrpc.so\n"
+      // And no race checks at all on what libgrpc++ frees (shared_ptrs it
+      // releases on gRPC's executor threads), not only no reports: to match
+      // a report against the entries above TSan symbolizes it, which takes
+      // the dynamic loader's lock while holding its own, and a dlclose on
+      // another thread (an AOTInductor model unloaded) frees memory holding
+      // the loader's lock: each waits for the other for ever
+      // (tests/server_batching_test, once, stacks by stacks_on_hang.sh).
+      "called_from_lib:libgrpc++.so\n"
       // µpb, the message library inside Debian's gRPC (its TLS and channel
       // configuration): a channel freed on our thread while a gRPC thread
       // still copies from it, ordered by gRPC's invisible synchronisation.
