@@ -146,6 +146,17 @@ def still_serving(http):
     assert http.infer("mlp", inputs).as_numpy("output0").shape == (8, 3)
 
 
+def still_serving_a_new_connection(server):
+    """still_serving from a client of its own: a kept-alive connection left
+    idle past --http_request_timeout_seconds is closed by the server, and
+    Triton's client does not send a POST again on a fresh one."""
+    client = httpclient.InferenceServerClient(server.http_address)
+    try:
+        still_serving(client)
+    finally:
+        client.close()
+
+
 # --- Every endpoint, through Triton's HTTP client, against gRPC's answers.
 
 def test_health_metadata_config_index_and_stats_answer_as_grpc_does(http, grpc):
@@ -402,10 +413,7 @@ def test_a_slow_or_silent_client_loses_its_connection_and_holds_up_nobody(server
     silent = socket.create_connection(("127.0.0.1", server.http_port))
     try:
         started = time.monotonic()
-        # Others are served meanwhile, each on a connection of its own: a
-        # kept-alive one left idle past the same 2 s is closed too, and Triton's
-        # client does not send a POST again on a fresh connection.
-        still_serving(httpclient.InferenceServerClient(server.http_address))
+        still_serving_a_new_connection(server)  # Others are served meanwhile.
         for s in (slow, silent):
             s.settimeout(15)
             while s.recv(4096):  # The server closes it (--http_request_timeout_seconds=2).
@@ -414,7 +422,7 @@ def test_a_slow_or_silent_client_loses_its_connection_and_holds_up_nobody(server
     finally:
         slow.close()
         silent.close()
-    still_serving(httpclient.InferenceServerClient(server.http_address))
+    still_serving_a_new_connection(server)
 
 
 def test_loading_and_unloading_need_the_admin_token(server, http):
