@@ -54,13 +54,35 @@ class Param:
 
 def register_known_structures(cls: type) -> None:
     """Makes `cls` a pytree node where its library says how: transformers'
-    DynamicCache (its keys and values per layer, as transformers exports it)."""
-    if cls in pytree.SUPPORTED_NODES:
+    DynamicCache (its keys and values per layer, as transformers exports it)
+    and EncoderDecoderCache (T5's and BART's: a DynamicCache for the
+    decoder's own positions and one for the encoder's, each named by its
+    attribute)."""
+    if cls in pytree.SUPPORTED_NODES or not (cls.__module__ or "").startswith("transformers"):
         return
-    if (cls.__module__ or "").startswith("transformers") and cls.__name__ == "DynamicCache":
+    if cls.__name__ == "DynamicCache":
         from transformers.integrations.executorch import register_dynamic_cache_export_support  # noqa: PLC0415
 
         register_dynamic_cache_export_support()
+    elif cls.__name__ == "EncoderDecoderCache":
+        from transformers.cache_utils import DynamicCache  # noqa: PLC0415
+
+        register_known_structures(DynamicCache)
+        pytree.register_pytree_node(
+            cls,
+            lambda cache: ([getattr(cache, name) for name in _ENCODER_DECODER_CACHES], None),
+            # Built as transformers builds it: which layers' encoder keys
+            # are already cached follows from the cross-attention cache.
+            lambda children, _: cls(*children),
+            serialized_type_name=f"{cls.__module__}.{cls.__name__}",
+            flatten_with_keys_fn=lambda cache: (
+                [(pytree.GetAttrKey(name), getattr(cache, name)) for name in _ENCODER_DECODER_CACHES],
+                None,
+            ),
+        )
+
+
+_ENCODER_DECODER_CACHES = ("self_attention_cache", "cross_attention_cache")
 
 
 def _spec_types(spec: pytree.TreeSpec) -> Iterator[type]:

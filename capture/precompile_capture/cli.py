@@ -18,8 +18,11 @@ random values: normal for floating dtypes, integers in [low, high) -- default
 {"tensor": {"values": [[1, 2], [3, 4]], "dtype": "float32"}};
 {"output_of": {"call": 0, "path": "past_key_values"}} is what an earlier
 call returned, at a path of attribute names, keys and indices joined by "."
-(a decoder's cache passed back: its next call); any other JSON value is
-passed as the Python value (numbers, strings, booleans, null).
+(a decoder's cache passed back: its next call);
+{"made_by": "pkg.module:function"} is what that function returns, called
+with no arguments for each call (an empty cache, as model.generate() makes
+it for a first call); any other JSON value is passed as the Python value
+(numbers, strings, booleans, null).
 A frame in --frames is a sub-module path, a function of the model's module
 named by its name, or "pkg.module:function".
 
@@ -51,6 +54,7 @@ why. Any error leaves the repository as it was.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -123,10 +127,31 @@ class OutputOf:
         return value
 
 
+class MadeBy:
+    """A value a function of the model's code makes: made when its call runs
+    (a fresh one each time, as a model may fill what it is passed)."""
+
+    def __init__(self, spec: Any, call: int) -> None:
+        if not isinstance(spec, str) or spec.count(":") != 1:
+            raise PrecompileError(f"call {call}: \"made_by\" is \"pkg.module:function\", not {spec!r}")
+        self.spec = spec
+
+    def resolve(self) -> Any:
+        module, _, name = self.spec.partition(":")
+        try:
+            function = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise PrecompileError(f"made_by {self.spec!r}: {e}") from e
+        return function()
+
+
 def resolved(value: Any, results: Sequence[Any]) -> Any:
-    """`value` with each OutputOf replaced by what its call returned."""
+    """`value` with each OutputOf replaced by what its call returned, and
+    each MadeBy by what its function makes."""
     if isinstance(value, OutputOf):
         return value.resolve(results)
+    if isinstance(value, MadeBy):
+        return value.resolve()
     if isinstance(value, list):
         return [resolved(x, results) for x in value]
     if isinstance(value, dict):
@@ -135,7 +160,7 @@ def resolved(value: Any, results: Sequence[Any]) -> Any:
 
 
 def _refers_to_outputs(value: Any) -> bool:
-    if isinstance(value, OutputOf):
+    if isinstance(value, (OutputOf, MadeBy)):
         return True
     if isinstance(value, (list, tuple)):
         return any(_refers_to_outputs(x) for x in value)
@@ -149,6 +174,8 @@ def _value(v: Any, device: str, call: int) -> Any:
         return make_tensor(v["tensor"], device)
     if isinstance(v, dict) and set(v) == {"output_of"}:
         return OutputOf(v["output_of"], call)
+    if isinstance(v, dict) and set(v) == {"made_by"}:
+        return MadeBy(v["made_by"], call)
     if isinstance(v, list):
         return [_value(x, device, call) for x in v]
     if isinstance(v, dict):
@@ -235,7 +262,7 @@ def _recapture(args: argparse.Namespace) -> int:
             calls = load_calls(args.calls, device)
             if any(_refers_to_outputs(call) for call in calls):
                 raise PrecompileError(
-                    f"{args.calls}: \"output_of\" is for a capture's calls; a recapture replays "
+                    f"{args.calls}: \"output_of\" and \"made_by\" are for a capture's calls; a recapture replays "
                     "calls in its own order (a structure an earlier call returned is made up "
                     "from its recorded shapes instead)"
                 )

@@ -293,6 +293,13 @@ class Frame:
         self.compiled_shapes: List[List[Optional[Tuple[int, ...]]]] = []
         # The structure of each parameter whose leaves are inputs, by name.
         self.trees: Dict[str, pytree.TreeSpec] = {}
+        # Per parameter that a call passed an empty structure (no tensor
+        # leaves: a cache before its first call, as model.generate() passes
+        # it), that structure's spec: where the parameter's leaves are
+        # absent, the frame's code gets such an empty structure again, not
+        # None (for a transformers cache the two mean the same, but a model
+        # that builds the cache itself can do what Dynamo cannot trace).
+        self.empty_trees: Dict[str, pytree.TreeSpec] = {}
 
     # -- calls -----------------------------------------------------------------
 
@@ -332,8 +339,16 @@ class Frame:
                 if key not in known:
                     self._add_var_input(key, Binding.VAR_KEYWORD)
         leaves: Dict[str, Optional[List[Any]]] = {name: None for name in self.trees}
+        arguments = dict(bound.arguments)
         for name, value in bound.arguments.items():
-            flat = None if name in (self.var_positional, self.var_keyword) else _flattened_structure(value)
+            if name in (self.var_positional, self.var_keyword):
+                continue
+            empty = _empty_structure(value)
+            if empty is not None:
+                self._empty_tree(name, value, empty)
+                arguments[name] = None
+                continue
+            flat = _flattened_structure(value)
             if flat is not None:
                 leaves[name] = self._tree_leaves(name, value, *flat)
         values: List[Any] = []
@@ -348,8 +363,18 @@ class Frame:
             elif p.binding is Binding.VAR_KEYWORD:
                 values.append(bound.arguments.get(self.var_keyword, {}).get(p.name))
             else:
-                values.append(bound.arguments[p.name])
+                values.append(arguments[p.name])
         return values
+
+    def _empty_tree(self, name: str, value: Any, spec: pytree.TreeSpec) -> None:
+        known = self.empty_trees.setdefault(name, spec)
+        if known != spec:
+            raise PrecompileError(
+                f"frame '{self.name}', parameter '{name}': this call passes an empty "
+                f"{type(value).__name__} unlike the empty structure an earlier call passed "
+                f"({_spec_type_name(known)}); a parameter's empty structure must be the same "
+                "on every call that passes one"
+            )
 
     def _tree_leaves(self, name: str, value: Any, with_paths: List[Tuple[Any, Any]],
                      spec: pytree.TreeSpec) -> List[Any]:
@@ -428,6 +453,8 @@ class Frame:
                 v = precompile_eager.structure_from_leaves(self.trees[p.tree], leaves)
             else:
                 name = p.name
+            if v is None and name in self.empty_trees:
+                v = pytree.tree_unflatten([], self.empty_trees[name])
             if not p.keyword_only:
                 args.append(v)
             elif not (p.binding is Binding.VAR_KEYWORD and v is None):
@@ -552,6 +579,22 @@ def _same_default(default: Any, value: Any) -> bool:
     if isinstance(value, torch.Tensor) or default is None:
         return False
     return type(default) is type(value) and default == value
+
+
+def _spec_type_name(spec: pytree.TreeSpec) -> str:
+    return getattr(spec.type, "__name__", str(spec.type))
+
+
+def _empty_structure(value: Any) -> Optional[pytree.TreeSpec]:
+    """The spec of `value` if it is a structure (a registered pytree node
+    other than a tuple, list or dict) with no leaves at all; else None."""
+    if value is None or isinstance(value, (torch.Tensor, tuple, list, dict)) or kind_of_value(value) is not None:
+        return None
+    register_known_structures(value)
+    if type(value) not in pytree.SUPPORTED_NODES:
+        return None
+    leaves, spec = pytree.tree_flatten(value)
+    return spec if not leaves else None
 
 
 def _flattened_structure(value: Any) -> Optional[Tuple[List[Tuple[Any, Any]], pytree.TreeSpec]]:

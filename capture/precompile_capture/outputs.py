@@ -147,8 +147,9 @@ def output_schema(frame: str, result: Any) -> OutputSchema:
             out.append(Leaf(name, False, type(leaf).__name__))
         else:
             hint = (
-                " (a transformers cache other than DynamicCache, which is served as its "
-                "tensors: build the model with use_cache=False, or pass use_cache=False)"
+                " (a transformers cache other than DynamicCache and EncoderDecoderCache, "
+                "which are served as their tensors: build the model with use_cache=False, or "
+                "pass use_cache=False)"
                 if type(leaf).__name__.endswith("Cache")
                 else ""
             )

@@ -403,9 +403,10 @@ def _loaded_tree_spec(structure: pb.Structure, frame: str) -> pytree.TreeSpec:
             "recorded (torch cannot serialize its type), so calls of it cannot be replayed"
         )
     if "transformers" in structure.tree_spec:
-        from transformers.cache_utils import DynamicCache  # noqa: PLC0415
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache  # noqa: PLC0415
 
         precompile_eager.register_known_structures(DynamicCache)
+        precompile_eager.register_known_structures(EncoderDecoderCache)
     try:
         return pytree.treespec_loads(structure.tree_spec)
     except Exception as e:  # noqa: BLE001 - an unknown type, a format of another torch
