@@ -73,6 +73,41 @@ def make_llama_decoder() -> torch.nn.Module:
     return LlamaForCausalLM(config).eval()
 
 
+def make_t5_decoder() -> torch.nn.Module:
+    """A Hugging Face encoder-decoder (T5: relative position buckets, the
+    encoder's keys and values cached for cross-attention) with its cache, as
+    model.generate() calls it: the encoder once, then one new decoder token
+    per call with the encoder's output and the cache of both attentions."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=1000,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+        use_cache=True,
+    )
+    return T5ForConditionalGeneration(config).eval()
+
+
+def empty_t5_cache():
+    """What model.generate() passes an encoder-decoder's first call: an
+    empty cache for each attention (T5 would make it inside its forward,
+    where Dynamo cannot follow the copy of its config that takes)."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    return EncoderDecoderCache(DynamicCache(), DynamicCache())
+
+
 def make_resnet18() -> torch.nn.Module:
     """torchvision's resnet18 as torchvision.models.resnet18() builds it."""
     import torchvision

@@ -22,6 +22,15 @@ sequence so far.
     .venv/bin/python client/python/generate.py --address 127.0.0.1:8001 \\
         --model gpt2_decoder_stateful --sequence_id 7 --prompt 17,4,99,250,3 --tokens 8
 
+An encoder-decoder (the gallery's `t5_decoder`: a model with a
+`decoder_input_ids` input) is generated for as model.generate() does: the
+first call encodes the prompt and decodes the start token, each next call
+sends the encoder's output back as encoder_outputs.0 with the caches of
+both attentions and the new token.
+
+    .venv/bin/python client/python/generate.py --address 127.0.0.1:8001 \\
+        --model t5_decoder --prompt 17,4,99,250,3 --tokens 8
+
 Greedy decoding (the most likely token each step): the tokens equal
 `model.generate(input_ids, attention_mask=..., do_sample=False)` run in
 process. It needs only tritonclient and numpy.
@@ -35,6 +44,8 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 CACHE_PREFIX = "past_key_values."
+# What an encoder-decoder's encoder made of the prompt: sent back each step.
+ENCODER_OUTPUT = "encoder_last_hidden_state"
 
 
 def _input(name: str, value: np.ndarray) -> triton.InferInput:
@@ -69,6 +80,33 @@ def generate(client: triton.InferenceServerClient, model: str, prompt: Sequence[
         length = mask.shape[1]
         ids = np.asarray([[token]], dtype=np.int64)
     return out
+
+
+def generate_seq2seq(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
+                     tokens: int, start: int = 0) -> List[int]:
+    """`tokens` tokens of an encoder-decoder (the gallery's `t5_decoder`)
+    for the input `prompt`, greedily, as generate() does for a decoder: the
+    first call encodes the prompt and decodes the start token; each next call
+    sends the encoder's output back as encoder_outputs.0, with the cache of
+    both attentions and only the new token, so the encoder runs once."""
+    names = cache_outputs(client, model)
+    requested = [triton.InferRequestedOutput(name) for name in ["logits", ENCODER_OUTPUT] + names]
+    mask = _input("attention_mask", np.ones((1, len(prompt)), dtype=np.int64))
+    inputs = [_input("input_ids", np.asarray([prompt], dtype=np.int64)), mask]
+    token = start
+    out: List[int] = []
+    for _ in range(tokens):
+        inputs.append(_input("decoder_input_ids", np.asarray([[token]], dtype=np.int64)))
+        result = client.infer(model, inputs, outputs=requested)
+        token = int(np.argmax(result.as_numpy("logits")[0, -1]))
+        out.append(token)
+        inputs = [mask, _input("encoder_outputs.0", result.as_numpy(ENCODER_OUTPUT))]
+        inputs += [_input(name, result.as_numpy(name)) for name in names]
+    return out
+
+
+def is_encoder_decoder(client: triton.InferenceServerClient, model: str) -> bool:
+    return any(i.name == "decoder_input_ids" for i in client.get_model_metadata(model).inputs)
 
 
 def _not_active(error: InferenceServerException) -> bool:
@@ -118,7 +156,9 @@ def main() -> None:
     args = parser.parse_args()
     client = triton.InferenceServerClient(args.address)
     prompt = [int(t) for t in args.prompt.split(",")]
-    if args.sequence_id:
+    if is_encoder_decoder(client, args.model):
+        tokens = generate_seq2seq(client, args.model, prompt, args.tokens)
+    elif args.sequence_id:
         tokens = generate_stateful(client, args.model, prompt, args.tokens, args.sequence_id)
     else:
         tokens = generate(client, args.model, prompt, args.tokens)

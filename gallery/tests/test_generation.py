@@ -133,6 +133,69 @@ def test_a_cache_that_does_not_fit_the_call_is_refused_naming_the_input(client):
     assert generate.generate(client, MODEL, PROMPT[:5], 2) == _in_process(PROMPT[:5], 2)
 
 
+# An encoder-decoder: T5, its cache an EncoderDecoderCache (the decoder's
+# own positions, and the encoder's keys and values for cross-attention).
+
+T5 = "t5_decoder"
+
+
+def _t5_in_process(prompt, tokens):
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = models.make_t5_decoder().generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False)
+    return out[0, 1:].tolist()  # After the decoder's start token.
+
+
+def test_an_encoder_decoder_generates_as_model_generate_does(client):
+    # Prompts of lengths the capture never saw; 20 tokens: the decoder's
+    # cache grows from 1 to 20 positions through one variant, the encoder
+    # runs once per prompt.
+    for prompt in (PROMPT + [42], [7, 8, 9]):
+        expected = _t5_in_process(prompt, 20)
+        assert len(expected) == 20  # No end-of-sequence token cut it short.
+        assert generate.generate_seq2seq(client, T5, prompt, 20) == expected
+
+
+def test_an_encoder_decoder_serves_both_caches_by_name(client):
+    meta = client.get_model_metadata(T5)
+    inputs = {i.name: list(i.shape) for i in meta.inputs}
+    cache = [f"past_key_values.{attention}.{kind}.{layer}"
+             for attention in ("self_attention_cache", "cross_attention_cache")
+             for kind in ("key_cache", "value_cache") for layer in range(LAYERS)]
+    assert generate.cache_outputs(client, T5) == cache
+    for name in cache:
+        assert inputs[name] == [1, HEADS, -1, HEAD_DIM]
+    assert inputs["encoder_outputs.0"] == [1, -1, 64]
+    assert generate.ENCODER_OUTPUT in [o.name for o in meta.outputs]
+
+
+def _t5_decode(client, prompt_length, past, cross=None, mask=None):
+    """One decode step with random caches: `past` decoder positions, the
+    encoder's `prompt_length` (the cross-attention cache's `cross`)."""
+    rng = np.random.default_rng(0)
+    inputs = [generate._input("decoder_input_ids", np.array([[5]], dtype=np.int64)),
+              generate._input("attention_mask", np.ones((1, mask or prompt_length), dtype=np.int64)),
+              generate._input("encoder_outputs.0",
+                              rng.standard_normal((1, prompt_length, 64)).astype(np.float32))]
+    for name in generate.cache_outputs(client, T5):
+        length = (cross or prompt_length) if "cross_attention" in name else past
+        inputs.append(generate._input(name, rng.standard_normal((1, HEADS, length, HEAD_DIM)).astype(np.float32)))
+    return client.infer(T5, inputs)
+
+
+def test_an_encoder_decoder_cache_that_does_not_fit_is_refused_naming_the_input(client):
+    assert _t5_decode(client, 8, 3).as_numpy("logits").shape == (1, 1, 1000)
+    # The cross-attention cache holds the encoder's positions, as many as
+    # the mask and the encoder's output.
+    message = _refusal(lambda: _t5_decode(client, 8, 3, cross=7))
+    assert "past_key_values.cross_attention_cache.key_cache.0.size(2): expected " \
+           "attention_mask.size(1) (8), got 7" in message
+    message = _refusal(lambda: _t5_decode(client, 8, 3, mask=9))
+    assert "encoder_outputs.0.size(1): expected attention_mask.size(1) (9), got 8" in message
+    assert generate.generate_seq2seq(client, T5, [7, 8, 9], 3) == _t5_in_process([7, 8, 9], 3)
+
+
 # Stateful: the same decoders served with sequence_batching, the cache kept
 # by the server (gallery/decoder_stateful.config.pbtxt).
 
