@@ -125,6 +125,67 @@ def test_a_call_may_pass_what_an_earlier_call_returned(tmp_path):
         resolved(load_calls(str(path))[1][1], [torch.ones(1)])
 
 
+def test_a_call_may_pass_a_value_a_function_makes(tmp_path):
+    path = tmp_path / "calls.json"
+    path.write_text(json.dumps([{"kwargs": {"cache": {"made_by": "builtins:list"}}}]))
+    kwargs = load_calls(str(path))[0][1]
+    first, second = resolved(kwargs, [])["cache"], resolved(kwargs, [])["cache"]
+    # Made afresh each time the call runs: a model may fill what it is given.
+    assert first == [] and first is not second
+    path.write_text(json.dumps([{"kwargs": {"cache": {"made_by": "builtins.list"}}}]))
+    with pytest.raises(PrecompileError, match='"made_by" is "pkg.module:function"'):
+        load_calls(str(path))
+    path.write_text(json.dumps([{"kwargs": {"cache": {"made_by": "builtins:nope"}}}]))
+    with pytest.raises(PrecompileError, match="made_by 'builtins:nope'"):
+        resolved(load_calls(str(path))[0][1], [])
+
+
+def _encoder_decoder_cache(past=0, encoder=0, layers=2):
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    for layer in range(layers if past else 0):
+        cache.self_attention_cache.update(torch.rand(1, 4, past, 16), torch.rand(1, 4, past, 16), layer)
+        cache.cross_attention_cache.update(torch.rand(1, 4, encoder, 16), torch.rand(1, 4, encoder, 16), layer)
+    return cache
+
+
+def test_an_empty_structure_is_given_again_where_its_inputs_are_absent():
+    # model.generate() passes an encoder-decoder an empty cache first: no
+    # inputs, but the frame's code must get an empty cache, not None.
+    frame = _frame()
+    ids = torch.zeros(1, 3, dtype=torch.int64)
+    given = _encoder_decoder_cache()
+    values = frame.bind((ids,), {"cache": given})
+    assert values[1] is None
+    frame.observe(values)
+    args, _ = frame.call_arguments(values)
+    assert type(args[1]) is type(given) and args[1] is not given
+    assert pytree.tree_leaves(args[1]) == []
+
+    # A filled one: both caches' leaves, named by attribute.
+    filled = _encoder_decoder_cache(past=1, encoder=6)
+    values = frame.bind((ids,), {"cache": filled})
+    assert [p.name for p in frame.params if p.tree] == [
+        f"cache.{attention}.{kind}.{layer}" for attention in ("self_attention_cache", "cross_attention_cache")
+        for kind in ("key_cache", "value_cache") for layer in (0, 1)]
+    assert values[5] is filled.cross_attention_cache.layers[0].keys
+    args, _ = frame.call_arguments(values)
+    rebuilt = args[1]
+    assert torch.equal(rebuilt.cross_attention_cache.layers[1].values, filled.cross_attention_cache.layers[1].values)
+    # As transformers builds it: both layers' encoder keys are cached.
+    assert rebuilt.is_updated == {0: True, 1: True}
+    # Its inputs absent again: an empty cache again.
+    args, _ = frame.call_arguments([ids] + [None] * 8 + [None, 1])
+    assert type(args[1]) is type(given) and pytree.tree_leaves(args[1]) == []
+
+    # An empty structure of another kind is refused, naming the parameter.
+    with pytest.raises(PrecompileError, match="parameter 'cache': this call passes an empty DynamicCache"):
+        from transformers import DynamicCache
+
+        frame.bind((ids,), {"cache": DynamicCache()})
+
+
 def test_a_replayed_call_rebuilds_the_structure_from_its_leaves():
     frame = pb.Frame(name="forward")
     B = pb.Parameter.Binding
