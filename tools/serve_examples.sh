@@ -7,9 +7,10 @@
 # (BERT, GPT-2 without and with its cache, a Llama with its cache, a T5 with
 # its cache of both attentions, resnet18, BERT behind a flagged wrapper), which join the server one by one: each
 # finished artifact is moved into the repository, which the server rescans
-# every 2 seconds. The two decoders join twice: as captured, and as
-# <model>_stateful with gallery/decoder_stateful.config.pbtxt (the server
-# keeps each sequence's cache).
+# every 2 seconds. The three decoders join twice: as captured, and as
+# <model>_stateful with gallery/decoder_stateful.config.pbtxt (T5:
+# gallery/t5_decoder_stateful.config.pbtxt), the server keeping each
+# sequence's cache.
 #
 # It listens on 127.0.0.1 only and lets any local client load, unload and
 # rescan models without a token (--allow_unauthenticated_control): a
@@ -90,8 +91,11 @@ gallery=(resnet18 bert gpt2 gpt2_decoder llama_decoder t5_decoder bert_recenteri
     if publish "bazel-bin/gallery/$model"; then
       say "gallery: $model is in the repository and loads at the next rescan; still to capture: ${left[*]:-none}"
     fi
+    # The decoder-only models share a state config; T5 has its own.
+    stateful_config=gallery/${model}_stateful.config.pbtxt
+    [[ -f $stateful_config ]] || stateful_config=gallery/decoder_stateful.config.pbtxt
     if [[ $model == *_decoder ]] &&
-      publish "bazel-bin/gallery/$model" "${model}_stateful" gallery/decoder_stateful.config.pbtxt; then
+      publish "bazel-bin/gallery/$model" "${model}_stateful" "$stateful_config"; then
       say "gallery: ${model}_stateful (the server keeps its cache) is in the repository too"
     fi
   done

@@ -105,6 +105,27 @@ def generate_seq2seq(client: triton.InferenceServerClient, model: str, prompt: S
     return out
 
 
+def generate_seq2seq_stateful(client: triton.InferenceServerClient, model: str,
+                              prompt: Sequence[int], tokens: int, sequence_id: Union[int, str],
+                              start: int = 0) -> List[int]:
+    """As generate_seq2seq(), the encoder's output and the caches kept by
+    the server for sequence `sequence_id` (the gallery's
+    `t5_decoder_stateful`): the first request carries the prompt, each next
+    one only the new token and the mask."""
+    mask = _input("attention_mask", np.ones((1, len(prompt)), dtype=np.int64))
+    inputs = [_input("input_ids", np.asarray([prompt], dtype=np.int64)), mask]
+    token = start
+    out: List[int] = []
+    for step in range(tokens):
+        inputs.append(_input("decoder_input_ids", np.asarray([[token]], dtype=np.int64)))
+        result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=step == 0,
+                              sequence_end=step == tokens - 1)
+        token = int(np.argmax(result.as_numpy("logits")[0, -1]))
+        out.append(token)
+        inputs = [mask]
+    return out
+
+
 def is_encoder_decoder(client: triton.InferenceServerClient, model: str) -> bool:
     return any(i.name == "decoder_input_ids" for i in client.get_model_metadata(model).inputs)
 
@@ -156,7 +177,9 @@ def main() -> None:
     args = parser.parse_args()
     client = triton.InferenceServerClient(args.address)
     prompt = [int(t) for t in args.prompt.split(",")]
-    if is_encoder_decoder(client, args.model):
+    if is_encoder_decoder(client, args.model) and args.sequence_id:
+        tokens = generate_seq2seq_stateful(client, args.model, prompt, args.tokens, args.sequence_id)
+    elif is_encoder_decoder(client, args.model):
         tokens = generate_seq2seq(client, args.model, prompt, args.tokens)
     elif args.sequence_id:
         tokens = generate_stateful(client, args.model, prompt, args.tokens, args.sequence_id)

@@ -24,8 +24,10 @@ from server_process import ServerProcess  # noqa: E402
 
 MODELS = ("bert", "gpt2", "gpt2_decoder", "llama_decoder", "t5_decoder", "resnet18", "bert_recentering")
 # The decoders again, as stateful models: the server keeps their caches.
-STATEFUL = {"gpt2_decoder_stateful": "gpt2_decoder", "llama_decoder_stateful": "llama_decoder"}
 STATEFUL_CONFIG = ROOT / "gallery" / "decoder_stateful.config.pbtxt"
+STATEFUL = {"gpt2_decoder_stateful": ("gpt2_decoder", STATEFUL_CONFIG),
+            "llama_decoder_stateful": ("llama_decoder", STATEFUL_CONFIG),
+            "t5_decoder_stateful": ("t5_decoder", ROOT / "gallery" / "t5_decoder_stateful.config.pbtxt")}
 
 
 def add_model(repository, name, artifact_name, config=None):
@@ -44,8 +46,8 @@ def server(tmp_path_factory):
     repository = tmp_path_factory.mktemp("repository")
     for name in MODELS:
         add_model(repository, name, name)
-    for name, artifact in STATEFUL.items():
-        add_model(repository, name, artifact, STATEFUL_CONFIG.read_text())
+    for name, (artifact, config) in STATEFUL.items():
+        add_model(repository, name, artifact, config.read_text())
     # bert_recentering's eager program is Python: it carries gallery.models'
     # code by value, and the server imports transformers from its environment.
     process = ServerProcess(ROOT / "server" / "precompile_server", repository,

@@ -196,6 +196,19 @@ def test_an_encoder_decoder_cache_that_does_not_fit_is_refused_naming_the_input(
     assert generate.generate_seq2seq(client, T5, [7, 8, 9], 3) == _t5_in_process([7, 8, 9], 3)
 
 
+def test_an_encoder_decoder_keeps_its_encoder_output_and_caches_on_the_server(client):
+    # gallery/t5_decoder_stateful.config.pbtxt: the encoder's output comes
+    # back as encoder_outputs.0, the caches as themselves; a request after
+    # the first carries the new token and the mask.
+    model = "t5_decoder_stateful"
+    meta = client.get_model_metadata(model)
+    assert [i.name for i in meta.inputs] == ["input_ids", "attention_mask", "decoder_input_ids"]
+    assert [o.name for o in meta.outputs] == ["logits"]
+    for sequence_id, prompt in ((81, PROMPT + [42]), (82, [7, 8, 9])):
+        assert generate.generate_seq2seq_stateful(client, model, prompt, 12, sequence_id) == \
+            _t5_in_process(prompt, 12)
+
+
 # Stateful: the same decoders served with sequence_batching, the cache kept
 # by the server (gallery/decoder_stateful.config.pbtxt).
 
