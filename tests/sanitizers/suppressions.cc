@@ -56,12 +56,6 @@ const char* __tsan_default_suppressions() {
       // the loader's lock: each waits for the other for ever
       // (tests/server_batching_test, once, stacks by stacks_on_hang.sh).
       "called_from_lib:libgrpc++.so\n"
-      // The same for what libgrpc frees through shared_ptr: its release is
-      // libstdc++'s _Sp_counted_base::_M_release_last_use_cold, which the
-      // dynamic loader binds to the copy libspdlog exports, so the caller
-      // of that free is libspdlog (tests/server_repository_test, once: the
-      // same deadlock against an AOTInductor model's dlclose).
-      "called_from_lib:libspdlog.so\n"
       // µpb, the message library inside Debian's gRPC (its TLS and channel
       // configuration): a channel freed on our thread while a gRPC thread
       // still copies from it, ordered by gRPC's invisible synchronisation.
