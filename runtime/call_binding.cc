@@ -238,12 +238,19 @@ absl::StatusOr<std::vector<OutputTensor>> HostOutputs(
       host = host.contiguous();
       // An output may alias a request buffer (a frame that returns its
       // input); the caller must be able to keep it after the request is gone.
+      bool copy = false;
       for (const at::Tensor& in : request_tensors) {
         if (host.is_alias_of(in)) {
-          host = host.clone();
+          copy = true;
           break;
         }
       }
+      // Nor may an output keep more memory alive than its own bytes (a
+      // slice of a larger tensor keeps all of it): what holds outputs (a
+      // sequence's state between requests, a response being sent) counts
+      // their nbytes.
+      if (host.has_storage() && host.storage().nbytes() > host.nbytes()) copy = true;
+      if (copy) host = host.clone();
       auto holder = std::make_shared<at::Tensor>(std::move(host));
       OutputTensor out;
       out.dtype = *FromScalarType(holder->scalar_type());

@@ -54,7 +54,8 @@ absl::Status CheckIndexRanges(const artifact::v1::Frame& frame,
                               const std::vector<c10::IValue>& args);
 
 // `outputs` as the caller keeps them: in host memory, contiguous, copied
-// where they alias one of `request_tensors`. INTERNAL for a dtype the
+// where they alias one of `request_tensors` or are a part of a larger
+// tensor (an output's owner keeps alive only its nbytes). INTERNAL for a dtype the
 // protocol cannot carry, or when torch fails (a CUDA error shows here
 // first).
 absl::StatusOr<std::vector<OutputTensor>> HostOutputs(

@@ -2,6 +2,7 @@
 // by hand: no artifact, no compiled code.
 #include "runtime/call_binding.h"
 
+#include <ATen/ops/arange.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/tensor.h>
@@ -130,6 +131,29 @@ TEST(HostOutputs, CopiesAnOutputThatAliasesARequestTensorAndKeepsOthers) {
       HostOutputs({at::zeros({2}, at::kComplexFloat)}, {});
   EXPECT_EQ(complex.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(complex.status().message(), HasSubstr("cannot be returned"));
+}
+
+TEST(HostOutputs, APartOfALargerTensorKeepsOnlyItsOwnBytesAlive) {
+  const at::Tensor whole = at::arange(1000, at::kFloat);
+  // Contiguous, so contiguous() keeps the view and with it all 4000 bytes.
+  at::Tensor part = whole.slice(0, 10, 14);
+  ASSERT_TRUE(part.is_contiguous());
+  absl::StatusOr<std::vector<OutputTensor>> outputs = HostOutputs({std::move(part)}, {});
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  const OutputTensor& out = (*outputs)[0];
+  EXPECT_EQ(out.nbytes, 16u);
+  EXPECT_EQ(out.shape, (std::vector<int64_t>{4}));
+  EXPECT_EQ(static_cast<const float*>(out.data)[0], 10.0f);
+  EXPECT_EQ(static_cast<const float*>(out.data)[3], 13.0f);
+  // Only `whole` holds its storage: the output owns a copy of its part.
+  EXPECT_EQ(whole.storage().use_count(), 1u);
+  EXPECT_NE(out.data, static_cast<const float*>(whole.data_ptr()) + 10);
+
+  // A whole tensor is handed on as it is.
+  const at::Tensor own = at::ones({3});
+  absl::StatusOr<std::vector<OutputTensor>> kept = HostOutputs({own}, {});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ((*kept)[0].data, own.data_ptr());
 }
 
 }  // namespace
