@@ -28,6 +28,7 @@
 #include "runtime/eager_program.h"
 #include "runtime/frame_caller.h"
 #include "runtime/frame_dispatcher.h"
+#include "runtime/inference_memory.h"
 #include "runtime/loaded_frame.h"
 #include "runtime/miss_log.h"
 #include "runtime/torch_dtype.h"
@@ -603,6 +604,7 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   ASSIGN_OR_RETURN(BoundArguments bound,
                    BindArguments(*impl.entry->proto, impl.options.name, args, impl.device));
 
+  const ChargedCall charged;
   c10::InferenceMode inference_mode;
   const CallContext* previous_context = Impl::context;
   Impl::context = &call_context;
@@ -611,7 +613,7 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   Impl::context = previous_context;
   if (!dispatched.ok()) {
     ProbeDeviceAfterFailure(impl.device, impl.options.cuda_device_index, dispatched.status());
-    return dispatched.status();
+    return charged.Explain(dispatched.status(), absl::StrCat("model '", impl.options.name, "'"));
   }
   Impl::FrameResult result = *std::move(dispatched);
 
@@ -625,7 +627,7 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   if (!converted.ok()) {
     // Copying a CUDA output to the host is where an asynchronous error shows.
     ProbeDeviceAfterFailure(impl.device, impl.options.cuda_device_index, converted.status());
-    return converted.status();
+    return charged.Explain(converted.status(), absl::StrCat("model '", impl.options.name, "'"));
   }
   call_result.outputs = *std::move(converted);
   return call_result;

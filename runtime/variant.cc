@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/inference_memory.h"
 #include "runtime/torch_errors.h"
 
 namespace precompile {
@@ -52,6 +53,9 @@ absl::StatusOr<std::vector<at::Tensor>> Variant::Run(
   if (!ran_once_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(first_run_mu_);
     if (!ran_once_.load(std::memory_order_relaxed)) {
+      // The constants it sets up are the model's for as long as it is
+      // loaded, not memory of the call that happened to come first.
+      UnchargedSection model_memory;
       absl::StatusOr<std::vector<at::Tensor>> out = RunLoader(std::move(inputs));
       // A run that failed may have failed before the set-up finished.
       if (out.ok()) ran_once_.store(true, std::memory_order_release);

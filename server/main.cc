@@ -75,6 +75,10 @@ ABSL_FLAG(int64_t, sequence_state_bytes, int64_t{1} << 30,
           "Bytes of sequences' state (models whose config.pbtxt has sequence_batching) held "
           "at once; past it the sequence idle longest is evicted, and a sequence that still "
           "does not fit is refused RESOURCE_EXHAUSTED (0: no sequence may start)");
+ABSL_FLAG(int64_t, max_inference_memory_bytes, int64_t{4} << 30,
+          "Bytes of CPU tensors that model calls hold at once (intermediate buffers, outputs, "
+          "what eager programs allocate); a call whose allocation would pass it gets "
+          "RESOURCE_EXHAUSTED (0: no limit)");
 ABSL_FLAG(int, inference_threads, 0,
           "Threads running inference requests; more wait in a queue (0: one per core "
           "the process may run on)");
@@ -213,6 +217,10 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   options.sequence_state_bytes = absl::GetFlag(FLAGS_sequence_state_bytes);
   if (options.sequence_state_bytes < 0) {
     return absl::InvalidArgumentError("--sequence_state_bytes must be at least 0");
+  }
+  options.max_inference_memory_bytes = absl::GetFlag(FLAGS_max_inference_memory_bytes);
+  if (options.max_inference_memory_bytes < 0) {
+    return absl::InvalidArgumentError("--max_inference_memory_bytes must be at least 0");
   }
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
   options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "base/log_text.h"
 #include "runtime/device_health.h"
+#include "runtime/inference_memory.h"
 
 namespace precompile::server {
 namespace {
@@ -145,6 +146,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (absl::Status s = CompleteOptions(options); !s.ok()) return s;
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& o = server->options_;
+  SetInferenceMemoryLimit(static_cast<uint64_t>(o.max_inference_memory_bytes));
 
   server->metrics_ = std::make_unique<ServerMetrics>();
   RepositoryOptions repository_options;
@@ -191,6 +193,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
           {s.model, s.active, s.state_bytes, s.ended, s.expired, s.evicted});
     }
     load.max_sequence_state_bytes = sequence_store->max_bytes();
+    load.inference_memory_bytes = InferenceMemoryHeld();
+    load.max_inference_memory_bytes = InferenceMemoryLimit();
+    load.inference_memory_refusals = InferenceMemoryRefusals();
     return load;
   });
   if (!o.metrics_address.empty()) {

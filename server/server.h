@@ -113,6 +113,11 @@ struct ServerOptions {
   // sequence_batching) the server holds at once; past it the sequence idle
   // longest is evicted (server/scheduling/sequence_state.h). Default: 1 GiB.
   int64_t sequence_state_bytes = int64_t{1} << 30;
+  // Bytes of CPU tensors that model calls hold at once: their intermediate
+  // buffers, outputs and what eager programs allocate
+  // (runtime/inference_memory.h). A call whose allocation would pass it
+  // gets RESOURCE_EXHAUSTED. Process-wide. 0: no limit. Default: 4 GiB.
+  int64_t max_inference_memory_bytes = int64_t{4} << 30;
   // Options for every model (runners, CUDA device, require_complete).
   LoadOptions load_options;
   // Device type the server runs models on ("cpu" or "cuda"): an artifact

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/inference_memory.h"
 #include "runtime/loaded_version.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/reference.h"
@@ -67,6 +68,23 @@ TEST(PythonEager, AnExceptionIsAnInternalErrorAndTheModelKeepsServing) {
   EXPECT_THAT(result.status().message(),
               HasSubstr("frame 'forward': its Python eager program failed: ValueError: steps "
                         "must be at least 0, not -1"));
+  ExpectServed(*model, "steps1", Outcome::kEagerFallback);
+}
+
+TEST(PythonEager, AProgramPastTheMemoryLimitIsRefusedAndTheModelKeepsServing) {
+  std::shared_ptr<LoadedVersion> model = LoadBlocks();
+  ASSERT_NE(model, nullptr);
+  ExpectServed(*model, "steps1", Outcome::kEagerFallback);  // The variants' first runs.
+  // Less than the 128 bytes of one [8, 4] tensor of the program's.
+  SetInferenceMemoryLimit(64);
+  absl::StatusOr<CallResult> refused = model->Call(testing::Reference("blocks", "steps1").args);
+  SetInferenceMemoryLimit(0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("model 'blocks': this call asked for a tensor of 128 bytes"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--max_inference_memory_bytes"));
+  EXPECT_EQ(InferenceMemoryHeld(), 0u) << "the refused call's tensors are freed";
   ExpectServed(*model, "steps1", Outcome::kEagerFallback);
 }
 

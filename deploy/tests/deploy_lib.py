@@ -188,6 +188,18 @@ def requests_may_hold(values: dict):
     return held, parts
 
 
+def model_calls_may_hold(values: dict) -> int:
+    """The bytes of CPU tensors model calls may hold at once under the flags
+    `values` (--max_inference_memory_bytes, or the server's default);
+    ValueError if they leave it unbounded."""
+    held = values.get("max_inference_memory_bytes",
+                      server_flags()["max_inference_memory_bytes"].default_value())
+    if held <= 0:
+        raise ValueError(f"--max_inference_memory_bytes={held} leaves what model calls hold "
+                         "without a bound")
+    return held
+
+
 def split_flag(arg: str):
     """'--name=value' -> (name, value); '--name' -> (name, 'true'); else None."""
     if not arg.startswith("--"):

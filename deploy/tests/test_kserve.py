@@ -193,6 +193,16 @@ def test_what_the_runtime_s_requests_may_hold_fits_half_its_memory_limit():
         f"({limit / 2**30:.2f} GiB)")
 
 
+def test_what_the_runtime_s_model_calls_may_hold_fits_a_quarter_of_its_memory_limit():
+    _, container = runtime_container()
+    values = {name: lib.check_flag(name, value) for name, value in runtime_flags().items()}
+    held = lib.model_calls_may_hold(values)
+    limit = lib.quantity(container["resources"]["limits"]["memory"])
+    assert held <= limit / 4, (
+        f"model calls may hold {held / 2**30:.2f} GiB of tensors, more than a quarter of the "
+        f"memory limit ({limit / 2**30:.2f} GiB)")
+
+
 def test_the_real_server_accepts_the_runtime_s_command(tmp_path):
     """precompile_server with the runtime's arguments and a repository that
     does not exist gets as far as the repository check."""

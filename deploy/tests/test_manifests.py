@@ -697,6 +697,21 @@ def test_what_requests_may_hold_fits_half_the_memory_limit(overlay):
 
 
 @overlays
+def test_what_model_calls_may_hold_fits_a_quarter_of_the_memory_limit(overlay):
+    # The half that requests leave is libtorch's, the models' and their
+    # calls': at most a quarter for the calls' tensors keeps room for the rest.
+    try:
+        held = lib.model_calls_may_hold(flags(overlay))
+    except ValueError as e:
+        pytest.fail(f"{overlay}: {e}")
+    limit = quantity(server_container(deployment(overlay))["resources"]["limits"]["memory"])
+    assert held <= limit / 4, (
+        f"{overlay}: model calls may hold {held / 2**30:.2f} GiB of tensors "
+        f"(--max_inference_memory_bytes), more than a quarter of the memory limit "
+        f"({limit / 2**30:.2f} GiB)")
+
+
+@overlays
 def test_anti_affinity_spreads_replicas(overlay):
     spec = pod_spec(overlay)
     labels = deployment(overlay)["spec"]["template"]["metadata"]["labels"]

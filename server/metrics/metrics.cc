@@ -122,6 +122,22 @@ class LoadCollectable final : public prometheus::Collectable {
             "the sequence idle longest is evicted",
             static_cast<double>(load.max_sequence_state_bytes));
       AddSequences(load.sequences, families);
+      gauge("precompile_inference_memory_bytes",
+            "Bytes of CPU tensors that model calls allocated and that are still held (their "
+            "buffers, outputs not sent yet, sequences' state)",
+            static_cast<double>(load.inference_memory_bytes));
+      gauge("precompile_inference_max_memory_bytes",
+            "Bytes of CPU tensors model calls may hold at once (--max_inference_memory_bytes; "
+            "0: no limit); a call that would pass it gets RESOURCE_EXHAUSTED",
+            static_cast<double>(load.max_inference_memory_bytes));
+      prometheus::MetricFamily refused{
+          "precompile_inference_memory_refusals_total",
+          "Tensor allocations of model calls refused at --max_inference_memory_bytes (each "
+          "ends its call with RESOURCE_EXHAUSTED)",
+          prometheus::MetricType::Counter, {}};
+      refused.metric.emplace_back();
+      refused.metric.back().counter.value = static_cast<double>(load.inference_memory_refusals);
+      families.push_back(std::move(refused));
     }
     // /proc/self/statm: the virtual and the resident size, in pages.
     std::ifstream statm("/proc/self/statm");

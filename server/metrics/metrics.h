@@ -80,6 +80,11 @@ struct ServerLoad {
   // The sequences' state the server holds, by model, and its budget.
   std::vector<SequenceLoad> sequences;
   int64_t max_sequence_state_bytes = 0;
+  // CPU tensors that model calls hold (runtime/inference_memory.h), their
+  // bound (0: none) and the allocations refused for it.
+  uint64_t inference_memory_bytes = 0;
+  uint64_t max_inference_memory_bytes = 0;
+  uint64_t inference_memory_refusals = 0;
 };
 
 class ModelMetrics final : public ModelRecorder {

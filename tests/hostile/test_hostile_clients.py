@@ -543,3 +543,59 @@ def test_answers_a_client_never_takes_hold_bounded_memory_for_a_bounded_time(tmp
         code = process.stop()  # Drains with the non-reader still connected.
         reader.close()
         assert code == 0, process.log()
+
+
+def test_what_a_model_allocates_besides_its_outputs_is_bounded(tmp_path):
+    # mlp's output is float32[rows, 3], well within what a response may
+    # carry, but its hidden layer is float32[rows, 8]: at 65536 rows 2 MiB of
+    # intermediate buffer that no output-size check sees. The loop example's
+    # eager program allocates a tensor the size of its input at each step.
+    for name in ("mlp", "loop"):
+        copy_tree(built(BIN / "examples" / name), tmp_path / "repository" / name / "1")
+    limit = 2 << 20
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            [f"--max_message_bytes={4 << 20}", f"--max_inference_memory_bytes={limit}",
+                             "--metrics_port=0"])
+    metrics_port = int(process.await_output(r"event=listening .*metrics_port=(\d+)"))
+
+    def metric(name: str) -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+        return float(re.search(rb"^" + name.encode() + rb" (\S+)$", text, re.M)[1])
+
+    def call(stub, model, rows, n=None):
+        request = inference_pb2.ModelInferRequest(model_name=model)
+        request.inputs.add(name="x", datatype="FP32", shape=[rows, 4])
+        request.raw_input_contents.append(np.ones((rows, 4), np.float32).tobytes())
+        if n is not None:
+            request.parameters["n"].int64_param = n
+        return stub.ModelInfer(request, timeout=60)
+
+    refusal = "this call asked for a tensor of 2097152 bytes"
+    channel = grpc.insecure_channel(process.address)
+    stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+    try:
+        # A variant's first run sets up its constants, uncounted.
+        assert call(stub, "mlp", 16).outputs[0].shape == [16, 3]
+        for model, n in (("mlp", None), ("loop", 3)):
+            with pytest.raises(grpc.RpcError) as refused:
+                call(stub, model, 1 << 16 if model == "mlp" else 1 << 17, n)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+            assert f"model '{model}': {refusal}" in refused.value.details()
+            assert f"past the {limit} bytes they may hold at once (--max_inference_memory_bytes)" in (
+                refused.value.details())
+        answer = post(process, "/v2/models/mlp/infer", mlp_request(1 << 16))
+        assert status_of(answer) == 429, answer[:300]
+        assert refusal in error_of(answer)
+        # What fits is served, and the refused calls gave back what they held.
+        assert call(stub, "mlp", 30000).outputs[0].shape == [30000, 3]
+        assert call(stub, "loop", 8, 3).outputs[0].shape == [8, 4]
+        assert metric("precompile_inference_memory_refusals_total") == 3
+        assert metric("precompile_inference_max_memory_bytes") == limit
+        deadline = time.monotonic() + 10
+        while metric("precompile_inference_memory_bytes") > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric("precompile_inference_memory_bytes") == 0
+        assert_still_serving(process)
+    finally:
+        channel.close()
+        assert process.stop() == 0, process.log()

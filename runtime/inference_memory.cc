@@ -1,0 +1,128 @@
+#include "runtime/inference_memory.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace precompile {
+namespace {
+
+// Each allocation starts with what it was charged, so that its deleter (a
+// plain function of the data pointer, as libtorch's raw allocations need)
+// can give it back. 64 keeps the data at libtorch's alignment (c10's
+// gAlignment).
+constexpr size_t kHeader = 64;
+
+std::atomic<uint64_t> held_bytes{0};
+std::atomic<uint64_t> limit_bytes{0};
+std::atomic<uint64_t> refusals{0};
+thread_local ChargedCall::Record* current_call = nullptr;
+
+void Free(void* data) {
+  if (data == nullptr) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  uint64_t charged;
+  std::memcpy(&charged, base, sizeof charged);
+  if (charged != 0) held_bytes.fetch_sub(charged, std::memory_order_relaxed);
+  c10::free_cpu(base);
+}
+
+[[noreturn]] void Refuse(uint64_t asked, uint64_t held, uint64_t limit,
+                         ChargedCall::Record& record) {
+  record = {true, asked, held, limit};
+  refusals.fetch_add(1, std::memory_order_relaxed);
+  // No backtrace: the message is all a log or a Python traceback needs.
+  throw c10::OutOfMemoryError(
+      absl::StrCat("a CPU tensor of ", asked, " bytes would take what the model calls running "
+                   "hold (", held, " bytes) past --max_inference_memory_bytes (", limit, ")"),
+      c10::Backtrace());
+}
+
+void Charge(uint64_t n, ChargedCall::Record& record) {
+  const uint64_t limit = limit_bytes.load(std::memory_order_relaxed);
+  uint64_t held = held_bytes.load(std::memory_order_relaxed);
+  do {
+    if (limit != 0 && (n > limit || held > limit - n)) Refuse(n, held, limit, record);
+  } while (!held_bytes.compare_exchange_weak(held, held + n, std::memory_order_relaxed));
+}
+
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const c10::Device cpu(c10::DeviceType::CPU);
+    if (n == 0) return {nullptr, nullptr, &Free, cpu};
+    ChargedCall::Record* call = current_call;
+    if (n > std::numeric_limits<size_t>::max() - kHeader) {
+      if (call != nullptr) Refuse(n, InferenceMemoryHeld(), InferenceMemoryLimit(), *call);
+      throw c10::OutOfMemoryError(absl::StrCat("a CPU tensor of ", n, " bytes"), c10::Backtrace());
+    }
+    const uint64_t charged = call != nullptr ? n : 0;
+    if (call != nullptr) Charge(n, *call);
+    void* base = nullptr;
+    try {
+      base = c10::alloc_cpu(n + kHeader);
+    } catch (...) {
+      if (charged != 0) held_bytes.fetch_sub(charged, std::memory_order_relaxed);
+      throw;
+    }
+    std::memcpy(base, &charged, sizeof charged);
+    void* data = static_cast<char*>(base) + kHeader;
+    return {data, data, &Free, cpu};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Free; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+}  // namespace
+
+void SetInferenceMemoryLimit(uint64_t limit) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    // Never destroyed: tensors freed at exit still reach it.
+    c10::SetCPUAllocator(new CountingCpuAllocator(), /*priority=*/1);
+  });
+  limit_bytes.store(limit, std::memory_order_relaxed);
+}
+
+uint64_t InferenceMemoryHeld() { return held_bytes.load(std::memory_order_relaxed); }
+uint64_t InferenceMemoryLimit() { return limit_bytes.load(std::memory_order_relaxed); }
+uint64_t InferenceMemoryRefusals() { return refusals.load(std::memory_order_relaxed); }
+
+ChargedCall::ChargedCall() : record_(current_call), outermost_(current_call == nullptr) {
+  if (outermost_) {
+    record_ = &own_;
+    current_call = record_;
+  }
+}
+
+ChargedCall::~ChargedCall() {
+  if (outermost_) current_call = nullptr;
+}
+
+absl::Status ChargedCall::Explain(absl::Status failure, absl::string_view what) const {
+  if (failure.ok() || !record_->refused) return failure;
+  const Record& r = *record_;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": this call asked for a tensor of ", r.asked, " bytes when the model calls running "
+      "held ", r.held, ", past the ", r.limit,
+      " bytes they may hold at once (--max_inference_memory_bytes); retry later, or send "
+      "smaller inputs"));
+}
+
+UnchargedSection::UnchargedSection() : saved_(current_call) { current_call = nullptr; }
+UnchargedSection::~UnchargedSection() { current_call = saved_; }
+
+}  // namespace precompile

@@ -1,0 +1,136 @@
+// The bound on what model calls hold, through libtorch's own CPU allocator.
+#include "runtime/inference_memory.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <thread>
+#include <utility>
+
+namespace precompile {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kLimit = 1 << 20;
+
+at::Tensor Bytes(int64_t n) { return at::empty({n}, at::kByte); }
+
+class InferenceMemoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetInferenceMemoryLimit(kLimit);
+    ASSERT_EQ(InferenceMemoryHeld(), 0u);
+  }
+  void TearDown() override { EXPECT_EQ(InferenceMemoryHeld(), 0u); }
+};
+
+TEST_F(InferenceMemoryTest, TensorsOutsideACallAreNotCharged) {
+  const at::Tensor weights = Bytes(4 * kLimit);
+  EXPECT_EQ(InferenceMemoryHeld(), 0u);
+}
+
+TEST_F(InferenceMemoryTest, ACallsTensorsAreChargedUntilFreedOnAnyThread) {
+  at::Tensor kept;
+  {
+    const ChargedCall call;
+    kept = Bytes(1000);
+    { const at::Tensor scratch = Bytes(3000); EXPECT_EQ(InferenceMemoryHeld(), 4000u); }
+    EXPECT_EQ(InferenceMemoryHeld(), 1000u);
+  }
+  // An output outlives its call, and is freed where its response was sent.
+  EXPECT_EQ(InferenceMemoryHeld(), 1000u);
+  std::thread([t = std::move(kept)]() mutable { t.reset(); }).join();
+  EXPECT_EQ(InferenceMemoryHeld(), 0u);
+}
+
+TEST_F(InferenceMemoryTest, AnAllocationPastTheLimitIsRefusedAndTheCallSaysWhy) {
+  const uint64_t refusals = InferenceMemoryRefusals();
+  const ChargedCall call;
+  const at::Tensor first = Bytes(kLimit / 2);
+  EXPECT_THROW(Bytes(kLimit / 2 + 1), c10::OutOfMemoryError);
+  EXPECT_EQ(InferenceMemoryHeld(), kLimit / 2) << "the refused tensor stays uncharged";
+  EXPECT_EQ(InferenceMemoryRefusals(), refusals + 1);
+  const absl::Status explained =
+      call.Explain(absl::InternalError("running variant forward#0: run_impl failed"), "model 'm'");
+  EXPECT_EQ(explained.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(explained.message(),
+              AllOf(HasSubstr("model 'm': this call asked for a tensor of 524289 bytes"),
+                    HasSubstr("held 524288, past the 1048576 bytes"),
+                    HasSubstr("--max_inference_memory_bytes")));
+  // What fits still fits.
+  EXPECT_EQ(Bytes(kLimit / 2).numel(), static_cast<int64_t>(kLimit / 2));
+  EXPECT_TRUE(call.Explain(absl::OkStatus(), "model 'm'").ok());
+}
+
+TEST_F(InferenceMemoryTest, AFailureWithoutARefusalIsLeftAsItIs) {
+  const ChargedCall call;
+  const at::Tensor fits = Bytes(kLimit);
+  const absl::Status failure = absl::InternalError("the eager program failed");
+  EXPECT_EQ(call.Explain(failure, "model 'm'"), failure);
+}
+
+TEST_F(InferenceMemoryTest, SizesNearTwoToTheSixtyFourAreRefusedUncharged) {
+  const ChargedCall call;
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  EXPECT_THROW(allocator->allocate(std::numeric_limits<size_t>::max() - 8), c10::OutOfMemoryError);
+  EXPECT_THROW(allocator->allocate(size_t{1} << 63), c10::OutOfMemoryError);
+  EXPECT_EQ(InferenceMemoryHeld(), 0u);
+  EXPECT_EQ(call.Explain(absl::InternalError("x"), "m").code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(InferenceMemoryTest, ANestedCallReportsToTheOutermost) {
+  const ChargedCall outer;
+  {
+    const ChargedCall inner;
+    EXPECT_THROW(Bytes(2 * kLimit), c10::OutOfMemoryError);
+  }
+  EXPECT_EQ(outer.Explain(absl::InternalError("x"), "m").code(),
+            absl::StatusCode::kResourceExhausted);
+  // The outermost call still charges after the nested one ended.
+  const at::Tensor after = Bytes(10);
+  EXPECT_EQ(InferenceMemoryHeld(), 10u);
+}
+
+TEST_F(InferenceMemoryTest, AnUnchargedSectionBelongsToTheModel) {
+  const ChargedCall call;
+  at::Tensor constants;
+  {
+    const UnchargedSection model_memory;
+    constants = Bytes(2 * kLimit);
+  }
+  EXPECT_EQ(InferenceMemoryHeld(), 0u);
+  const at::Tensor charged_again = Bytes(10);
+  EXPECT_EQ(InferenceMemoryHeld(), 10u);
+}
+
+TEST_F(InferenceMemoryTest, RawAllocationsAreChargedAndGivenBack) {
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  void* raw = nullptr;
+  {
+    const ChargedCall call;
+    raw = allocator->raw_allocate(100);
+  }
+  EXPECT_EQ(InferenceMemoryHeld(), 100u);
+  allocator->raw_deallocate(raw);
+}
+
+TEST_F(InferenceMemoryTest, LimitZeroCountsWithoutRefusing) {
+  SetInferenceMemoryLimit(0);
+  {
+    const ChargedCall call;
+    const at::Tensor large = Bytes(4 * kLimit);
+    EXPECT_EQ(InferenceMemoryHeld(), 4 * kLimit);
+  }
+  SetInferenceMemoryLimit(kLimit);
+}
+
+}  // namespace
+}  // namespace precompile
