@@ -257,7 +257,7 @@ TEST_F(CliTest, DescribesAModel) {
   r = Run({"config", "loop"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr("  argument:n"));
-  EXPECT_THAT(r.out, HasSubstr("instance group:  loop KIND_CPU x1"));
+  EXPECT_THAT(r.out, HasSubstr("instance group:  loop KIND_CPU x2"));
   r = Run({"config", "loop", "--json"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   json = ParseJson(r.out);

@@ -695,6 +695,10 @@ int LoadedVersion::miss_signatures_per_frame() const {
   return impl_->misses->signatures_per_frame();
 }
 
+int LoadedVersion::runners_per_variant() const {
+  return std::max(1, impl_->options.runners_per_variant);
+}
+
 std::vector<EagerFallbackWarning> LoadedVersion::Warnings() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->warnings;

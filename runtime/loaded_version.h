@@ -182,6 +182,8 @@ class LoadedVersion {
   // position in manifest().frames()), since the load.
   std::vector<FrameMisses> Misses() const;
   int miss_signatures_per_frame() const;
+  // Instances of each variant that can run at once (LoadOptions).
+  int runners_per_variant() const;
 
   class Impl;
 

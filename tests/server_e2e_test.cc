@@ -210,6 +210,10 @@ TEST_F(ServerTest, DescribesAModelsInputsAndOutputsFromItsArtifact) {
   ASSERT_EQ(config.config().input_size(), 1);
   EXPECT_EQ(config.config().input(0).data_type(), inference::TYPE_FP32);
   EXPECT_EQ(config.config().parameters().at("argument:n").string_value(), "int, default 0");
+  // The instances of each variant: --runners_per_variant's default, on the CPU.
+  ASSERT_EQ(config.config().instance_group_size(), 1);
+  EXPECT_EQ(config.config().instance_group(0).count(), 2);
+  EXPECT_EQ(config.config().instance_group(0).kind(), inference::ModelInstanceGroup::KIND_CPU);
 }
 
 TEST_F(ServerTest, ServesVariantsAndSaysWhichOne) {

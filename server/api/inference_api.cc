@@ -363,7 +363,7 @@ absl::Status InferenceApi::ModelConfig(const inference::ModelConfigRequest& requ
   }
   auto* group = config->add_instance_group();
   group->set_name(request.name());
-  group->set_count(1);
+  group->set_count(handle->model->runners_per_variant());
   group->set_kind(manifest.device() == "cuda" ? inference::ModelInstanceGroup::KIND_GPU
                                               : inference::ModelInstanceGroup::KIND_CPU);
   auto& params = *config->mutable_parameters();

@@ -45,6 +45,47 @@ absl::StatusOr<std::optional<absl::Duration>> ReadMaxRequestTime(
   return absl::Seconds(seconds);
 }
 
+// instance_group: each group's count (Triton's default 1) summed. Instances
+// run where the server runs its models (--device), so a group may ask for a
+// kind of device but not for particular GPUs.
+absl::StatusOr<InstanceGroups> ReadInstanceGroups(const inference::ModelConfig& config) {
+  InstanceGroups groups;
+  for (const inference::ModelInstanceGroup& group : config.instance_group()) {
+    const std::string named =
+        group.name().empty() ? std::string("instance_group") :
+                               absl::StrCat("instance_group '", group.name(), "'");
+    if (group.count() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.pbtxt: ", named, " has count ", group.count(), ": at least 1"));
+    }
+    if (!group.gpus().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.pbtxt: ", named, " names gpus, but a model's instances all run on the "
+          "server's device (--device=cuda:N); leave gpus out"));
+    }
+    InstanceGroups::Kind kind = InstanceGroups::Kind::kAny;
+    if (group.kind() == inference::ModelInstanceGroup::KIND_CPU) kind = InstanceGroups::Kind::kCpu;
+    if (group.kind() == inference::ModelInstanceGroup::KIND_GPU) kind = InstanceGroups::Kind::kGpu;
+    if (kind != InstanceGroups::Kind::kAny) {
+      if (groups.kind != InstanceGroups::Kind::kAny && groups.kind != kind) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config.pbtxt: ", named, " asks for ",
+            inference::ModelInstanceGroup::Kind_Name(group.kind()),
+            " where another group asks for the other kind: a model runs on one device"));
+      }
+      groups.kind = kind;
+    }
+    const int count = group.count() == 0 ? 1 : group.count();
+    if (count > kMaxInstances - groups.count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.pbtxt: instance_group asks for more than ", kMaxInstances,
+          " instances of each variant"));
+    }
+    groups.count += count;
+  }
+  return groups;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfigFile> ParseModelConfig(absl::string_view name, const std::string& text) {
@@ -97,8 +138,10 @@ absl::StatusOr<ModelConfigFile> ParseModelConfig(absl::string_view name, const s
   if (!batching.ok()) return batching.status();
   absl::StatusOr<std::shared_ptr<const SequenceConfig>> sequences = ReadSequenceConfig(config);
   if (!sequences.ok()) return sequences.status();
+  absl::StatusOr<InstanceGroups> instances = ReadInstanceGroups(config);
+  if (!instances.ok()) return instances.status();
   return ModelConfigFile{std::move(policy), *max_request_time, *std::move(batching),
-                         *std::move(sequences)};
+                         *std::move(sequences), *instances};
 }
 
 absl::StatusOr<ModelConfigFile> ReadModelConfig(absl::string_view name,

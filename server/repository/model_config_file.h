@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/repository/model_state.h"
 #include "server/repository/repository_policy.h"
 #include "server/scheduling/dynamic_batching.h"
 #include "server/scheduling/sequence_state.h"
@@ -27,6 +28,8 @@ struct ModelConfigFile {
   std::shared_ptr<const BatchingConfig> batching;
   // sequence_batching's state; null for none.
   std::shared_ptr<const SequenceConfig> sequences;
+  // instance_group; count 0 when it has none.
+  InstanceGroups instances;
 };
 
 // `text` as model `name`'s config. Fields this server does not know are
@@ -35,7 +38,9 @@ struct ModelConfigFile {
 // model, as its directory does. INVALID_ARGUMENT, starting "config.pbtxt",
 // naming what it refuses: text that does not parse, another model's name,
 // a version policy or limit out of range, batching or sequence settings that
-// contradict each other.
+// contradict each other, instance groups this server cannot place (on named
+// GPUs, of kinds that differ, more than kMaxInstances in all).
+inline constexpr int kMaxInstances = 64;
 absl::StatusOr<ModelConfigFile> ParseModelConfig(absl::string_view name, const std::string& text);
 
 // The config of model `name` in `model_dir`: the defaults when it has no

@@ -98,6 +98,39 @@ TEST(ParseModelConfig, ReadsTheModelsOwnRequestTimeLimit) {
   }
 }
 
+TEST(ParseModelConfig, CountsTheInstancesOfEveryGroup) {
+  EXPECT_EQ(ParseModelConfig("mlp", "")->instances.count, 0) << "the server's default";
+  auto groups = ParseModelConfig(
+      "mlp", "instance_group [{ count: 3 kind: KIND_GPU }, { kind: KIND_AUTO }]");
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  EXPECT_EQ(groups->instances.count, 4) << "a group without a count has one, as in Triton";
+  EXPECT_EQ(groups->instances.kind, InstanceGroups::Kind::kGpu);
+  auto cpu = ParseModelConfig("mlp", "instance_group { count: 2 kind: KIND_CPU }");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->instances.count, 2);
+  EXPECT_EQ(cpu->instances.kind, InstanceGroups::Kind::kCpu);
+  EXPECT_EQ(ParseModelConfig("mlp", "instance_group { count: 2 }")->instances.kind,
+            InstanceGroups::Kind::kAny);
+}
+
+TEST(ParseModelConfig, RefusesInstancesItCannotPlace) {
+  auto refused = [](const std::string& text) {
+    return std::string(ParseModelConfig("mlp", text).status().message());
+  };
+  EXPECT_THAT(refused("instance_group { name: \"a\" count: -1 }"),
+              HasSubstr("instance_group 'a' has count -1: at least 1"));
+  EXPECT_THAT(refused("instance_group { count: 1 kind: KIND_GPU gpus: [1] }"),
+              HasSubstr("instance_group names gpus"));
+  EXPECT_THAT(refused("instance_group [{ kind: KIND_GPU }, { kind: KIND_CPU }]"),
+              HasSubstr("asks for KIND_CPU where another group asks for the other kind"));
+  EXPECT_THAT(refused("instance_group [{ count: 40 }, { count: 25 }]"),
+              HasSubstr("more than 64 instances"));
+  EXPECT_TRUE(ParseModelConfig("mlp", "instance_group [{ count: 40 }, { count: 24 }]").ok());
+  // Past 2^31 in all, not wrapped round.
+  EXPECT_THAT(refused("instance_group [{ count: 40 }, { count: 2147483647 }]"),
+              HasSubstr("more than 64 instances"));
+}
+
 TEST(ReadModelConfig, ReadsTheModelsFileOrKeepsTheDefaults) {
   const std::string dir = ::testing::TempDir() + "/model_config_file_test";
   std::filesystem::remove_all(dir);

@@ -90,6 +90,22 @@ std::string VersionList(const std::vector<int64_t>& versions) {
 
 std::atomic<uint64_t> next_repository_id{1};
 
+// Instances run where the artifact's variants were compiled for.
+absl::Status CheckInstanceKind(const std::string& device, const InstanceGroups& instances) {
+  const bool cuda = device == "cuda";
+  if (instances.kind == InstanceGroups::Kind::kGpu && !cuda) {
+    return absl::FailedPreconditionError(
+        "instance_group asks for KIND_GPU instances, but the artifact was captured for the "
+        "CPU; capture it on CUDA or ask for KIND_CPU");
+  }
+  if (instances.kind == InstanceGroups::Kind::kCpu && cuda) {
+    return absl::FailedPreconditionError(
+        "instance_group asks for KIND_CPU instances, but the artifact was captured for CUDA; "
+        "capture it on the CPU or ask for KIND_GPU");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ModelKnown ModelRepository::Known(const Entry& entry) {
@@ -250,6 +266,7 @@ absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, 
     state.max_request_time = config->max_request_time;
     state.batching = config->batching;
     state.sequences = config->sequences;
+    state.instances = config->instances;
   } else {
     config_failure = LoadFailure{versions.front().first, std::string(config.status().message()), ""};
   }
@@ -331,10 +348,15 @@ StepResult ModelRepository::LoadVersion(const std::string& name, int64_t version
   const absl::Time start = absl::Now();
   LoadOptions load_options = options_.load_options;
   load_options.name = name;
+  if (config.instances.count > 0) load_options.runners_per_variant = config.instances.count;
   absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
       options_.loader ? options_.loader(directory, load_options)
                       : LoadedVersion::Load(directory, load_options);
   if (!model.ok()) return failed(model.status().message(), "failed to load");
+  if (absl::Status placed = CheckInstanceKind((*model)->manifest().device(), config.instances);
+      !placed.ok()) {
+    return failed(placed.message(), "cannot be served as its config.pbtxt asks");
+  }
   if (config.batching != nullptr) {
     if (absl::Status batchable = CheckBatchable((*model)->entry_frame()); !batchable.ok()) {
       return failed(batchable.message(), "cannot be served as its config.pbtxt asks");

@@ -26,6 +26,7 @@ struct RecordingLoader {
   std::mutex mu;
   std::vector<std::string> loaded;  // Version directory names, in order.
   std::set<std::string> broken;
+  int runners_per_variant = 0;  // The last load's.
 
   absl::StatusOr<std::shared_ptr<LoadedVersion>> operator()(const std::string& directory,
                                                      const LoadOptions& options) {
@@ -33,6 +34,7 @@ struct RecordingLoader {
     {
       std::lock_guard<std::mutex> lock(mu);
       loaded.push_back(version);
+      runners_per_variant = options.runners_per_variant;
       if (broken.count(version)) {
         return absl::DataLossError(absl::StrCat("version ", version, " is broken"));
       }
@@ -257,6 +259,23 @@ TEST_F(RepositoryTest, ASequenceStateTheModelCannotKeepIsRefusedAtLoad) {
   WriteConfig(root_, "");
   ASSERT_TRUE(repository_->Load("mlp").ok());
   EXPECT_EQ(repository_->Get("mlp", "")->sequences, nullptr);
+}
+
+TEST_F(RepositoryTest, AConfigsInstanceGroupsSetTheInstancesOfEachVariant) {
+  ASSERT_TRUE(repository_->Load("mlp").ok());
+  EXPECT_EQ(loader_.runners_per_variant, 2) << "the server's --runners_per_variant";
+  WriteConfig(root_, "instance_group [{ count: 3 kind: KIND_CPU }, { count: 2 }]");
+  ASSERT_TRUE(repository_->Load("mlp").ok());
+  EXPECT_EQ(loader_.runners_per_variant, 5);
+  EXPECT_EQ(Served()->runners_per_variant(), 5);
+}
+
+TEST_F(RepositoryTest, InstancesOfAnotherKindOfDeviceThanTheArtifactsAreRefusedAtLoad) {
+  WriteConfig(root_, "instance_group { count: 2 kind: KIND_GPU }");
+  EXPECT_THAT(std::string(repository_->Load("mlp").status().message()),
+              HasSubstr("cannot be served as its config.pbtxt asks: instance_group asks for "
+                        "KIND_GPU instances, but the artifact was captured for the CPU"));
+  EXPECT_EQ(Served(), nullptr);
 }
 
 TEST_F(RepositoryTest, AConfigMaySetTheModelsOwnRequestTimeLimit) {

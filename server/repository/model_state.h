@@ -17,6 +17,15 @@ namespace precompile::server {
 struct BatchingConfig;  // server/scheduling/dynamic_batching.h
 struct SequenceConfig;  // server/scheduling/sequence_state.h
 
+// config.pbtxt's instance_group: how many instances of each variant run at
+// once (Triton's count, summed over the groups) and the device kind they
+// ask for.
+struct InstanceGroups {
+  enum class Kind { kAny, kCpu, kGpu };
+  int count = 0;  // 0: the server's --runners_per_variant.
+  Kind kind = Kind::kAny;
+};
+
 struct ModelState {
   enum class Phase { kUnavailable, kLoading, kReady, kUnloading };
   std::string name;
@@ -36,6 +45,7 @@ struct ModelState {
   std::shared_ptr<const BatchingConfig> batching;
   // The state its sequences keep (sequence_batching); null for none.
   std::shared_ptr<const SequenceConfig> sequences;
+  InstanceGroups instances;
   // Its last load failed and no version of it is served.
   bool failed = false;
 };
