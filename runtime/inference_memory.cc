@@ -25,6 +25,7 @@ constexpr size_t kHeader = 64;
 std::atomic<uint64_t> held_bytes{0};
 std::atomic<uint64_t> limit_bytes{0};
 std::atomic<uint64_t> refusals{0};
+std::atomic<bool> counting{false};  // Whether the counting allocator is installed.
 thread_local ChargedCall::Record* current_call = nullptr;
 
 void Free(void* data) {
@@ -90,9 +91,12 @@ class CountingCpuAllocator final : public c10::Allocator {
 
 void SetInferenceMemoryLimit(uint64_t limit) {
   static std::once_flag installed;
+  // Nothing to bound: libtorch's allocator stays (an operator's way out).
+  if (limit == 0 && !counting.load()) return;
   std::call_once(installed, [] {
     // Never destroyed: tensors freed at exit still reach it.
     c10::SetCPUAllocator(new CountingCpuAllocator(), /*priority=*/1);
+    counting.store(true);
   });
   limit_bytes.store(limit, std::memory_order_relaxed);
 }

@@ -31,9 +31,10 @@
 
 namespace precompile {
 
-// Routes libtorch's CPU allocations through the counter (the first call)
-// and sets the limit: 0 counts without refusing. Process-wide; tensors
-// allocated before the first call are not counted. Thread-safe.
+// Sets the limit, and with the first nonzero one routes libtorch's CPU
+// allocations through the counter (tensors allocated before are not
+// counted). 0 before that leaves libtorch's own allocator in place, counting
+// nothing; 0 after it counts without refusing. Process-wide. Thread-safe.
 void SetInferenceMemoryLimit(uint64_t limit_bytes);
 
 // Bytes of CPU tensors allocated inside ChargedCalls and not freed yet.

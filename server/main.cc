@@ -78,7 +78,7 @@ ABSL_FLAG(int64_t, sequence_state_bytes, int64_t{1} << 30,
 ABSL_FLAG(int64_t, max_inference_memory_bytes, int64_t{4} << 30,
           "Bytes of CPU tensors that model calls hold at once (intermediate buffers, outputs, "
           "what eager programs allocate); a call whose allocation would pass it gets "
-          "RESOURCE_EXHAUSTED (0: no limit)");
+          "RESOURCE_EXHAUSTED (0: no limit, and nothing counted)");
 ABSL_FLAG(int, inference_threads, 0,
           "Threads running inference requests; more wait in a queue (0: one per core "
           "the process may run on)");

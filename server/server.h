@@ -116,7 +116,9 @@ struct ServerOptions {
   // Bytes of CPU tensors that model calls hold at once: their intermediate
   // buffers, outputs and what eager programs allocate
   // (runtime/inference_memory.h). A call whose allocation would pass it
-  // gets RESOURCE_EXHAUSTED. Process-wide. 0: no limit. Default: 4 GiB.
+  // gets RESOURCE_EXHAUSTED. Process-wide. 0: no limit (libtorch's own
+  // allocator, nothing counted, unless another server of the process set
+  // one). Default: 4 GiB.
   int64_t max_inference_memory_bytes = int64_t{4} << 30;
   // Options for every model (runners, CUDA device, require_complete).
   LoadOptions load_options;
