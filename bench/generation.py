@@ -46,8 +46,8 @@ def _timed(client, model, inputs):
 
 def decode_ms(client, model, past):
     rng = np.random.default_rng(past)
-    inputs = [generate._input("input_ids", np.array([[5]], dtype=np.int64)),
-              generate._input("attention_mask", np.ones((1, past + 1), dtype=np.int64))]
+    inputs = generate.token_inputs(np.array([[5]], dtype=np.int64),
+                                   np.ones((1, past + 1), dtype=np.int64))
     shapes = {i.name: list(i.shape) for i in client.get_model_metadata(model).inputs}
     for name in generate.cache_outputs(client, model):
         shape = [past if s == -1 else s for s in shapes[name]]
@@ -63,13 +63,11 @@ def stateful_ms(client, model, past):
     for round_ in range(ROUNDS // 20):
         prompt = [int(t) for t in np.random.default_rng(round_).integers(0, 1000, past - 10)]
         ids = np.array([prompt], dtype=np.int64)
-        client.infer(model, [generate._input("input_ids", ids),
-                             generate._input("attention_mask", np.ones_like(ids))],
+        client.infer(model, generate.token_inputs(ids, np.ones_like(ids)),
                      sequence_id=1, sequence_start=True)
         for step in range(20):
-            inputs = [generate._input("input_ids", np.array([[5]], dtype=np.int64)),
-                      generate._input("attention_mask",
-                                      np.ones((1, past - 10 + step + 1), dtype=np.int64))]
+            inputs = generate.token_inputs(np.array([[5]], dtype=np.int64),
+                                           np.ones((1, past - 10 + step + 1), dtype=np.int64))
             start = time.perf_counter()
             client.infer(model, inputs, sequence_id=1, sequence_end=step == 19)
             times.append((time.perf_counter() - start) * 1e3)
@@ -78,7 +76,7 @@ def stateful_ms(client, model, past):
 
 def recompute_ms(client, model, length):
     ids = np.random.default_rng(length).integers(0, 1000, (1, length)).astype(np.int64)
-    inputs = [generate._input("input_ids", ids), generate._input("attention_mask", np.ones_like(ids))]
+    inputs = generate.token_inputs(ids, np.ones_like(ids))
     return statistics.median(_timed(client, model, inputs) for _ in range(ROUNDS))
 
 
@@ -87,8 +85,7 @@ def generate_recomputing(client, model, prompt, tokens):
     sequence = list(prompt)
     for _ in range(tokens):
         ids = np.array([sequence], dtype=np.int64)
-        result = client.infer(model, [generate._input("input_ids", ids),
-                                      generate._input("attention_mask", np.ones_like(ids))],
+        result = client.infer(model, generate.token_inputs(ids, np.ones_like(ids)),
                               outputs=[triton.InferRequestedOutput("logits")])
         sequence.append(int(np.argmax(result.as_numpy("logits")[0, -1])))
     return sequence[len(prompt):]

@@ -60,26 +60,66 @@ def cache_outputs(client: triton.InferenceServerClient, model: str) -> List[str]
     return [o.name for o in client.get_model_metadata(model).outputs if o.name.startswith(CACHE_PREFIX)]
 
 
+def position_ids(mask: np.ndarray, new: int) -> np.ndarray:
+    """The positions of the last `new` tokens, as generate() counts them from
+    the attention mask: a token's position is the number of real tokens
+    before it, so a left-padded prompt starts at 0 (padding gets 1)."""
+    positions = np.cumsum(mask, axis=1) - 1
+    positions[mask == 0] = 1
+    return positions[:, -new:]
+
+
+def left_padded(prompts: Sequence[Sequence[int]], pad: int) -> "tuple[np.ndarray, np.ndarray]":
+    """The prompts as one batch, shorter ones padded on the left (as
+    generate() expects of a decoder), and the attention mask."""
+    width = max(len(p) for p in prompts)
+    ids = np.asarray([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=np.int64)
+    mask = np.asarray([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=np.int64)
+    return ids, mask
+
+
+def _takes(client: triton.InferenceServerClient, model: str, name: str) -> bool:
+    return any(i.name == name for i in client.get_model_metadata(model).inputs)
+
+
+def token_inputs(ids: np.ndarray, mask: np.ndarray, positions: bool = True) -> List[triton.InferInput]:
+    """A step's new tokens `ids`, the mask of everything so far and, for a
+    model that takes them (`positions`), the new tokens' position_ids."""
+    inputs = [_input("input_ids", ids), _input("attention_mask", mask)]
+    if positions:
+        inputs.append(_input("position_ids", position_ids(mask, ids.shape[1])))
+    return inputs
+
+
+def generate_batch(client: triton.InferenceServerClient, model: str,
+                   prompts: Sequence[Sequence[int]], tokens: int, pad: int = 0) -> List[List[int]]:
+    """`tokens` tokens after each of `prompts`, greedily, one call per token
+    for the whole batch: the prompts left-padded with `pad`, each row's
+    positions counted from its own first token (a model with a
+    position_ids input gets them, as generate() passes them)."""
+    names = cache_outputs(client, model)
+    positions = _takes(client, model, "position_ids")
+    requested = [triton.InferRequestedOutput(name) for name in ["logits"] + names]
+    ids, mask = left_padded(prompts, pad)
+    cache: Dict[str, np.ndarray] = {}
+    out: List[List[int]] = [[] for _ in prompts]
+    for _ in range(tokens):
+        inputs = token_inputs(ids, mask, positions)
+        inputs += [_input(name, value) for name, value in cache.items()]
+        result = client.infer(model, inputs, outputs=requested)
+        chosen = np.argmax(result.as_numpy("logits")[:, -1], axis=-1).astype(np.int64)
+        for row, token in zip(out, chosen):
+            row.append(int(token))
+        cache = {name: result.as_numpy(name) for name in names}
+        ids = chosen[:, None]
+        mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
+    return out
+
+
 def generate(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
              tokens: int) -> List[int]:
     """`tokens` tokens after `prompt`, greedily, one call per token."""
-    names = cache_outputs(client, model)
-    requested = [triton.InferRequestedOutput(name) for name in ["logits"] + names]
-    ids = np.asarray([prompt], dtype=np.int64)
-    cache: Dict[str, np.ndarray] = {}
-    length = 0  # Positions the cache holds.
-    out: List[int] = []
-    for _ in range(tokens):
-        mask = np.ones((1, length + ids.shape[1]), dtype=np.int64)
-        inputs = [_input("input_ids", ids), _input("attention_mask", mask)]
-        inputs += [_input(name, value) for name, value in cache.items()]
-        result = client.infer(model, inputs, outputs=requested)
-        token = int(np.argmax(result.as_numpy("logits")[0, -1]))
-        out.append(token)
-        cache = {name: result.as_numpy(name) for name in names}
-        length = mask.shape[1]
-        ids = np.asarray([[token]], dtype=np.int64)
-    return out
+    return generate_batch(client, model, [prompt], tokens)[0]
 
 
 def generate_seq2seq(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
@@ -137,55 +177,68 @@ def _not_active(error: InferenceServerException) -> bool:
         "is not active" in (error.message() or "")
 
 
-def generate_stateful(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
-                      tokens: int, sequence_id: Union[int, str]) -> List[int]:
-    """As generate(), the cache kept by the server for sequence
+def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
+                            prompts: Sequence[Sequence[int]], tokens: int,
+                            sequence_id: Union[int, str], pad: int = 0) -> List[List[int]]:
+    """As generate_batch(), the batch's cache kept by the server for sequence
     `sequence_id`: started by the first call, ended by the last. A sequence
     the server no longer holds is started again with everything so far, the
-    prompt and the tokens generated, as the server's refusal says to."""
-    sequence = list(prompt)
-    length = 0  # Positions the server's cache holds.
+    prompts and the tokens generated, as the server's refusal says to."""
+    positions = _takes(client, model, "position_ids")
+    ids, mask = left_padded(prompts, pad)  # Everything so far.
+    held = 0  # Positions the server's cache holds.
+
     for step in range(tokens):
-        new = sequence[length:]
-        mask = np.ones((1, len(sequence)), dtype=np.int64)
-        inputs = [_input("input_ids", np.asarray([new], dtype=np.int64)),
-                  _input("attention_mask", mask)]
+        last = step == tokens - 1
         try:
-            result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=length == 0,
-                                  sequence_end=step == tokens - 1)
+            result = client.infer(model, token_inputs(ids[:, held:], mask, positions), sequence_id=sequence_id,
+                                  sequence_start=held == 0, sequence_end=last)
         except InferenceServerException as e:
-            if length == 0 or not _not_active(e):
+            if held == 0 or not _not_active(e):
                 raise
-            length = 0
-            inputs[0] = _input("input_ids", np.asarray([sequence], dtype=np.int64))
-            result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=True,
-                                  sequence_end=step == tokens - 1)
-        sequence.append(int(np.argmax(result.as_numpy("logits")[0, -1])))
-        length = len(sequence) - 1
-    return sequence[len(prompt):]
+            result = client.infer(model, token_inputs(ids, mask, positions), sequence_id=sequence_id,
+                                  sequence_start=True, sequence_end=last)
+        chosen = np.argmax(result.as_numpy("logits")[:, -1], axis=-1).astype(np.int64)
+        held = ids.shape[1]
+        ids = np.concatenate([ids, chosen[:, None]], axis=1)
+        mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
+    return [row[-tokens:].tolist() for row in ids] if tokens else [[] for _ in prompts]
+
+
+def generate_stateful(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
+                      tokens: int, sequence_id: Union[int, str]) -> List[int]:
+    """As generate(), the cache kept by the server for sequence `sequence_id`."""
+    return generate_stateful_batch(client, model, [prompt], tokens, sequence_id)[0]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--address", default="127.0.0.1:8001")
     parser.add_argument("--model", default="gpt2_decoder")
-    parser.add_argument("--prompt", default="17,4,99,250,3", help="token ids, comma-separated")
+    parser.add_argument("--prompt", default="17,4,99,250,3",
+                        help="token ids, comma-separated; several prompts (a decoder's batch, "
+                             "left-padded) separated by semicolons")
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--sequence_id", type=int, default=0,
                         help="a stateful model's sequence (a positive integer): the server "
                              "keeps the cache; 0: the cache is sent back and forth")
     args = parser.parse_args()
     client = triton.InferenceServerClient(args.address)
-    prompt = [int(t) for t in args.prompt.split(",")]
-    if is_encoder_decoder(client, args.model) and args.sequence_id:
-        tokens = generate_seq2seq_stateful(client, args.model, prompt, args.tokens, args.sequence_id)
-    elif is_encoder_decoder(client, args.model):
-        tokens = generate_seq2seq(client, args.model, prompt, args.tokens)
+    prompts = [[int(t) for t in p.split(",")] for p in args.prompt.split(";")]
+    if is_encoder_decoder(client, args.model):
+        if len(prompts) > 1:
+            parser.error("an encoder-decoder generates for one prompt at a time")
+        if args.sequence_id:
+            tokens = [generate_seq2seq_stateful(client, args.model, prompts[0], args.tokens,
+                                                args.sequence_id)]
+        else:
+            tokens = [generate_seq2seq(client, args.model, prompts[0], args.tokens)]
     elif args.sequence_id:
-        tokens = generate_stateful(client, args.model, prompt, args.tokens, args.sequence_id)
+        tokens = generate_stateful_batch(client, args.model, prompts, args.tokens, args.sequence_id)
     else:
-        tokens = generate(client, args.model, prompt, args.tokens)
-    print(",".join(str(t) for t in tokens))
+        tokens = generate_batch(client, args.model, prompts, args.tokens)
+    for row in tokens:
+        print(",".join(str(t) for t in row))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,28 @@ def test_generated_tokens_equal_model_generate(client, model):
     assert generate.generate(client, model, PROMPT, 20) == _in_process(PROMPT, 20, model)
 
 
+# Prompts of different lengths in one batch: left-padded to the longest.
+BATCH = [PROMPT, [5, 6], [7, 8, 9, 10]]
+
+
+def _in_process_batch(prompts, tokens, model):
+    ids, mask = generate.left_padded(prompts, 0)
+    with torch.no_grad():
+        out = FACTORIES[model]().generate(
+            torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=tokens,
+            do_sample=False, pad_token_id=0)
+    return out[:, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("model", sorted(FACTORIES))
+def test_a_batch_of_prompts_generates_as_model_generate_does(client, model):
+    # One call per token for the whole batch; each row's positions count
+    # from its own first token, as generate() passes them.
+    assert generate.generate_batch(client, model, BATCH, 12) == _in_process_batch(BATCH, 12, model)
+    assert generate.generate_batch(client, model, BATCH[1:], 4) == \
+        _in_process_batch(BATCH[1:], 4, model)
+
+
 @pytest.mark.parametrize("model", sorted(FACTORIES))
 def test_a_one_token_prompt_generates_as_model_generate_does(client, model):
     # Its own static prefill variant, then a cache of one position.
@@ -73,7 +95,7 @@ def test_each_step_scores_the_sequence_as_the_whole_sequence_does(client, model)
     cache, steps = {}, []
     for end in range(6, len(sequence) + 1):
         ids = np.array([sequence[:end] if not cache else sequence[end - 1:end]], dtype=np.int64)
-        inputs = [generate._input("input_ids", ids), generate._input("attention_mask", np.ones((1, end), dtype=np.int64))]
+        inputs = generate.token_inputs(ids, np.ones((1, end), dtype=np.int64))
         inputs += [generate._input(n, v) for n, v in cache.items()]
         result = client.infer(model, inputs, outputs=requested)
         steps.append(result.as_numpy("logits")[0, -1])
@@ -90,15 +112,15 @@ def test_cache_is_served_by_name_in_metadata(client):
     assert generate.cache_outputs(client, MODEL) == cache
     inputs = {i.name: list(i.shape) for i in meta.inputs}
     for name in cache:
-        assert inputs[name] == [1, HEADS, -1, HEAD_DIM]
+        assert inputs[name] == [-1, HEADS, -1, HEAD_DIM]  # A batch of one or more.
 
 
 def _decode(client, past, mask_length, lengths=None, leave_out=()):
     """One decode call with a random cache of `past` positions (per leaf
     `lengths` instead), `mask_length` mask positions."""
     rng = np.random.default_rng(0)
-    inputs = [generate._input("input_ids", np.array([[5]], dtype=np.int64)),
-              generate._input("attention_mask", np.ones((1, mask_length), dtype=np.int64))]
+    inputs = generate.token_inputs(np.array([[5]], dtype=np.int64),
+                                   np.ones((1, mask_length), dtype=np.int64))
     for name in generate.cache_outputs(client, MODEL):
         if name in leave_out:
             continue
@@ -110,7 +132,7 @@ def _decode(client, past, mask_length, lengths=None, leave_out=()):
 def _refusal(call):
     with pytest.raises(InferenceServerException) as e:
         call()
-    assert e.value.status() == "StatusCode.FAILED_PRECONDITION", e.value
+    assert e.value.status() == "StatusCode.FAILED_PRECONDITION", e.value.message()
     return e.value.message()
 
 
@@ -127,8 +149,11 @@ def test_a_cache_that_does_not_fit_the_call_is_refused_naming_the_input(client):
     assert "past_key_values.key_cache.1" in message
     # Positions past the model's 128 (its position table) are refused, not read.
     assert _decode(client, 127, 128).as_numpy("logits").shape == (1, 1, 1000)
-    message = _refusal(lambda: _decode(client, 128, 129))
-    assert "past_key_values.key_cache.0.size(2): expected" in message and "got 128" in message
+    with pytest.raises(InferenceServerException) as e:
+        _decode(client, 128, 129)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT", e.value.message()
+    assert ("argument 'position_ids' holds 128 at flat index 0, but the model uses its values as "
+            "indices into a table: each must be in [0, 128)") in e.value.message()
     # And the server goes on serving.
     assert generate.generate(client, MODEL, PROMPT[:5], 2) == _in_process(PROMPT[:5], 2)
 
@@ -221,8 +246,7 @@ def _step(client, model, ids, past, sequence_id, start=False, end=False, **kwarg
     """One request of sequence `sequence_id`: token ids after `past`
     positions the server holds; the last position's logits."""
     ids = np.asarray([ids], dtype=np.int64)
-    inputs = [generate._input("input_ids", ids),
-              generate._input("attention_mask", np.ones((1, past + ids.shape[1]), dtype=np.int64))]
+    inputs = generate.token_inputs(ids, np.ones((1, past + ids.shape[1]), dtype=np.int64))
     result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=start,
                           sequence_end=end, **kwargs)
     # The cache stays on the server.
@@ -247,6 +271,13 @@ def test_stateful_generation_equals_model_generate(client, model):
 
 
 @pytest.mark.parametrize("model", sorted(STATEFUL))
+def test_a_stateful_batch_generates_as_model_generate_does(client, model):
+    # A sequence's state is the whole batch's cache.
+    assert generate.generate_stateful_batch(client, STATEFUL[model], BATCH, 12, sequence_id=13) == \
+        _in_process_batch(BATCH, 12, model)
+
+
+@pytest.mark.parametrize("model", sorted(STATEFUL))
 def test_each_stateful_step_scores_the_sequence_as_the_whole_sequence_does(client, model):
     # As the stateless test above: every step's logits, the cache held by
     # the server, equal those of the whole sequence run at once.
@@ -266,8 +297,9 @@ def test_sequences_over_http_as_over_grpc(server):
 
     def step(ids, past, **sequence):
         inputs = []
-        for name, value in (("input_ids", np.array([ids], dtype=np.int64)),
-                            ("attention_mask", np.ones((1, past + len(ids)), dtype=np.int64))):
+        mask = np.ones((1, past + len(ids)), dtype=np.int64)
+        for name, value in (("input_ids", np.array([ids], dtype=np.int64)), ("attention_mask", mask),
+                            ("position_ids", generate.position_ids(mask, len(ids)))):
             inputs.append(triton_http.InferInput(name, list(value.shape), "INT64"))
             inputs[-1].set_data_from_numpy(value)
         return client.infer(STATEFUL[MODEL], inputs, **sequence).as_numpy("logits")[0, -1]
@@ -351,18 +383,17 @@ def test_a_failed_step_leaves_the_sequence_as_it_was(client):
 def test_the_cache_of_a_stateful_model_is_the_servers_alone(client):
     model = STATEFUL[MODEL]
     meta = client.get_model_metadata(model)
-    assert [i.name for i in meta.inputs] == ["input_ids", "attention_mask"]
+    assert [i.name for i in meta.inputs] == ["input_ids", "attention_mask", "position_ids"]
     assert [o.name for o in meta.outputs] == ["logits"]
     config = client.get_model_config(model).config
     assert [s.input_name for s in config.sequence_batching.state] == STATE
     assert [s.output_name for s in config.sequence_batching.state] == STATE
-    assert list(config.sequence_batching.state[0].dims) == [1, HEADS, -1, HEAD_DIM]
+    assert list(config.sequence_batching.state[0].dims) == [-1, HEADS, -1, HEAD_DIM]
     assert config.sequence_batching.max_sequence_idle_microseconds == 60_000_000
     _step(client, model, PROMPT, 0, 41, start=True)
     cache = generate._input(STATE[0], np.zeros((1, HEADS, 6, HEAD_DIM), dtype=np.float32))
     message = _refused(lambda: client.infer(
-        model, [generate._input("input_ids", np.array([[5]])),
-                generate._input("attention_mask", np.ones((1, 7), dtype=np.int64)), cache],
+        model, generate.token_inputs(np.array([[5]]), np.ones((1, 7), dtype=np.int64)) + [cache],
         sequence_id=41), "INVALID_ARGUMENT")
     assert f"input '{STATE[0]}' of model 'gpt2_decoder_stateful' is its sequences' state" in message
     message = _refused(lambda: _step(client, model, [5], 6, 41,
@@ -450,6 +481,9 @@ class _EvictsAfter:
 
     def __init__(self, client, calls):
         self._client, self._calls = client, calls
+
+    def get_model_metadata(self, model):
+        return self._client.get_model_metadata(model)
 
     def infer(self, *args, **kwargs):
         result = self._client.infer(*args, **kwargs)

@@ -127,19 +127,22 @@ def test_the_readme_calls_answer(served):
 
 
 def test_the_readme_generation_prints_the_tokens(served):
-    # The cache sent back and forth, then kept by the server: the same tokens.
+    # The cache sent back and forth, then kept by the server: the same tokens;
+    # then a batch of two prompts, the first the same: its row the same again.
     await_ready(served, "gpt2_decoder_stateful", timeout=1800)
     commands = shell_commands(readme_block("Generate with the gallery's decoder", "sh"))
-    assert len(commands) == 2, commands
+    assert len(commands) == 3, commands
     printed = []
     for command in commands:
         run = subprocess.run(["bash", "-o", "pipefail", "-c", on_test_ports(command, served)],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
-        tokens = run.stdout.strip().split(",")
-        assert len(tokens) == 8 and all(0 <= int(t) < 1000 for t in tokens), run.stdout
-        printed.append(tokens)
-    assert printed[0] == printed[1]
+        rows = [line.split(",") for line in run.stdout.strip().splitlines()]
+        assert all(len(tokens) == 8 and all(0 <= int(t) < 1000 for t in tokens) for tokens in rows), (
+            run.stdout)
+        printed.append(rows)
+    assert [len(rows) for rows in printed] == [1, 1, 2]
+    assert printed[0] == printed[1] == printed[2][:1]
 
 
 def test_the_readme_python_client_prints_what_the_readme_says(served):
