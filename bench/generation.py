@@ -14,7 +14,9 @@ each:
   each; sent back and forth, a decode call with a cache of PAST positions;
   recomputing, a prefill call of PAST + 1 tokens;
 - tokens per second with SEQUENCES concurrent generations of TOKENS tokens
-  after a 16-token prompt, each on its own connection, all three ways.
+  after a 16-token prompt, each on its own connection, all three ways; and
+  the same prompts as one batch of SEQUENCES rows in one sequence kept by
+  the server (one call per token for all of them).
 
 Prints a Markdown table; writes the numbers as JSON to argv[2].
 """
@@ -50,7 +52,7 @@ def decode_ms(client, model, past):
                                    np.ones((1, past + 1), dtype=np.int64))
     shapes = {i.name: list(i.shape) for i in client.get_model_metadata(model).inputs}
     for name in generate.cache_outputs(client, model):
-        shape = [past if s == -1 else s for s in shapes[name]]
+        shape = [1] + [past if s == -1 else s for s in shapes[name][1:]]  # A batch of 1.
         inputs.append(generate._input(name, rng.standard_normal(shape).astype(np.float32)))
     return statistics.median(_timed(client, model, inputs) for _ in range(ROUNDS))
 
@@ -99,6 +101,10 @@ WAYS = {
 }
 
 
+# The prompts of all sequences as one batch, kept by the server.
+BATCHED = "one batch, kept by the server"
+
+
 def tokens_per_second(model, sequences, way):
     clients = [triton.InferenceServerClient(ADDRESS) for _ in range(sequences)]
     with concurrent.futures.ThreadPoolExecutor(sequences) as pool:
@@ -106,6 +112,16 @@ def tokens_per_second(model, sequences, way):
         done = list(pool.map(lambda i: WAYS[way](clients[i], model, i), range(sequences)))
         seconds = time.perf_counter() - start
     return sum(len(tokens) for tokens in done) / seconds
+
+
+def batch_tokens_per_second(model, rows):
+    """The same prompts as one batch of `rows`, one sequence kept by the
+    server: one call per token for all of them."""
+    client = triton.InferenceServerClient(ADDRESS)
+    start = time.perf_counter()
+    done = generate.generate_stateful_batch(client, f"{model}_stateful", [PROMPT] * rows, TOKENS,
+                                            sequence_id=1000 + rows)
+    return sum(len(tokens) for tokens in done) / (time.perf_counter() - start)
 
 
 def main():
@@ -125,12 +141,14 @@ def main():
                 "kept": kept, "cache": cached, "recompute": recomputed}
             print(f"| {model} | {past} | {kept:.3f} | {cached:.3f} | {recomputed:.3f} |")
     print()
+    ways = list(WAYS) + [BATCHED]
     print(f"| model | concurrent sequences | tokens/s ({TOKENS} tokens each after 16): "
-          + " | ".join(WAYS) + " |")
-    print("|---|---|" + "---|" * len(WAYS))
+          + " | ".join(ways) + " |")
+    print("|---|---|" + "---|" * len(ways))
     for model in PASTS:
         for sequences in (1, 8, 64):
             rates = {way: tokens_per_second(model, sequences, way) for way in WAYS}
+            rates[BATCHED] = batch_tokens_per_second(model, sequences)
             results[model]["tokens_per_second"][sequences] = rates
             print(f"| {model} | {sequences} | "
                   + " | ".join(f"{rate:.0f}" for rate in rates.values()) + " |")
