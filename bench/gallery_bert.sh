@@ -12,8 +12,9 @@
 # runs on $CLIENT_CPUS. ROUNDS rounds (3) of each at concurrency 1 and 8, the
 # median kept; results and a summary.md under $OUT.
 #
-# Environment: OUT, ROUNDS (3), DURATION (recorded seconds per phase, 3),
-# SERVER_CPUS (1), CLIENT_CPUS (0), PORT (28101), BUILD (1), BAZEL (bazel).
+# Environment: OUT, ARTIFACT (the gallery's bert), ROUNDS (3), DURATION
+# (recorded seconds per phase, 3), SERVER_CPUS (1), CLIENT_CPUS (0), PORT
+# (28101), BUILD (1), BAZEL (bazel).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,7 +35,7 @@ if [[ "${BUILD:-1}" == 1 ]]; then
   ${BAZEL:-bazel} build --config=opt //server:precompile_server //client:precompile_load \
     //bench:aoti_direct_bench //gallery:bert
 fi
-ARTIFACT="$BIN/gallery/bert"
+ARTIFACT=${ARTIFACT:-$BIN/gallery/bert}
 REPO="$OUT/repository"
 rm -rf "$REPO"
 mkdir -p "$REPO/bert"

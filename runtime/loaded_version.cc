@@ -33,6 +33,7 @@
 #include "runtime/miss_log.h"
 #include "runtime/torch_dtype.h"
 #include "runtime/torch_errors.h"
+#include "runtime/torch_threads.h"
 #include "runtime/size_program.h"
 #include "runtime/variant.h"
 
@@ -605,6 +606,7 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
                    BindArguments(*impl.entry->proto, impl.options.name, args, impl.device));
 
   const ChargedCall charged;
+  UseTorchThreadsOnThisThread();
   c10::InferenceMode inference_mode;
   const CallContext* previous_context = Impl::context;
   Impl::context = &call_context;

@@ -4,9 +4,22 @@
 
 namespace precompile {
 
-// Threads one torch operation may use (torch's intra-op pool). Call before
-// the first model call. REQUIRES: threads >= 1.
+// Threads one torch operation may use (torch's intra-op pool, and the
+// OpenMP threads of the compiled kernels a model call runs: see
+// UseTorchThreadsOnThisThread). Call before the first model call.
+// REQUIRES: threads >= 1.
 void SetTorchThreads(int threads);
+
+// Gives the calling thread the OpenMP thread count SetTorchThreads set (if
+// it was called), once per thread. OpenMP keeps that count per thread, and
+// libtorch applies it only inside its own operators: a compiled kernel's
+// `#pragma omp parallel` on a thread that never ran one would take as many
+// threads as the process has cores. LoadedVersion::Call calls it.
+void UseTorchThreadsOnThisThread();
+
+// The cores this process may run on (its CPU affinity: taskset, cpusets),
+// not the machine's; at least 1.
+int UsableCores();
 
 }  // namespace precompile
 

@@ -109,7 +109,9 @@ ABSL_FLAG(int, grpc_answer_timeout_seconds, 60,
 ABSL_FLAG(int, grpc_max_pollers, 64,
           "Threads kept waiting for the synchronous gRPC calls (all but ModelInfer) "
           "between bursts (0: gRPC's default of 2)");
-ABSL_FLAG(int, torch_threads, 0, "Threads per torch operation (0: torch's default)");
+ABSL_FLAG(int, torch_threads, 0,
+          "Threads per torch operation and per compiled kernel of a model call (0: the cores "
+          "the process may run on)");
 ABSL_FLAG(int, runners_per_variant, 2,
           "Instances of each compiled variant that run at once");
 ABSL_FLAG(std::vector<std::string>, op_library, {},
@@ -331,9 +333,10 @@ int main(int argc, char** argv) {
     }
     spdlog::info("event=op_library_loaded path={}", library);
   }
-  if (absl::GetFlag(FLAGS_torch_threads) > 0) {
-    precompile::SetTorchThreads(absl::GetFlag(FLAGS_torch_threads));
-  }
+  // Every model call's thread gets this count (runtime/torch_threads.h),
+  // never the capture machine's.
+  const int torch_threads = absl::GetFlag(FLAGS_torch_threads);
+  precompile::SetTorchThreads(torch_threads > 0 ? torch_threads : precompile::UsableCores());
 
   auto server = precompile::server::Server::Start(*std::move(options));
   if (!server.ok()) return Fail(std::string(server.status().message()));

@@ -18,6 +18,7 @@
 #include "base/log_text.h"
 #include "runtime/device_health.h"
 #include "runtime/inference_memory.h"
+#include "runtime/torch_threads.h"
 
 namespace precompile::server {
 namespace {
@@ -60,13 +61,6 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(ssl);
-}
-
-// The cores this process may run on (taskset, cpusets), not the machine's.
-int UsableCores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 }  // namespace

@@ -35,6 +35,15 @@ _DETAIL_LINES = 6
 _DETAIL_CHARS = 1500
 
 
+# Threads are the serving machine's, not this one's: without dynamic_threads
+# Inductor writes `#pragma omp parallel num_threads(N)`, N the capture
+# machine's cores, into every parallel kernel, which oversubscribes a server
+# given fewer cores (the gallery's BERT ran 1.6x slower on one core) and
+# leaves a larger one's idle. With it each kernel takes the OpenMP threads of
+# the thread that runs it, which the server sets (--torch_threads).
+AOTI_CONFIGS = {"cpp.dynamic_threads": True}
+
+
 class Fallback(Exception):
     """Dynamo gives up on the frame for `cause`."""
 
@@ -327,7 +336,8 @@ class VariantCompiler:
         start = time.monotonic()
         try:
             with self._outside_capture(), quiet():
-                torch._inductor.aoti_compile_and_package(ep, package_path=package)
+                torch._inductor.aoti_compile_and_package(
+                    ep, package_path=package, inductor_configs=AOTI_CONFIGS)
         except Exception as e:  # noqa: BLE001
             for inner in _cause_chain(e):
                 if isinstance(inner, dynamo_exc.SkipFrame):

@@ -8,11 +8,13 @@ variant's guards), so a variant compiled for the example calls has to
 generalise.
 """
 
+import zipfile
+
 import grpc
 import numpy as np
 import pytest
 import torch
-from conftest import eager, tokens
+from conftest import ROOT, eager, tokens
 
 from gallery import models
 from proto import inference_pb2, inference_pb2_grpc
@@ -195,3 +197,19 @@ def test_a_python_loop_past_the_request_limit_ends_and_the_server_goes_on(stub):
     want = eager(models.make_bert_recentering, input_ids=torch.from_numpy(ids),
                  attention_mask=torch.from_numpy(mask), recenter_steps=1)
     np.testing.assert_allclose(got["output0"], want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_kernels_take_the_serving_threads_not_the_capture_machines():
+    # `num_threads(N)` in a kernel would run N OpenMP threads (N this
+    # machine's cores at capture time) whatever cores the server is given.
+    packages = sorted((ROOT / "gallery" / "bert" / "frames").resolve().glob("*/*.pt2"))
+    assert packages
+    parallel = 0
+    for package in packages:
+        with zipfile.ZipFile(package) as archive:
+            for name in archive.namelist():
+                if name.endswith(".cpp"):
+                    code = archive.read(name).decode()
+                    parallel += code.count("#pragma omp parallel")
+                    assert "omp parallel num_threads(" not in code, f"{package.name}: {name}"
+    assert parallel > 0, "BERT's kernels have parallel loops"
