@@ -17,10 +17,6 @@ void SetTorchThreads(int threads);
 // threads as the process has cores. LoadedVersion::Call calls it.
 void UseTorchThreadsOnThisThread();
 
-// The cores this process may run on (its CPU affinity: taskset, cpusets),
-// not the machine's; at least 1.
-int UsableCores();
-
 }  // namespace precompile
 
 #endif  // PRECOMPILE_RUNTIME_TORCH_THREADS_H_

@@ -3,9 +3,10 @@
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <sched.h>
 
 #include <thread>
+
+#include "base/usable_cores.h"
 
 namespace precompile {
 namespace {
@@ -32,21 +33,6 @@ TEST(TorchThreads, AThreadThatRunsAModelCallTakesTheCountSet) {
   EXPECT_NE(before, count) << "a new thread starts with OpenMP's own default";
   EXPECT_EQ(after, count);
   EXPECT_EQ(again, count);
-}
-
-TEST(TorchThreads, UsableCoresAreTheAffinitys) {
-  int cores = 0;
-  std::thread([&] {
-    cpu_set_t set;
-    ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
-    int first = 0;
-    while (!CPU_ISSET(first, &set)) ++first;
-    CPU_ZERO(&set);
-    CPU_SET(first, &set);
-    ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);  // This thread only.
-    cores = UsableCores();
-  }).join();
-  EXPECT_EQ(cores, 1);
 }
 
 }  // namespace

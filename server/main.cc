@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/usable_cores.h"
 #include "runtime/torch_threads.h"
 #include "server/api/control_access.h"
 #include "server/server.h"
@@ -81,7 +82,7 @@ ABSL_FLAG(int64_t, max_inference_memory_bytes, int64_t{4} << 30,
           "RESOURCE_EXHAUSTED (0: no limit, and nothing counted)");
 ABSL_FLAG(int, inference_threads, 0,
           "Threads running inference requests; more wait in a queue (0: one per core "
-          "the process may run on)");
+          "the process may use, as --torch_threads counts them)");
 ABSL_FLAG(int, inference_pollers, 0,
           "Threads taking inference requests from gRPC, more than --inference_threads; "
           "each runs what it took while a slot is free (0: 2 * inference_threads + 2)");
@@ -111,7 +112,7 @@ ABSL_FLAG(int, grpc_max_pollers, 64,
           "between bursts (0: gRPC's default of 2)");
 ABSL_FLAG(int, torch_threads, 0,
           "Threads per torch operation and per compiled kernel of a model call (0: the cores "
-          "the process may run on)");
+          "the process may use: its CPU affinity, and its cgroup's CPU quota rounded up)");
 ABSL_FLAG(int, runners_per_variant, 2,
           "Instances of each compiled variant that run at once");
 ABSL_FLAG(std::vector<std::string>, op_library, {},
@@ -335,8 +336,11 @@ int main(int argc, char** argv) {
   }
   // Every model call's thread gets this count (runtime/torch_threads.h),
   // never the capture machine's.
-  const int torch_threads = absl::GetFlag(FLAGS_torch_threads);
-  precompile::SetTorchThreads(torch_threads > 0 ? torch_threads : precompile::UsableCores());
+  const int usable_cores = precompile::UsableCores();
+  const int torch_threads =
+      absl::GetFlag(FLAGS_torch_threads) > 0 ? absl::GetFlag(FLAGS_torch_threads) : usable_cores;
+  precompile::SetTorchThreads(torch_threads);
+  spdlog::info("event=cpu usable_cores={} torch_threads={}", usable_cores, torch_threads);
 
   auto server = precompile::server::Server::Start(*std::move(options));
   if (!server.ok()) return Fail(std::string(server.status().message()));

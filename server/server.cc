@@ -16,9 +16,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/log_text.h"
+#include "base/usable_cores.h"
 #include "runtime/device_health.h"
 #include "runtime/inference_memory.h"
-#include "runtime/torch_threads.h"
 
 namespace precompile::server {
 namespace {

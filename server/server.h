@@ -67,7 +67,7 @@ struct ServerOptions {
   int64_t max_in_flight_request_bytes = int64_t{1} << 30;
   // Threads running inference requests (model calls); more requests wait in
   // a queue, up to max_concurrent_requests in all. 0: one per core this
-  // process may run on.
+  // process may use (base/usable_cores.h: affinity and cgroup CPU quota).
   int inference_threads = 0;
   // Threads taking inference requests from gRPC; each runs the request it
   // took while fewer than inference_threads run. More than

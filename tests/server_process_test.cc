@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <regex>
 #include <string>
@@ -321,6 +323,28 @@ TEST(ServerProcess, WarnsAtStartWhenControlNeedsNoToken) {
   EXPECT_THAT(server.output(), HasSubstr("warning event=unauthenticated_control"));
   server.Signal(SIGTERM);
   EXPECT_EQ(server.Wait(), 0);
+}
+
+TEST(ServerProcess, ThreadsDefaultToTheCoresTheProcessMayRunOn) {
+  // Started from a thread pinned to one core, the server inherits that
+  // affinity: its torch threads follow it, not the machine's core count.
+  std::unique_ptr<ServerProcess> server;
+  std::thread([&] {
+    cpu_set_t set;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+    int first = 0;
+    while (!CPU_ISSET(first, &set)) ++first;
+    CPU_ZERO(&set);
+    CPU_SET(first, &set);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);  // This thread only.
+    server = std::make_unique<ServerProcess>(Flags(testing::ExampleRepository({"mlp"}), 5, 0));
+  }).join();
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->AwaitOutput("event=cpu usable_cores=(\\d+)", absl::Seconds(60)), "1");
+  EXPECT_THAT(server->output(), HasSubstr("usable_cores=1 torch_threads=1"));
+  server->AwaitOutput("event=ready", absl::Seconds(60));
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->Wait(), 0);
 }
 
 // tests/gate: a model whose variant calls precompile_test::gate, which holds

@@ -1,0 +1,138 @@
+// Thread pools are sized by the CPU the process may use: its affinity and
+// the quota of its cgroups, as a container's CPU limit sets them.
+#include "base/usable_cores.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <map>
+#include <thread>
+
+namespace precompile {
+namespace {
+
+// Mount tables as a Kubernetes node shows them to a container.
+constexpr char kV2Mounts[] =
+    "25 30 0:22 / /proc rw,nosuid - proc proc rw\n"
+    "30 25 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup rw\n";
+constexpr char kV1Mounts[] =
+    "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+    "34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset\n"
+    "33 31 0:30 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro,nosuid shared:9 - cgroup cgroup "
+    "rw,cpu,cpuacct\n";
+
+struct Files {
+  std::map<std::string, std::string> text;
+  CgroupFileReader reader() const {
+    return [this](const std::string& path) -> std::optional<std::string> {
+      auto it = text.find(path);
+      if (it == text.end()) return std::nullopt;
+      return it->second;
+    };
+  }
+};
+
+TEST(CgroupCpuQuota, ACgroupV2LimitIsItsQuotaOverItsPeriod) {
+  Files files{{{"/sys/fs/cgroup/cpu.max", "150000 100000\n"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores("0::/\n", kV2Mounts, files.reader()), 1.5);
+  files.text["/sys/fs/cgroup/cpu.max"] = "max 100000\n";
+  EXPECT_EQ(CgroupCpuQuotaCores("0::/\n", kV2Mounts, files.reader()), std::nullopt);
+}
+
+TEST(CgroupCpuQuota, AnAncestorsSmallerLimitHolds) {
+  Files files{{{"/sys/fs/cgroup/kubepods/pod1/c1/cpu.max", "max 100000"},
+               {"/sys/fs/cgroup/kubepods/pod1/cpu.max", "50000 100000"},
+               {"/sys/fs/cgroup/kubepods/cpu.max", "400000 100000"},
+               {"/sys/fs/cgroup/cpu.max", "max 100000"}}};
+  // Lines of v1 hierarchies before it (a hybrid host's) are not v2's.
+  EXPECT_EQ(CgroupCpuQuotaCores("1:name=systemd:/x\n0::/kubepods/pod1/c1\n", kV2Mounts,
+                                files.reader()),
+            0.5);
+  // The leaf's own, smaller still.
+  files.text["/sys/fs/cgroup/kubepods/pod1/c1/cpu.max"] = "25000 100000";
+  EXPECT_EQ(CgroupCpuQuotaCores("0::/kubepods/pod1/c1\n", kV2Mounts, files.reader()), 0.25);
+}
+
+TEST(CgroupCpuQuota, ACgroupV1ControllerMountedAsASubtree) {
+  // Docker on cgroup v1: the container sees its own cgroup mounted, and its
+  // path relative to that mount's root.
+  const char cgroup[] = "5:cpuset:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/docker/abc\n";
+  Files files{{{"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "200000\n"},
+               {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores(cgroup, kV1Mounts, files.reader()), 2.0);
+  files.text["/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"] = "-1\n";
+  EXPECT_EQ(CgroupCpuQuotaCores(cgroup, kV1Mounts, files.reader()), std::nullopt);
+}
+
+TEST(CgroupCpuQuota, ACgroupBelowASubtreeMountIsFoundBelowItsMountPoint) {
+  const char mounts[] = "33 31 0:30 /kubepods/pod1 /cg - cgroup2 cgroup2 rw\n";
+  Files files{{{"/cg/c1/cpu.max", "50000 100000"}, {"/cg/cpu.max", "max 100000"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores("0::/kubepods/pod1/c1\n", mounts, files.reader()), 0.5);
+}
+
+TEST(CgroupCpuQuota, TheCpuControllersCgroupNotAnotherControllers) {
+  const char mounts[] =
+      "34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n"
+      "33 31 0:30 /pod1 /sys/fs/cgroup/cpu ro - cgroup cgroup rw,cpu\n";
+  Files files{{{"/sys/fs/cgroup/cpu/c1/cpu.cfs_quota_us", "50000"},
+               {"/sys/fs/cgroup/cpu/c1/cpu.cfs_period_us", "100000"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores("5:cpuset:/elsewhere\n4:cpu:/pod1/c1\n", mounts, files.reader()),
+            0.5);
+}
+
+TEST(CgroupCpuQuota, ACgroupPathTheMountDoesNotHoldFallsBackToTheMountsOwnLimit) {
+  // A container without its own cgroup namespace: /proc/self/cgroup names
+  // the host's path, which its mount (of its own cgroup, at root "/") lacks.
+  Files files{{{"/sys/fs/cgroup/cpu.max", "100000 100000"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores("0::/system.slice/docker-abc.scope\n", kV2Mounts, files.reader()),
+            1.0);
+}
+
+TEST(CgroupCpuQuota, APathThatOnlySharesAPrefixWithTheMountRootIsNotBelowIt) {
+  const char mounts[] = "33 31 0:30 /a/b /cg - cgroup2 cgroup2 rw\n";
+  Files files{{{"/cg/a/bc/cpu.max", "300000 100000"}, {"/cg/cpu.max", "max 100000"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores("0::/a/bc\n", mounts, files.reader()), 3.0);
+}
+
+TEST(CgroupCpuQuota, BothHierarchiesTheSmallerHolds) {
+  const std::string mounts = std::string(kV1Mounts) +
+                             "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+  const char cgroup[] = "4:cpu,cpuacct:/docker/abc\n0::/\n";
+  Files files{{{"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "300000"},
+               {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000"},
+               {"/sys/fs/cgroup/unified/cpu.max", "100000 100000"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores(cgroup, mounts, files.reader()), 1.0);
+  files.text["/sys/fs/cgroup/unified/cpu.max"] = "500000 100000";
+  EXPECT_EQ(CgroupCpuQuotaCores(cgroup, mounts, files.reader()), 3.0);
+}
+
+TEST(CgroupCpuQuota, NoLimitWhereTheFilesAreMissingOrUnreadable) {
+  Files none;
+  EXPECT_EQ(CgroupCpuQuotaCores("0::/\n", kV2Mounts, none.reader()), std::nullopt);
+  EXPECT_EQ(CgroupCpuQuotaCores("", "", none.reader()), std::nullopt);
+  EXPECT_EQ(CgroupCpuQuotaCores("garbage", "- - -\n1 2 3\n", none.reader()), std::nullopt);
+  Files garbled{{{"/sys/fs/cgroup/cpu.max", "lots 100000"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores("0::/\n", kV2Mounts, garbled.reader()), std::nullopt);
+  Files zero_period{{{"/sys/fs/cgroup/cpu.max", "100000 0"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores("0::/\n", kV2Mounts, zero_period.reader()), std::nullopt);
+  Files relative{{{"/sys/fs/cgroup/cpu.max", "100000 100000"}}};
+  EXPECT_EQ(CgroupCpuQuotaCores("0::relative\n", kV2Mounts, relative.reader()), 1.0);
+}
+
+TEST(UsableCores, TheAffinitysCoresBound) {
+  int cores = 0;
+  std::thread([&] {
+    cpu_set_t set;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+    int first = 0;
+    while (!CPU_ISSET(first, &set)) ++first;
+    CPU_ZERO(&set);
+    CPU_SET(first, &set);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);  // This thread only.
+    cores = UsableCores();
+  }).join();
+  EXPECT_EQ(cores, 1);
+}
+
+}  // namespace
+}  // namespace precompile
