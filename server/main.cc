@@ -4,8 +4,11 @@
 #include <dlfcn.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/rate_limited_lines.h"
 #include "base/usable_cores.h"
 #include "runtime/torch_threads.h"
 #include "server/api/control_access.h"
@@ -315,6 +319,18 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+  // What libtorch and AOTInductor write themselves (std::cerr) goes out at a
+  // bounded rate: AOTInductor writes two lines for every call that fails
+  // inside a model, as fast as clients make calls fail. Never destroyed: a
+  // library may still write while the process exits.
+  std::cerr.rdbuf(new precompile::RateLimitedLines({}, [](absl::string_view line) {
+    while (!line.empty()) {
+      const ssize_t written = write(STDERR_FILENO, line.data(), line.size());
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) return;
+      line.remove_prefix(static_cast<size_t>(written));
+    }
+  }));
 
   // Signals are taken by sigwait below, not by handlers on random threads:
   // block them before any thread starts so every thread inherits the mask.

@@ -545,6 +545,39 @@ def test_answers_a_client_never_takes_hold_bounded_memory_for_a_bounded_time(tmp
         assert code == 0, process.log()
 
 
+def test_what_failing_calls_make_libtorch_write_is_rate_limited(tmp_path):
+    # Each call refused inside a compiled model makes AOTInductor write its
+    # own lines to std::cerr, not the server's rate-limited log: the server
+    # passes at most 100 such lines a minute, whatever a client sends.
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            [f"--max_message_bytes={4 << 20}", f"--max_inference_memory_bytes={2 << 20}"])
+    refused_calls = 120
+    channel = grpc.insecure_channel(process.address)
+    stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+    small = inference_pb2.ModelInferRequest(model_name="mlp")
+    small.inputs.add(name="x", datatype="FP32", shape=[16, 4])
+    small.raw_input_contents.append(np.ones((16, 4), np.float32).tobytes())
+    large = inference_pb2.ModelInferRequest(model_name="mlp")
+    large.inputs.add(name="x", datatype="FP32", shape=[1 << 16, 4])
+    large.raw_input_contents.append(np.ones((1 << 16, 4), np.float32).tobytes())
+    try:
+        stub.ModelInfer(small, timeout=60)  # The first run sets up the constants.
+        for _ in range(refused_calls):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(large, timeout=60)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+        assert_still_serving(process)
+    finally:
+        channel.close()
+        assert process.stop() == 0, process.log()
+    # The server's own lines start with their time; the rest are libtorch's.
+    foreign = [line for line in process.log().splitlines()
+               if line and not re.match(r"\d{4}-\d\d-\d\dT", line)]
+    assert any("aoti" in line.lower() or "error" in line.lower() for line in foreign), foreign[:5]
+    assert len(foreign) <= 100, f"{len(foreign)} lines not the server's:\n" + "\n".join(foreign[:10])
+
+
 def test_what_a_model_allocates_besides_its_outputs_is_bounded(tmp_path):
     # mlp's output is float32[rows, 3], well within what a response may
     # carry, but its hidden layer is float32[rows, 8]: at 65536 rows 2 MiB of
