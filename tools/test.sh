@@ -4,8 +4,8 @@
 #   1. plain: the gallery (Hugging Face and torchvision models through the
 #      real server), the deployment images and manifests, the capture rules;
 #      and the binaries and artifacts pytest uses
-#   2. AddressSanitizer (with leak checking): the runtime's, server's and
-#      client's unit tests, the end-to-end and process tests, fuzz
+#   2. AddressSanitizer (with leak checking): the base's, runtime's,
+#      server's and client's unit tests, the end-to-end and process tests, fuzz
 #      regressions; ThreadSanitizer: those that exercise threads
 #   3. the libFuzzer fuzzers (request decoding, guards, manifests, HTTP
 #      requests), each for a bounded time
@@ -45,10 +45,11 @@ summarize() {
 stacks_on_hang=(--run_under=//tests/testing:stacks_on_hang)
 
 # Each target's tests run once, in the strictest configuration that can run
-# them: the runtime's, the server's, the client's and the end-to-end tests
-# under AddressSanitizer (and the threaded ones under ThreadSanitizer too);
+# them: the shared base's, the runtime's, the server's, the client's and the
+# end-to-end tests under AddressSanitizer (and the threaded ones under
+# ThreadSanitizer too);
 # the rest (gallery, deployment, capture rules, benchmarks' inputs) plain.
-sanitized=(//runtime/... //server/... //client/... //tests/...)
+sanitized=(//base/... //runtime/... //server/... //client/... //tests/...)
 # What pytest runs, from bazel-bin: the plain build (one list, which the
 # Python tests name when something is missing).
 mapfile -t for_pytest < tests/testing/pytest_targets.txt
@@ -87,7 +88,8 @@ fi
 # race with; each would be one more file compiled a third time).
 tsan_scope="//runtime/... + //server/... + //client/... + //tests:server_e2e_test
   + //tests:server_repository_test + //tests:server_batching_test
-  + //tests:torch_grpc_coexistence_test + //tests:python_eager_test"
+  + //tests:torch_grpc_coexistence_test + //tests:python_eager_test
+  + //base:rate_limited_lines_test"
 mapfile -t tsan < <(bazel query "tests($tsan_scope) except attr(tags, '\bsingle_threaded\b', tests($tsan_scope))" 2>/dev/null)
 ((${#tsan[@]})) || { echo "[test] bazel query of the ThreadSanitizer tests failed"; failed=1; }
 echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
