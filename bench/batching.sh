@@ -42,7 +42,7 @@ mkdir -p "$OUT"
 log() { echo "[bench] $*" >&2; }
 
 if [[ "${BUILD:-1}" == 1 ]]; then
-  ${BAZEL:-bazel} build --config=opt //server:precompile_server //client:precompile_load \
+  ${BAZEL:-bazel} build --config=opt --symlink_prefix=/ //server:precompile_server //client:precompile_load \
     //client:precompile_client "//gallery:$MODEL"
 fi
 REPO="$OUT/repository"

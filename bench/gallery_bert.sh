@@ -32,7 +32,7 @@ mkdir -p "$OUT"
 log() { echo "[bench] $*" >&2; }
 
 if [[ "${BUILD:-1}" == 1 ]]; then
-  ${BAZEL:-bazel} build --config=opt //server:precompile_server //client:precompile_load \
+  ${BAZEL:-bazel} build --config=opt --symlink_prefix=/ //server:precompile_server //client:precompile_load \
     //bench:aoti_direct_bench //gallery:bert
 fi
 ARTIFACT=${ARTIFACT:-$BIN/gallery/bert}

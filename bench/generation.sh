@@ -22,7 +22,7 @@ BIN=bazel-out/k8-opt/bin
 MODELS=(gpt2_decoder llama_decoder)
 
 if [[ "${BUILD:-1}" == 1 ]]; then
-  ${BAZEL:-bazel} build --config=opt //server:precompile_server "${MODELS[@]/#/\/\/gallery:}"
+  ${BAZEL:-bazel} build --config=opt --symlink_prefix=/ //server:precompile_server "${MODELS[@]/#/\/\/gallery:}"
 fi
 for model in "${MODELS[@]}"; do
   for name in "$model" "${model}_stateful"; do
