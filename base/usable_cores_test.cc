@@ -4,8 +4,13 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <map>
+#include <string>
 #include <thread>
 
 namespace precompile {
@@ -132,6 +137,51 @@ TEST(UsableCores, TheAffinitysCoresBound) {
     cores = UsableCores();
   }).join();
   EXPECT_EQ(cores, 1);
+}
+
+// Writes `text` to a cgroup file; whether the kernel took it.
+bool WriteCgroupFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.flush();
+  return out.good();
+}
+
+TEST(UsableCores, AProcessInARealCgroupWithHalfACoresQuotaUsesOne) {
+  if (UsableCores() < 2) GTEST_SKIP() << "one core: a quota of half a core changes nothing";
+  // A cgroup of our own, where this machine lets us make one: cgroup v1's
+  // cpu controller, or v2 with the cpu controller enabled below the root.
+  const std::string name = "/usable_cores_test_" + std::to_string(getpid());
+  std::string directory, quota_file, quota;
+  if (mkdir(("/sys/fs/cgroup/cpu" + name).c_str(), 0755) == 0) {
+    directory = "/sys/fs/cgroup/cpu" + name;
+    quota_file = directory + "/cpu.cfs_quota_us";
+    quota = "50000";  // Of the default period, 100000 µs.
+  } else if (mkdir(("/sys/fs/cgroup" + name).c_str(), 0755) == 0) {
+    directory = "/sys/fs/cgroup" + name;
+    quota_file = directory + "/cpu.max";
+    quota = "50000 100000";
+  } else {
+    GTEST_SKIP() << "no cgroup can be made here (not root, or cgroupfs read-only)";
+  }
+  struct Remove {
+    std::string directory;
+    ~Remove() { rmdir(directory.c_str()); }
+  } remove{directory};
+  if (!WriteCgroupFile(quota_file, quota)) GTEST_SKIP() << "cannot set " << quota_file;
+
+  // A child moves itself into the cgroup and exits with what it counts.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (!WriteCgroupFile(directory + "/cgroup.procs", std::to_string(getpid()))) _exit(100);
+    _exit(UsableCores());
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 100) GTEST_SKIP() << "cannot move a process into " << directory;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << "cores counted in a cgroup with half a core's quota";
 }
 
 }  // namespace
