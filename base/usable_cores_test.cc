@@ -3,7 +3,6 @@
 #include "base/usable_cores.h"
 
 #include <gtest/gtest.h>
-#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +11,8 @@
 #include <map>
 #include <string>
 #include <thread>
+
+#include "tests/testing/one_core.h"
 
 namespace precompile {
 namespace {
@@ -127,13 +128,7 @@ TEST(CgroupCpuQuota, NoLimitWhereTheFilesAreMissingOrUnreadable) {
 TEST(UsableCores, TheAffinitysCoresBound) {
   int cores = 0;
   std::thread([&] {
-    cpu_set_t set;
-    ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
-    int first = 0;
-    while (!CPU_ISSET(first, &set)) ++first;
-    CPU_ZERO(&set);
-    CPU_SET(first, &set);
-    ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);  // This thread only.
+    ASSERT_TRUE(testing::PinThisThreadToOneCore());
     cores = UsableCores();
   }).join();
   EXPECT_EQ(cores, 1);

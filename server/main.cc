@@ -353,8 +353,8 @@ int main(int argc, char** argv) {
   // Every model call's thread gets this count (runtime/torch_threads.h),
   // never the capture machine's.
   const int usable_cores = precompile::UsableCores();
-  const int torch_threads =
-      absl::GetFlag(FLAGS_torch_threads) > 0 ? absl::GetFlag(FLAGS_torch_threads) : usable_cores;
+  int torch_threads = absl::GetFlag(FLAGS_torch_threads);
+  if (torch_threads <= 0) torch_threads = usable_cores;
   precompile::SetTorchThreads(torch_threads);
   spdlog::info("event=cpu usable_cores={} torch_threads={}", usable_cores, torch_threads);
 

@@ -7,7 +7,6 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -31,6 +30,7 @@
 #include "proto/inference.grpc.pb.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/http.h"
+#include "tests/testing/one_core.h"
 #include "tests/testing/requests.h"
 
 extern char** environ;
@@ -330,13 +330,7 @@ TEST(ServerProcess, ThreadsDefaultToTheCoresTheProcessMayRunOn) {
   // affinity: its torch threads follow it, not the machine's core count.
   std::unique_ptr<ServerProcess> server;
   std::thread([&] {
-    cpu_set_t set;
-    ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
-    int first = 0;
-    while (!CPU_ISSET(first, &set)) ++first;
-    CPU_ZERO(&set);
-    CPU_SET(first, &set);
-    ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);  // This thread only.
+    ASSERT_TRUE(testing::PinThisThreadToOneCore());
     server = std::make_unique<ServerProcess>(Flags(testing::ExampleRepository({"mlp"}), 5, 0));
   }).join();
   ASSERT_NE(server, nullptr);
