@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <iostream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -88,6 +89,65 @@ void TakeException(PythonError* error) {
     }
   }
   PyErr_Clear();  // Whatever formatting the traceback raised.
+}
+
+// What programs print (print(), logging's last-resort handler, warnings,
+// tracebacks) goes to std::cerr instead of the process's file descriptors:
+// the server passes std::cerr's lines at a bounded rate (see
+// base/rate_limited_lines.h), and a model that prints on every call would
+// otherwise write as fast as clients call it. Lines also stay whole among
+// the server's own, where Python would buffer stdout until exit.
+PyObject* WriteToCerr(PyObject* /*module*/, PyObject* text) {
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(text, &size);
+  if (utf8 == nullptr) return nullptr;
+  std::cerr.write(utf8, size);
+  return PyLong_FromSsize_t(PyUnicode_GetLength(text));
+}
+
+PyMethodDef kWriteToCerr = {"write_to_cerr", WriteToCerr, METH_O, nullptr};
+
+constexpr char kServerStreams[] = R"(
+import io
+import sys
+
+class ServerLog(io.TextIOBase):
+    def __init__(self, write):
+        self._write = write
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        return self._write(text)
+
+sys.stdout = sys.stderr = ServerLog(write_to_cerr)
+)";
+
+// The GIL is held.
+bool SendStreamsToCerr(PythonError* error) {
+  Ref globals(PyDict_New());
+  Ref write(PyCFunction_New(&kWriteToCerr, nullptr));
+  if (!globals || !write ||
+      PyDict_SetItemString(globals.get(), "__builtins__", PyEval_GetBuiltins()) != 0 ||
+      PyDict_SetItemString(globals.get(), "write_to_cerr", write.get()) != 0) {
+    TakeException(error);
+    return false;
+  }
+  Ref done(PyRun_String(kServerStreams, Py_file_input, globals.get(), globals.get()));
+  if (!done) {
+    TakeException(error);
+    error->message = "cannot send the Python interpreter's output to the server's log: " +
+                     error->message;
+    return false;
+  }
+  return true;
 }
 
 // What the plugin keeps of precompile_eager once started.
@@ -181,7 +241,8 @@ bool StartLocked(const std::string& environment, const std::vector<std::string>&
     return false;
   }
   // The GIL is held from here; SetUp's references are gone before it is let go.
-  const bool set_up = PrependToSysPath(path, error) && SetUp(environment, error);
+  const bool set_up =
+      SendStreamsToCerr(error) && PrependToSysPath(path, error) && SetUp(environment, error);
   if (set_up) interpreter->path = path;
   PyEval_SaveThread();
   return set_up;

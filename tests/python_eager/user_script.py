@@ -8,9 +8,9 @@ server. tests/python_eager serves what it saves.
 (bazel build //tests/python_eager:user_script runs it so.)
 
 `script`: Model's forward is flagged (a helper Dynamo is told not to trace,
-called in a loop; the helper logs, which TorchScript cannot script), and calls
-`scale`, captured as a function frame of its own. `local`: a class defined
-inside `make_local`, flagged the same way.
+called in a loop; the helper logs a warning at each step, which TorchScript
+cannot script), and calls `scale`, captured as a function frame of its own.
+`local`: a class defined inside `make_local`, flagged the same way.
 """
 
 import logging
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @torch.compiler.disable
 def note(h: torch.Tensor) -> torch.Tensor:
-    log.debug("step on %s", tuple(h.shape))
+    log.warning("step on %s", tuple(h.shape))
     return h
 
 
