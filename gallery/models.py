@@ -148,3 +148,34 @@ def make_bert_recentering() -> torch.nn.Module:
     """make_bert()'s encoder, called as model(input_ids=..., attention_mask=...,
     recenter_steps=n); frames bert.encoder.layer.0 and .1."""
     return BertWithRecentering(make_bert()).eval()
+
+
+class DecoderWithRecentering(torch.nn.Module):
+    """A Hugging Face decoder behind a generation wrapper of the same kind:
+    its logits post-processed in a loop around the helper Dynamo cannot
+    trace, so the entry is flagged eager_fallback once a call asks for a
+    step, and its eager program is Python (TorchScript can script neither
+    the wrapper nor a DynamicCache). The language model is a frame of its
+    own: inside the program it runs its compiled prefill and decode variants
+    with the cache the wrapper passes through. Recentering shifts each row of
+    logits by one number, so greedy tokens are the language model's own."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor = None,
+                position_ids: torch.Tensor = None, past_key_values=None, recenter_steps: int = 1):
+        from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: PLC0415
+
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      past_key_values=past_key_values, use_cache=True)
+        logits = out.logits
+        for _ in range(recenter_steps):
+            logits = _recenter(logits)
+        return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values)
+
+
+def make_gpt2_decoder_recentering() -> torch.nn.Module:
+    """make_gpt2_decoder() behind DecoderWithRecentering; frame lm."""
+    return DecoderWithRecentering(make_gpt2_decoder()).eval()

@@ -62,7 +62,7 @@ say "serving $(ls "$repository" | tr '\n' ' ')from $repository"
 # server (SIGTERM) and stops the builds.
 set -m
 
-# Python eager programs (the gallery's bert_recentering) are code: they load
+# Python eager programs (the gallery's *_recentering models) are code: they load
 # only with --allow_python_programs. They carry the models' own code
 # (gallery.models) by value and import transformers from the environment.
 bazel-bin/server/precompile_server --model_repository="$repository" \
@@ -73,7 +73,7 @@ server=$!
 # While it serves: the client tools, then the gallery, smallest capture
 # first; each model joins at the next rescan.
 clients=(//client:precompile_client //client:precompile_load)
-gallery=(resnet18 bert gpt2 gpt2_decoder llama_decoder t5_decoder bert_recentering)
+gallery=(resnet18 bert gpt2 gpt2_decoder llama_decoder t5_decoder bert_recentering gpt2_decoder_recentering)
 (
   if bazel build --noshow_progress "${clients[@]}" 2>"$staging/clients.log"; then
     say "client tools ready: bazel-bin/client/precompile_client, bazel-bin/client/precompile_load"

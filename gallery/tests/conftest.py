@@ -22,11 +22,13 @@ sys.path.insert(0, str(ROOT / "tests" / "testing"))
 
 from server_process import ServerProcess  # noqa: E402
 
-MODELS = ("bert", "gpt2", "gpt2_decoder", "llama_decoder", "t5_decoder", "resnet18", "bert_recentering")
+MODELS = ("bert", "gpt2", "gpt2_decoder", "llama_decoder", "t5_decoder", "resnet18", "bert_recentering",
+          "gpt2_decoder_recentering")
 # The decoders again, as stateful models: the server keeps their caches.
 STATEFUL_CONFIG = ROOT / "gallery" / "decoder_stateful.config.pbtxt"
 STATEFUL = {"gpt2_decoder_stateful": ("gpt2_decoder", STATEFUL_CONFIG),
             "llama_decoder_stateful": ("llama_decoder", STATEFUL_CONFIG),
+            "gpt2_decoder_recentering_stateful": ("gpt2_decoder_recentering", STATEFUL_CONFIG),
             "t5_decoder_stateful": ("t5_decoder", ROOT / "gallery" / "t5_decoder_stateful.config.pbtxt")}
 
 
@@ -48,8 +50,9 @@ def server(tmp_path_factory):
         add_model(repository, name, name)
     for name, (artifact, config) in STATEFUL.items():
         add_model(repository, name, artifact, config.read_text())
-    # bert_recentering's eager program is Python: it carries gallery.models'
-    # code by value, and the server imports transformers from its environment.
+    # The *_recentering models' eager programs are Python: they carry
+    # gallery.models' code by value, and the server imports transformers
+    # from its environment.
     process = ServerProcess(ROOT / "server" / "precompile_server", repository,
                             ["--allow_python_programs",
                              # Well above any call here; a test runs past it.

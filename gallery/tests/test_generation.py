@@ -115,18 +115,18 @@ def test_cache_is_served_by_name_in_metadata(client):
         assert inputs[name] == [-1, HEADS, -1, HEAD_DIM]  # A batch of one or more.
 
 
-def _decode(client, past, mask_length, lengths=None, leave_out=()):
-    """One decode call with a random cache of `past` positions (per leaf
-    `lengths` instead), `mask_length` mask positions."""
+def _decode(client, past, mask_length, lengths=None, leave_out=(), model=MODEL):
+    """One decode call of `model` with a random cache of `past` positions
+    (per leaf `lengths` instead), `mask_length` mask positions."""
     rng = np.random.default_rng(0)
     inputs = generate.token_inputs(np.array([[5]], dtype=np.int64),
                                    np.ones((1, mask_length), dtype=np.int64))
-    for name in generate.cache_outputs(client, MODEL):
+    for name in generate.cache_outputs(client, model):
         if name in leave_out:
             continue
         length = (lengths or {}).get(name, past)
         inputs.append(generate._input(name, rng.standard_normal((1, HEADS, length, HEAD_DIM)).astype(np.float32)))
-    return client.infer(MODEL, inputs)
+    return client.infer(model, inputs)
 
 
 def _refusal(call):
@@ -502,3 +502,68 @@ def test_a_sequence_the_server_lost_is_started_again_with_its_prefix(small_serve
     assert tokens == _in_process([17, 4], 6)
     assert _metric(_metrics(small_server), "precompile_sequences_gone_total", model="decoder",
                    reason="evicted") >= evicted + 1
+
+
+# GPT-2 behind a wrapper Dynamo gives up on (gpt2_decoder_recentering):
+# generation runs the flagged entry's Python eager program at every step,
+# and the program passes the cache it is given to the language model's
+# frame `lm`, which runs its compiled prefill and decode variants and
+# refuses, by name, what they do not cover.
+
+FLAGGED = "gpt2_decoder_recentering"
+
+
+def test_a_decoder_behind_a_flagged_wrapper_generates_as_model_generate_does(server, client):
+    # Recentering shifts each row of logits by one number: the greedy tokens
+    # are GPT-2's own, the cache sent back and forth or kept by the server.
+    assert generate.generate(client, FLAGGED, PROMPT, 20) == _in_process(PROMPT, 20)
+    assert generate.generate_stateful(client, FLAGGED + "_stateful", PROMPT, 20,
+                                      sequence_id=71) == _in_process(PROMPT, 20)
+    assert server.log().count(f"event=eager_fallback model={FLAGGED} frame=forward") == 1
+
+
+def test_each_step_behind_the_flagged_wrapper_runs_eagerly_with_the_cache_it_was_sent(client):
+    sequence = [int(t) for t in np.random.default_rng(3).integers(0, 1000, 16)]
+    names = generate.cache_outputs(client, FLAGGED)
+    requested = [triton.InferRequestedOutput(n) for n in ["logits"] + names]
+    cache, steps = {}, []
+    for end in range(6, len(sequence) + 1):
+        ids = np.array([sequence[:end] if not cache else sequence[end - 1:end]], dtype=np.int64)
+        inputs = generate.token_inputs(ids, np.ones((1, end), dtype=np.int64))
+        inputs += [generate._input(n, v) for n, v in cache.items()]
+        result = client.infer(FLAGGED, inputs, outputs=requested)
+        assert result.get_response().parameters["precompile_outcome"].string_param == "eager_fallback"
+        steps.append(result.as_numpy("logits")[0, -1])
+        cache = {n: result.as_numpy(n) for n in names}
+    with torch.no_grad():
+        whole = models.make_gpt2_decoder_recentering()(input_ids=torch.tensor([sequence]))
+    np.testing.assert_allclose(np.stack(steps), whole.logits[0, 5:].numpy(), rtol=1e-4, atol=1e-4)
+    # The same with the cache kept by the server: the program gets it from
+    # the sequence's state.
+    steps = [_step(client, FLAGGED + "_stateful", sequence[:6], 0, 72, start=True)]
+    for end in range(7, len(sequence) + 1):
+        steps.append(_step(client, FLAGGED + "_stateful", sequence[end - 1:end], end - 1, 72,
+                           end=end == len(sequence)))
+    np.testing.assert_allclose(np.stack(steps), whole.logits[0, 5:].numpy(), rtol=1e-4, atol=1e-4)
+    # Only a prompt of 5 without recentering is the entry's own variant.
+    ids = np.array([sequence[:5]], dtype=np.int64)
+    result = client.infer(FLAGGED, generate.token_inputs(ids, np.ones_like(ids)),
+                          parameters={"recenter_steps": 0})
+    assert result.get_response().parameters["precompile_variant"].string_param == "forward#0"
+
+
+def test_what_the_flagged_wrappers_frame_does_not_cover_is_refused_by_the_frame(client):
+    # A batch of two: the frame's variants take one sequence.
+    ids = np.array([[5, 6, 7], [8, 9, 10]], dtype=np.int64)
+    message = _refusal(lambda: client.infer(FLAGGED, generate.token_inputs(ids, np.ones_like(ids))))
+    assert "no captured variant matches this call of frame 'lm'" in message
+    # The frame's guards relate the mask to the cache it is passed.
+    message = _refusal(lambda: _decode(client, 9, 12, model=FLAGGED))
+    assert "attention_mask.size(1): expected past_key_values.key_cache.0.size(2)+1 (10), got 12" in message
+    # Positions past the position table are fenced at the frame's dispatch,
+    # inside the eager program, as at the entry.
+    with pytest.raises(InferenceServerException) as e:
+        _decode(client, 128, 129, model=FLAGGED)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT", e.value.message()
+    assert "'position_ids' holds 128 at flat index 0" in e.value.message()
+    assert generate.generate(client, FLAGGED, PROMPT[:5], 2) == _in_process(PROMPT[:5], 2)
