@@ -440,7 +440,11 @@ def test_messages_many_connections_never_finish_sending_hold_bounded_memory(tmp_
     # with the default 1 MiB window per stream. Near the bound gRPC grants
     # no more window and closes connections (measured: the peak grew by
     # about 90 MiB; 450 to 530 MiB with gRPC's adaptive windows); the server
-    # answers others and drains.
+    # answers others and drains. gRPC reclaims in passes after allocations:
+    # beside other busy tests it took in up to 561 MiB before closing enough
+    # connections, the peak 206 to 265 MiB higher in 3 of 12 runs (84 to 93
+    # in the others), hence a bound of 6 quotas, still a quarter of what an
+    # unbounded server holds.
     from raw_http2_clients import SlowSender
 
     copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
@@ -466,7 +470,7 @@ def test_messages_many_connections_never_finish_sending_hold_bounded_memory(tmp_
         growth = peak_memory_bytes(process) - before
         print(f"\n{connections} unfinished messages of {message >> 20} MiB: {sum(sent) >> 20} MiB "
               f"sent, the peak grew by {growth >> 20} MiB")
-        assert growth < 4 * quota, f"the peak grew by {growth >> 20} MiB"
+        assert growth < 6 * quota, f"the peak grew by {growth >> 20} MiB"
         assert any(s.closed for s in senders), "no connection was closed"
         assert_still_serving(process)
     finally:
