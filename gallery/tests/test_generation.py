@@ -9,6 +9,8 @@ runs in a process of its own.
 
 import json
 import re
+import ssl
+import subprocess
 import sys
 import time
 import urllib.error
@@ -567,3 +569,77 @@ def test_what_the_flagged_wrappers_frame_does_not_cover_is_refused_by_the_frame(
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT", e.value.message()
     assert "'position_ids' holds 128 at flat index 0" in e.value.message()
     assert generate.generate(client, FLAGGED, PROMPT[:5], 2) == _in_process(PROMPT[:5], 2)
+
+
+# Mutual TLS: a sequence belongs to the certificate of the client that
+# started it, over either transport.
+
+def _certificates(directory):
+    """A CA, a certificate for the server on 127.0.0.1 and two clients'."""
+    def run(command):
+        subprocess.run(command, shell=True, cwd=directory, check=True, capture_output=True)
+
+    run("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca "
+        "-keyout ca.key -out ca.crt")
+    for who in ("server", "alice", "bob"):
+        run(f"openssl req -newkey rsa:2048 -nodes -subj /CN={who} -keyout {who}.key -out {who}.csr")
+        (directory / f"{who}.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+        run(f"openssl x509 -req -in {who}.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 "
+            f"-extfile {who}.ext -out {who}.crt")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    certs = _certificates(tmp_path_factory.mktemp("certs"))
+    repository = tmp_path_factory.mktemp("tls")
+    add_model(repository, "decoder", "gpt2_decoder", STATEFUL_CONFIG.read_text())
+    process = ServerProcess(ROOT / "server" / "precompile_server", repository,
+                            [f"--tls_cert={certs / 'server.crt'}", f"--tls_key={certs / 'server.key'}",
+                             f"--tls_client_ca={certs / 'ca.crt'}"])
+    process.certs = certs
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def _tls_client(server, who):
+    certs = server.certs
+    return triton.InferenceServerClient(
+        server.address, ssl=True, root_certificates=str(certs / "ca.crt"),
+        private_key=str(certs / f"{who}.key"), certificate_chain=str(certs / f"{who}.crt"))
+
+
+def _https_step(server, who, ids, past, sequence_id):
+    """_step over HTTPS with `who`'s certificate, in KServe's JSON."""
+    context = ssl.create_default_context(cafile=str(server.certs / "ca.crt"))
+    context.load_cert_chain(str(server.certs / f"{who}.crt"), str(server.certs / f"{who}.key"))
+    mask = np.ones((1, past + len(ids)), dtype=np.int64)
+    inputs = [{"name": name, "shape": list(value.shape), "datatype": "INT64",
+               "data": value.flatten().tolist()}
+              for name, value in (("input_ids", np.array([ids], dtype=np.int64)),
+                                  ("attention_mask", mask),
+                                  ("position_ids", generate.position_ids(mask, len(ids))))]
+    body = json.dumps({"inputs": inputs, "parameters": {"sequence_id": sequence_id}}).encode()
+    with urllib.request.urlopen(f"https://{server.http_address}/v2/models/decoder/infer", body,
+                                timeout=10, context=context) as response:
+        [logits] = json.load(response)["outputs"]
+    return np.array(logits["data"], dtype=np.float32).reshape(logits["shape"])[0, -1]
+
+
+def test_a_sequence_is_the_certificates_that_started_it(tls_server):
+    alice, bob = _tls_client(tls_server, "alice"), _tls_client(tls_server, "bob")
+    sequence = [int(t) for t in np.random.default_rng(4).integers(0, 1000, 9)]
+    steps = [_step(alice, "decoder", sequence[:6], 0, 5, start=True)]
+    # Bob, knowing the id, can neither continue Alice's sequence...
+    message = _refused(lambda: _step(bob, "decoder", [5], 6, 5), "FAILED_PRECONDITION")
+    assert "sequence 5 of model 'decoder' is not active" in message
+    # ...nor end it by starting his own of the same id.
+    _step(bob, "decoder", [7, 8], 0, 5, start=True)
+    steps.append(_step(alice, "decoder", sequence[6:7], 6, 5))
+    # A certificate is the same client over HTTPS: each goes on with their own.
+    steps.append(_https_step(tls_server, "alice", sequence[7:8], 7, 5))
+    assert _https_step(tls_server, "bob", [9], 2, 5).shape == (1000,)
+    steps.append(_step(alice, "decoder", sequence[8:9], 8, 5, end=True))
+    with torch.no_grad():
+        whole = models.make_gpt2_decoder()(input_ids=torch.tensor([sequence])).logits[0, 5:].numpy()
+    np.testing.assert_allclose(np.stack(steps), whole, rtol=1e-4, atol=1e-4)

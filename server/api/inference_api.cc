@@ -1,5 +1,6 @@
 #include "server/api/inference_api.h"
 
+#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -44,6 +45,18 @@ const absl::flat_hash_set<std::string>& IgnoredParameters() {
       "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
       "binary_data_output", "triton_enable_empty_final_response", "headers"};
   return *keys;
+}
+
+// SHA-256 of a client's certificate (PEM) in hex; empty for none.
+std::string CertificateFingerprint(absl::string_view pem) {
+  if (pem.empty()) return {};
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (EVP_Digest(pem.data(), pem.size(), digest, &size, EVP_sha256(), nullptr) != 1) {
+    // Never shared with clients that present none.
+    return std::string(pem);
+  }
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), size));
 }
 
 bool IsTensorKind(Parameter::Kind kind) {
@@ -824,7 +837,7 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
 
   // Last, so that a request refused above leaves its sequence as it was.
   if (sequences != nullptr) {
-    if (absl::Status joined = JoinSequence(s, *sequences); !joined.ok()) return joined;
+    if (absl::Status joined = JoinSequence(call, s, *sequences); !joined.ok()) return joined;
   }
 
   s.model_start = absl::Now();
@@ -833,7 +846,8 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
   return absl::OkStatus();
 }
 
-absl::Status InferenceApi::JoinSequence(RequestState& s, const SequenceConfig& sequences) {
+absl::Status InferenceApi::JoinSequence(Call& call, RequestState& s,
+                                        const SequenceConfig& sequences) {
   const std::string& model = s.request.model_name();
   if (sequences_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
@@ -847,6 +861,7 @@ absl::Status InferenceApi::JoinSequence(RequestState& s, const SequenceConfig& s
   asked.id = std::move(params->id);
   asked.start = params->start;
   asked.max_idle = sequences.max_idle;
+  asked.client = CertificateFingerprint(call.ClientCertificate());
   absl::StatusOr<SequenceStore::Lease> lease = sequences_->Acquire(asked);
   if (!lease.ok()) return lease.status();
   s.sequence.emplace(*std::move(lease));

@@ -75,6 +75,10 @@ class InferenceApi {
     // Whether the client has gone or its deadline passed: polled before each
     // frame runs, so a request nobody waits for stops early.
     virtual bool Cancelled() = 0;
+    // The certificate the client presented (mutual TLS) in PEM, as
+    // PEM_write_bio_X509 writes it; empty without one. A sequence is the
+    // client's own (see SequenceStore::Request::client).
+    virtual std::string ClientCertificate() { return {}; }
     // Makes what the transport sends from `response` (its outputs described,
     // their bytes not in it) and the output tensors, in the order of
     // response.outputs().
@@ -174,7 +178,7 @@ class InferenceApi {
   // null, and then setting it) and Answer: the answer's encoding.
   absl::Status Decode(Call& call, RequestState& s);
   // Takes `s`'s sequence from the store and passes its state to the model.
-  absl::Status JoinSequence(RequestState& s, const SequenceConfig& sequences);
+  absl::Status JoinSequence(Call& call, RequestState& s, const SequenceConfig& sequences);
   // Whether `s`, decoded, is to wait for a batch (then its ticket is set).
   absl::StatusOr<bool> JoinsBatch(RequestState& s, BatchTicket& ticket);
   absl::Status RunModel(Call& call, RequestState& s, bool* deferred);

@@ -92,6 +92,9 @@ class HttpInferCall final : public InferenceJob {
                               route_.version, request);
   }
   bool Cancelled() override { return exchange_.cancelled(); }
+  std::string ClientCertificate() override {
+    return exchange_.request().client_certificate_pem;
+  }
   absl::Status Encode(const inference::ModelInferResponse& response,
                       std::vector<OutputTensor>& outputs) override {
     encoded_ = EncodeInferResponse(*request_, response, outputs);

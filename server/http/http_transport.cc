@@ -3,7 +3,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/bio.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -187,6 +189,18 @@ int ConnectionsWithinDescriptorLimit(int wanted) {
   return std::max(room, 16);
 }
 
+// Written as gRPC writes its clients' (PEM_write_bio_X509), so that a
+// client's certificate reads the same over both transports.
+std::string PeerCertificatePem(SSL* ssl) {
+  X509* peer = SSL_get0_peer_certificate(ssl);
+  if (peer == nullptr) return {};
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new(BIO_s_mem()), &BIO_free);
+  if (bio == nullptr || PEM_write_bio_X509(bio.get(), peer) != 1) return {};
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(bio.get(), &data);
+  return size > 0 ? std::string(data, static_cast<size_t>(size)) : std::string();
+}
+
 }  // namespace
 
 class HttpTransportLoop {
@@ -220,6 +234,9 @@ class HttpTransportLoop {
     uint64_t id = 0;
     int fd = -1;
     std::unique_ptr<SSL, SslFree> ssl;
+    // The certificate the client presented in the handshake, in PEM; empty
+    // without one.
+    std::string client_certificate_pem;
     State state = State::kHead;
     // Bytes read that no request has taken yet.
     std::string in;
@@ -577,6 +594,7 @@ void HttpTransportLoop::Handshake(Connection& c) {
   ERR_clear_error();
   const int done = SSL_do_handshake(c.ssl.get());
   if (done == 1) {
+    c.client_certificate_pem = PeerCertificatePem(c.ssl.get());
     c.state = State::kHead;
     c.tls_wants_other = false;
     c.deadline = absl::Now() + options_.request_timeout;
@@ -680,8 +698,8 @@ void HttpTransportLoop::StartRequest(Connection& c, HttpHead head) {
   c.exchange.reset(new HttpExchange(*this, c.id));
   HttpRequest& request = c.exchange->request_;
   request.head = std::move(head);
-  request.client_certificate =
-      c.ssl != nullptr && SSL_get0_peer_certificate(c.ssl.get()) != nullptr;
+  request.client_certificate = !c.client_certificate_pem.empty();
+  request.client_certificate_pem = c.client_certificate_pem;
   c.keep_alive = request.head.keep_alive;
   c.head_only = request.head.method == "HEAD";
   if (c.head_only) request.head.method = "GET";

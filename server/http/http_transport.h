@@ -90,6 +90,8 @@ struct HttpRequest {
   std::string body;
   // TLS only: the client presented a certificate its CA signed.
   bool client_certificate = false;
+  // That certificate in PEM, as gRPC gives its clients' (x509_pem_cert).
+  std::string client_certificate_pem;
 };
 
 struct HttpAnswer {

@@ -21,9 +21,11 @@ absl::Status ConfigError(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("config.pbtxt: sequence_batching ", what));
 }
 
-std::string KeyOf(absl::string_view model, absl::string_view id) {
-  // Model names hold no NUL: the pair is told apart.
-  return absl::StrCat(model, std::string(1, '\0'), id);
+std::string KeyOf(absl::string_view client, absl::string_view model, absl::string_view id) {
+  // Neither a client's fingerprint nor a model name holds a NUL: the three
+  // are told apart.
+  const std::string nul(1, '\0');
+  return absl::StrCat(client, nul, model, nul, id);
 }
 
 // What a sequence keyed `key` counts besides its tensors.
@@ -153,7 +155,7 @@ absl::Status SequenceStore::Lease::Commit(State next, bool end) {
 }
 
 absl::StatusOr<SequenceStore::Lease> SequenceStore::Acquire(const Request& request) {
-  const std::string key = KeyOf(request.model, request.id.text);
+  const std::string key = KeyOf(request.client, request.model, request.id.text);
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = Now();
   DropExpired(now);

@@ -105,6 +105,12 @@ class SequenceStore {
     // Tells loads of the model apart: the state of one is no input of another.
     const void* loaded = nullptr;
     SequenceId id;
+    // Who asks: the fingerprint of the certificate the client presented
+    // (mutual TLS), or empty. Each client has ids of its own: a request
+    // reaches only sequences that a client of the same certificate started,
+    // so one client can neither continue, end nor restart another's. Clients
+    // without a certificate share one set of ids, as in Triton.
+    std::string client;
     bool start = false;
     absl::Duration max_idle;
   };

@@ -131,8 +131,10 @@ class SequenceStoreTest : public ::testing::Test {
     return SequenceStore(options);
   }
 
-  SequenceStore::Request Ask(const std::string& id, bool start, const void* loaded = nullptr) {
+  SequenceStore::Request Ask(const std::string& id, bool start, const void* loaded = nullptr,
+                             const std::string& client = "") {
     SequenceStore::Request request;
+    request.client = client;
     request.model = "decoder";
     request.loaded = loaded != nullptr ? loaded : &model_;
     request.id.text = id;
@@ -159,7 +161,8 @@ class SequenceStoreTest : public ::testing::Test {
   }
 
   static int64_t Overhead(const std::string& id) {
-    return SequenceStore::kSequenceOverheadBytes + static_cast<int64_t>(id.size() + 8);
+    // The key: no client, a NUL, "decoder", a NUL, the id.
+    return SequenceStore::kSequenceOverheadBytes + static_cast<int64_t>(id.size() + 9);
   }
 
   absl::Time now_ = absl::UnixEpoch();
@@ -247,6 +250,33 @@ TEST_F(SequenceStoreTest, AStartReplacesTheSequenceOfTheSameId) {
   auto again = store.Acquire(Ask("a", true));
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->state().empty());
+}
+
+TEST_F(SequenceStoreTest, EachClientCertificateHasSequencesOfItsOwn) {
+  SequenceStore store = MakeStore(1 << 20);
+  {
+    auto alice = store.Acquire(Ask("7", true, nullptr, "alice"));
+    ASSERT_TRUE(alice.ok()) << alice.status();
+    ASSERT_TRUE(alice->Commit(StateOf(10, 1), false).ok());
+  }
+  // Another client, or one without a certificate, cannot continue it...
+  for (const char* other : {"bob", ""}) {
+    auto taken = store.Acquire(Ask("7", false, nullptr, other));
+    EXPECT_EQ(taken.status().code(), absl::StatusCode::kFailedPrecondition) << other;
+    EXPECT_THAT(taken.status().message(),
+                HasSubstr("a sequence's first request carries sequence_start"));
+  }
+  // ...nor end it by starting one of the same id: that is a sequence of its own.
+  {
+    auto bob = store.Acquire(Ask("7", true, nullptr, "bob"));
+    ASSERT_TRUE(bob.ok()) << bob.status();
+    EXPECT_TRUE(bob->state().empty());
+    ASSERT_TRUE(bob->Commit(StateOf(10, 2), /*end=*/true).ok());
+  }
+  auto alice = store.Acquire(Ask("7", false, nullptr, "alice"));
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  EXPECT_EQ(FirstByte(*alice), 1);
+  EXPECT_EQ(store.Stats()[0].active, 1);
 }
 
 TEST_F(SequenceStoreTest, IdleSequencesExpire) {
