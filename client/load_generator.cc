@@ -46,12 +46,12 @@ class Phase : public std::enable_shared_from_this<Phase> {
     for (int i = 0; i < concurrency; ++i) {
       const Clock::time_point now = Clock::now();
       bool record = false;
-      int index;
+      Step step;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        index = NextLocked(now, &record);
+        step = NextLocked(now, &record);
       }
-      if (index >= 0) Send(index, record, now);
+      if (step.index >= 0) Send(step, record, now);
     }
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -80,7 +80,7 @@ class Phase : public std::enable_shared_from_this<Phase> {
       }
       std::this_thread::sleep_until(next);
       const bool record = next >= measure_start_;
-      int index = -1;
+      Step step;
       double gap = 1.0 / rate;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -89,11 +89,11 @@ class Phase : public std::enable_shared_from_this<Phase> {
         } else {
           ++outstanding_;
           if (record) ++recorded_sent_;
-          index = pick_(rng_);
+          step.index = pick_(rng_);
         }
         if (options_.arrivals == Arrivals::kPoisson) gap = poisson_gap(rng_);
       }
-      if (index >= 0) Send(index, record, next);
+      if (step.index >= 0) Send(step, record, next);
       next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap));
     }
     {
@@ -105,6 +105,14 @@ class Phase : public std::enable_shared_from_this<Phase> {
   }
 
  private:
+  // What to send: a template, and for a sequence template which of its
+  // requests under which id.
+  struct Step {
+    int index = -1;
+    size_t request = 0;
+    int64_t sequence_id = 0;
+  };
+
   void Begin() {
     start_ = Clock::now();
     measure_start_ = start_ + absl::ToChronoNanoseconds(options_.warmup);
@@ -119,38 +127,60 @@ class Phase : public std::enable_shared_from_this<Phase> {
 
   bool Done() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopped_ && outstanding_ == 0; }
 
-  // Closed loop: the template of the next request to send now, or -1 when
-  // the phase is over. Counts the request as outstanding.
-  int NextLocked(Clock::time_point now, bool* record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (stopped_) return -1;
+  // Closed loop: whether another request is to be sent now (false when the
+  // phase is over). Counts it as outstanding.
+  bool AdmitLocked(Clock::time_point now, bool* record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stopped_) return false;
     *record = now >= measure_start_;
     if (*record) {
       if (options_.requests > 0 ? recorded_sent_ >= options_.requests : now >= measure_end_) {
         stopped_ = true;
         done_.notify_all();
-        return -1;
+        return false;
       }
       ++recorded_sent_;
     }
     ++outstanding_;
-    return pick_(rng_);
+    return true;
+  }
+
+  // Closed loop: a new draw from the mix (a sequence template starts a
+  // sequence of a new id), or index -1 when the phase is over.
+  Step NextLocked(Clock::time_point now, bool* record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Step step;
+    if (!AdmitLocked(now, record)) return step;
+    step.index = pick_(rng_);
+    if (!mix_[step.index].sequence.empty()) {
+      step.sequence_id = sequence_ids_(rng_);
+      if (*record) ++report_.sequences_started;
+    }
+    return step;
   }
 
   // REQUIRES: mu_ not held (the callback may run before InferAsync returns).
   // The callback keeps the phase alive: it may run after the thread that
   // waits for the phase has seen it done and moved on.
-  void Send(int index, bool record, Clock::time_point start) {
-    client_.InferAsync(mix_[index].request, call_,
-                       [self = shared_from_this(), index, record,
+  void Send(const Step& step, bool record, Clock::time_point start) {
+    const RequestTemplate& t = mix_[step.index];
+    std::shared_ptr<const inference::ModelInferRequest> request = t.request;
+    if (!t.sequence.empty()) {
+      auto named = std::make_shared<inference::ModelInferRequest>(*t.sequence[step.request]);
+      (*named->mutable_parameters())["sequence_id"].set_int64_param(step.sequence_id);
+      request = std::move(named);
+    }
+    client_.InferAsync(std::move(request), call_,
+                       [self = shared_from_this(), step, record,
                         start](absl::StatusOr<inference::ModelInferResponse> result) {
-                         self->OnDone(index, record, start, result);
+                         self->OnDone(step, record, start, result);
                        });
   }
 
-  void OnDone(int index, bool record, Clock::time_point start,
+  void OnDone(const Step& step, bool record, Clock::time_point start,
               const absl::StatusOr<inference::ModelInferResponse>& result) {
     const Clock::time_point end = Clock::now();
-    int next = -1;
+    const int index = step.index;
+    const size_t requests = mix_[index].sequence.size();
+    Step next;
     bool next_record = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -171,13 +201,27 @@ class Phase : public std::enable_shared_from_this<Phase> {
         last_completion_ = std::max(last_completion_, end);
       }
       ++completed_;
+      if (record && result.ok() && requests > 0 && step.request + 1 == requests) {
+        ++report_.sequences_completed;
+      }
       // The next request is counted before this one is uncounted, so that
-      // the phase is never seen done while the loop goes on.
-      if (closed_) next = NextLocked(end, &next_record);
+      // the phase is never seen done while the loop goes on. A sequence goes
+      // on with its next request; one whose request failed is left (the
+      // server drops it once idle) and the loop draws again, as at the end.
+      if (closed_) {
+        if (result.ok() && step.request + 1 < requests) {
+          if (AdmitLocked(end, &next_record)) {
+            next = step;
+            ++next.request;
+          }
+        } else {
+          next = NextLocked(end, &next_record);
+        }
+      }
       --outstanding_;
       if (Done()) done_.notify_all();
     }
-    if (next >= 0) Send(next, next_record, end);
+    if (next.index >= 0) Send(next, next_record, end);
   }
 
   // A line every progress_interval until the phase is done.
@@ -225,6 +269,8 @@ class Phase : public std::enable_shared_from_this<Phase> {
   std::condition_variable done_;  // Done() may have become true
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   std::discrete_distribution<int> pick_ ABSL_GUARDED_BY(mu_);
+  // Positive, and within Triton's int64 sequence ids.
+  std::uniform_int_distribution<int64_t> sequence_ids_ ABSL_GUARDED_BY(mu_){1, int64_t{1} << 62};
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   int64_t recorded_sent_ ABSL_GUARDED_BY(mu_) = 0;
@@ -294,6 +340,15 @@ absl::StatusOr<LoadReport> LoadGenerator::Run() {
   if (options_.warmup < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the warmup must be >= 0");
   }
+  if (options_.rate > 0) {
+    for (const RequestTemplate& t : mix_) {
+      if (!t.sequence.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "template '", t.name, "' sends sequences, whose requests go one after the answer to "
+            "the other: run it in the closed loop (--concurrency), not at a --rate"));
+      }
+    }
+  }
   LoadReport report;
   report.address = client_.options().address;
   report.options = options_;
@@ -343,6 +398,8 @@ Json LoadReportJson(const LoadReport& report) {
     phase["requests"] = p.requests;
     phase["errors"] = p.errors();
     phase["skipped"] = p.skipped;
+    phase["sequences_started"] = p.sequences_started;
+    phase["sequences_completed"] = p.sequences_completed;
     phase["throughput_rps"] = JsonDouble(p.throughput(), 6);
     phase["latency_ms"] = LatencyJson(p.latency);
     phase["status_codes"] = CountsJson(p.status_codes);
@@ -371,6 +428,16 @@ void PrintLoadReport(const LoadReport& report, std::ostream& out) {
                     Milliseconds(p.latency.Percentile(99.9)), Milliseconds(p.latency.max())});
   }
   PrintTable(out, rows, Align::kRight);
+  if (std::any_of(report.phases.begin(), report.phases.end(),
+                  [](const PhaseReport& p) { return p.sequences_started > 0; })) {
+    rows = {{"PHASE", "SEQUENCES STARTED", "COMPLETED"}};
+    for (const PhaseReport& p : report.phases) {
+      rows.push_back({p.name, absl::StrCat(p.sequences_started),
+                      absl::StrCat(p.sequences_completed)});
+    }
+    out << "\n";
+    PrintTable(out, rows, Align::kRight);
+  }
   // Outcome and status code tables: one column per phase.
   for (const bool by_outcome : {true, false}) {
     std::vector<std::string> keys;

@@ -11,7 +11,11 @@
 //
 // Each phase runs `warmup` (not recorded) and then `duration`, or until
 // `requests` recorded requests have been sent; it ends when they have all
-// completed. Requests are drawn from a weighted mix (request_mix.h).
+// completed. Requests are drawn from a weighted mix (request_mix.h). A
+// sequence template (closed loop only) holds its place in the loop for its
+// whole sequence: each answer sends the sequence's next request, and after
+// its last, or a request that failed, the loop draws again. A phase that
+// ends mid-sequence leaves it to the server, which drops it once idle.
 // Results are counted by gRPC status code, by outcome ("variant",
 // "eager_fallback" from the response's precompile_outcome, or the error
 // code's name) and by template, with latency histograms (latency_histogram.h)
@@ -76,6 +80,10 @@ struct PhaseReport {
   int64_t requests = 0;
   // Open loop: recorded arrivals not sent because max_outstanding were out.
   int64_t skipped = 0;
+  // Sequences whose first request was recorded, and those whose last
+  // request was recorded and succeeded.
+  int64_t sequences_started = 0;
+  int64_t sequences_completed = 0;
   LatencyHistogram latency;
   // "OK", "FAILED_PRECONDITION", ... -> count.
   std::map<std::string, int64_t> status_codes;

@@ -193,6 +193,87 @@ TEST_F(LoadGeneratorTest, RecordsAFixedNumberOfRequestsAndReportsProgress) {
   EXPECT_THAT(table.str(), HasSubstr("concurrency=3"));
 }
 
+constexpr char kSequenceMix[] = R"([
+  {"name": "generate", "model": "decoder",
+   "inputs": {"ids": {"shape": [1, 6], "datatype": "INT64", "fill": "zeros"},
+              "mask": {"shape": [1, 6], "datatype": "INT64", "fill": "ones"}},
+   "sequence": {"requests": 3,
+                "next_inputs": {"ids": {"shape": [1, 1], "datatype": "INT64", "fill": "zeros"}},
+                "grow": {"mask": 2}}}
+])";
+
+std::vector<int64_t> ShapeOf(const inference::ModelInferRequest& request, const std::string& name) {
+  for (const auto& input : request.inputs()) {
+    if (input.name() == name) return {input.shape().begin(), input.shape().end()};
+  }
+  return {};
+}
+
+TEST(RequestMixTest, ASequenceTemplateBuildsItsRequestsInOrder) {
+  auto mix = ParseRequestMix(kSequenceMix, 1);
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  const std::vector<std::shared_ptr<const inference::ModelInferRequest>>& sequence =
+      (*mix)[0].sequence;
+  ASSERT_EQ(sequence.size(), 3u);
+  EXPECT_EQ((*mix)[0].request, sequence[0]);
+  // The first is the template's; then next_inputs, and the mask grown by 2 each.
+  EXPECT_THAT(ShapeOf(*sequence[0], "ids"), ElementsAre(1, 6));
+  EXPECT_THAT(ShapeOf(*sequence[1], "ids"), ElementsAre(1, 1));
+  EXPECT_THAT(ShapeOf(*sequence[2], "ids"), ElementsAre(1, 1));
+  EXPECT_THAT(ShapeOf(*sequence[0], "mask"), ElementsAre(1, 6));
+  EXPECT_THAT(ShapeOf(*sequence[1], "mask"), ElementsAre(1, 8));
+  EXPECT_THAT(ShapeOf(*sequence[2], "mask"), ElementsAre(1, 10));
+  // Started by the first, ended by the last; the sender names the sequence.
+  for (size_t k = 0; k < sequence.size(); ++k) {
+    const auto& parameters = sequence[k]->parameters();
+    EXPECT_EQ(parameters.count("sequence_start"), k == 0 ? 1u : 0u) << k;
+    EXPECT_EQ(parameters.count("sequence_end"), k == 2 ? 1u : 0u) << k;
+    EXPECT_EQ(parameters.count("sequence_id"), 0u) << k;
+  }
+  EXPECT_TRUE(ParseRequestMix(kMix, 1)->front().sequence.empty());
+}
+
+TEST(RequestMixTest, RefusesSequencesItCannotBuild) {
+  const std::string head = R"([{"name": "g", "model": "decoder",
+      "inputs": {"mask": {"shape": [1, 6], "datatype": "INT64", "fill": "ones"},
+                 "ids": {"shape": [1, 6], "datatype": "INT64", "data": [1, 2, 3, 4, 5, 6]}},
+      "sequence": )";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"requests": 1})", "\"requests\" must be an integer from 2 to 1024"},
+      {R"({"requests": 1025})", "\"requests\" must be an integer from 2 to 1024"},
+      {R"({"requests": 2, "grow": {"mask": 0}})", "must grow by an integer from 1 to 4096"},
+      {R"({"requests": 2, "grow": {"absent": 1}})",
+       "input 'absent' must be an input with a \"shape\" and a \"fill\""},
+      // Values given one by one cannot grow.
+      {R"({"requests": 2, "grow": {"ids": 1}})", "input 'ids' must be an input with"},
+      {R"({"requests": 2, "steps": 3})", "unknown field \"steps\""},
+      // Every request is built ahead: their bytes are bounded.
+      {R"({"requests": 1024, "grow": {"mask": 4096}})",
+       "more than the 268435456 its requests may take built ahead"},
+  };
+  for (const auto& [sequence, message] : cases) {
+    auto mix = ParseRequestMix(head + sequence + "}]", 1);
+    EXPECT_EQ(mix.status().code(), absl::StatusCode::kInvalidArgument) << sequence;
+    EXPECT_THAT(mix.status().message(), HasSubstr(message)) << sequence;
+  }
+}
+
+TEST_F(LoadGeneratorTest, SequencesRunInTheClosedLoopOnly) {
+  auto mix = ParseRequestMix(kSequenceMix, 1);
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  ClientOptions client_options;
+  client_options.address = testing::AddressOf(*server_);
+  auto client = *InferenceClient::Create(client_options);
+  LoadOptions options;
+  options.rate = 100;
+  options.requests = 10;
+  absl::StatusOr<LoadReport> report = LoadGenerator(*client, *std::move(mix), options).Run();
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(report.status().message(),
+              HasSubstr("template 'generate' sends sequences, whose requests go one after the "
+                        "answer to the other: run it in the closed loop"));
+}
+
 TEST_F(LoadGeneratorTest, RefusesRemoteTargetsAndBadArguments) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--address=192.0.2.1:8001", "--mix=" + mix_path_}, "pass --allow_remote"},

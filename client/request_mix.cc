@@ -21,6 +21,60 @@ absl::Status TemplateError(size_t index, absl::string_view name, absl::string_vi
       "mix template ", index, name.empty() ? "" : absl::StrCat(" (\"", name, "\")"), ": ", what));
 }
 
+// The input specs of each request of a sequence (see request_mix.h).
+absl::StatusOr<std::vector<Json>> SequenceSpecs(const Json& inputs, const Json& sequence) {
+  if (!sequence.is_object()) return absl::InvalidArgumentError("expected an object");
+  for (const auto& [key, value] : sequence.items()) {
+    if (key != "requests" && key != "next_inputs" && key != "grow") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown field \"", key, "\" (known: requests, next_inputs, grow)"));
+    }
+  }
+  const Json* requests = JsonMember(sequence, "requests");
+  if (requests == nullptr || !requests->is_number_integer() || requests->get<int64_t>() < 2 ||
+      requests->get<int64_t>() > kMaxSequenceRequests) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"requests\" must be an integer from 2 to ", kMaxSequenceRequests));
+  }
+  Json next = inputs;
+  if (const Json* replaced = JsonMember(sequence, "next_inputs")) {
+    if (!replaced->is_object()) {
+      return absl::InvalidArgumentError("\"next_inputs\" must map input names to tensor specs");
+    }
+    for (const auto& [name, spec] : replaced->items()) next[name] = spec;
+  }
+  std::vector<std::pair<std::string, int64_t>> grown;
+  if (const Json* grow = JsonMember(sequence, "grow")) {
+    if (!grow->is_object()) {
+      return absl::InvalidArgumentError("\"grow\" must map input names to lengths");
+    }
+    for (const auto& [name, by] : grow->items()) {
+      if (!by.is_number_integer() || by.get<int64_t>() < 1 || by.get<int64_t>() > 4096) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"grow\": input '", name, "' must grow by an integer from 1 to 4096"));
+      }
+      const Json* spec = JsonMember(next, name);
+      const Json* shape = spec != nullptr ? JsonMember(*spec, "shape") : nullptr;
+      if (shape == nullptr || !shape->is_array() || shape->empty() ||
+          !shape->back().is_number_integer() || JsonMember(*spec, "fill") == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"grow\": input '", name, "' must be an input with a \"shape\" and a \"fill\""));
+      }
+      grown.emplace_back(name, by.get<int64_t>());
+    }
+  }
+  std::vector<Json> specs = {inputs};
+  for (int64_t k = 1; k < requests->get<int64_t>(); ++k) {
+    Json step = next;
+    for (const auto& [name, by] : grown) {
+      Json& last = step[name]["shape"].back();
+      last = last.get<int64_t>() + k * by;
+    }
+    specs.push_back(std::move(step));
+  }
+  return specs;
+}
+
 absl::StatusOr<RequestTemplate> ParseTemplate(size_t index, const Json& spec, std::mt19937_64& rng,
                                               const std::string& base_directory) {
   if (!spec.is_object()) return TemplateError(index, "", "expected an object");
@@ -32,12 +86,12 @@ absl::StatusOr<RequestTemplate> ParseTemplate(size_t index, const Json& spec, st
   t.name = name->get<std::string>();
   auto error = [&](absl::string_view what) { return TemplateError(index, t.name, what); };
   for (const auto& [key, value] : spec.items()) {
-    static const std::set<std::string> kKnown = {"name",   "weight", "model",  "version",
-                                                 "inputs", "params", "outputs"};
+    static const std::set<std::string> kKnown = {"name",   "weight", "model",   "version",
+                                                 "inputs", "params", "outputs", "sequence"};
     if (!kKnown.count(key)) {
       return error(absl::StrCat("unknown field \"", key,
                                 "\" (known: name, weight, model, version, inputs, params, "
-                                "outputs)"));
+                                "outputs, sequence)"));
     }
   }
   const Json* model = JsonMember(spec, "model");
@@ -63,14 +117,10 @@ absl::StatusOr<RequestTemplate> ParseTemplate(size_t index, const Json& spec, st
       options.outputs.push_back(o.get<std::string>());
     }
   }
-  std::vector<Tensor> inputs;
+  Json input_specs = Json::object();
   if (const Json* specs = JsonMember(spec, "inputs")) {
     if (!specs->is_object()) return error("\"inputs\" must map input names to tensor specs");
-    for (const auto& [input, tensor_spec] : specs->items()) {
-      absl::StatusOr<Tensor> tensor = TensorFromJson(input, tensor_spec, rng, base_directory);
-      if (!tensor.ok()) return error(tensor.status().message());
-      inputs.push_back(*std::move(tensor));
-    }
+    input_specs = *specs;
   }
   std::map<std::string, ScalarValue> scalars;
   if (const Json* params = JsonMember(spec, "params")) {
@@ -83,11 +133,45 @@ absl::StatusOr<RequestTemplate> ParseTemplate(size_t index, const Json& spec, st
       scalars[param] = *std::move(value);
     }
   }
-  absl::StatusOr<inference::ModelInferRequest> request =
-      MakeInferRequest(t.model, inputs, scalars, options);
-  if (!request.ok()) return error(request.status().message());
-  request->set_id(t.name);
-  t.request = std::make_shared<const inference::ModelInferRequest>(*std::move(request));
+  auto build = [&](const Json& specs) -> absl::StatusOr<inference::ModelInferRequest> {
+    std::vector<Tensor> inputs;
+    for (const auto& [input, tensor_spec] : specs.items()) {
+      absl::StatusOr<Tensor> tensor = TensorFromJson(input, tensor_spec, rng, base_directory);
+      if (!tensor.ok()) return tensor.status();
+      inputs.push_back(*std::move(tensor));
+    }
+    absl::StatusOr<inference::ModelInferRequest> request =
+        MakeInferRequest(t.model, inputs, scalars, options);
+    if (request.ok()) request->set_id(t.name);
+    return request;
+  };
+  const Json* sequence = JsonMember(spec, "sequence");
+  if (sequence == nullptr) {
+    absl::StatusOr<inference::ModelInferRequest> request = build(input_specs);
+    if (!request.ok()) return error(request.status().message());
+    t.request = std::make_shared<const inference::ModelInferRequest>(*std::move(request));
+    return t;
+  }
+  absl::StatusOr<std::vector<Json>> steps = SequenceSpecs(input_specs, *sequence);
+  if (!steps.ok()) return error(absl::StrCat("\"sequence\": ", steps.status().message()));
+  size_t built_bytes = 0;
+  for (size_t k = 0; k < steps->size(); ++k) {
+    absl::StatusOr<inference::ModelInferRequest> request = build((*steps)[k]);
+    if (!request.ok()) {
+      return error(absl::StrCat("request ", k, " of the sequence: ", request.status().message()));
+    }
+    built_bytes += request->ByteSizeLong();
+    if (built_bytes > kMaxSequenceBytes) {
+      return error(absl::StrCat("the sequence's first ", k + 1, " requests take ", built_bytes,
+                                " bytes, more than the ", kMaxSequenceBytes,
+                                " its requests may take built ahead: send fewer or smaller"));
+    }
+    auto& parameters = *request->mutable_parameters();
+    if (k == 0) parameters["sequence_start"].set_bool_param(true);
+    if (k + 1 == steps->size()) parameters["sequence_end"].set_bool_param(true);
+    t.sequence.push_back(std::make_shared<const inference::ModelInferRequest>(*std::move(request)));
+  }
+  t.request = t.sequence.front();
   return t;
 }
 

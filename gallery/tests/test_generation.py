@@ -506,6 +506,39 @@ def test_a_sequence_the_server_lost_is_started_again_with_its_prefix(small_serve
                    reason="evicted") >= evicted + 1
 
 
+def test_the_load_tool_drives_sequences_whose_state_the_server_keeps(server, tmp_path):
+    # Each sequence: a prompt of 6 with sequence_start, then one token a
+    # request with a mask one longer each time, the last with sequence_end.
+    # Any of those wrong and the server refuses the request (a mask that
+    # disagrees with the cache, a sequence not started, two clients' steps
+    # in one sequence).
+    # (Positions of 0 cost what the right ones do.)
+    def zeros(*shape):
+        return {"shape": list(shape), "datatype": "INT64", "fill": "zeros"}
+
+    mix = [{"name": "generate", "model": STATEFUL[MODEL],
+            "inputs": {"input_ids": zeros(1, 6), "position_ids": zeros(1, 6),
+                       "attention_mask": {"shape": [1, 6], "datatype": "INT64", "fill": "ones"}},
+            "sequence": {"requests": 8,
+                         "next_inputs": {"input_ids": zeros(1, 1), "position_ids": zeros(1, 1)},
+                         "grow": {"attention_mask": 1}}}]
+    (tmp_path / "mix.json").write_text(json.dumps(mix))
+    run = subprocess.run(
+        [str(ROOT / "client" / "precompile_load"), f"--address={server.address}",
+         f"--mix={tmp_path / 'mix.json'}", "--concurrency=1,4", "--requests=64", "--quiet",
+         f"--json_out={tmp_path / 'report.json'}"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "SEQUENCES STARTED" in run.stdout
+    one, four = json.loads((tmp_path / "report.json").read_text())["phases"]
+    for phase in (one, four):
+        assert phase["status_codes"] == {"OK": 64}, phase
+    # One at a time: 8 whole sequences; four at once: each slot's last may
+    # be cut off by the end of the phase.
+    assert (one["sequences_started"], one["sequences_completed"]) == (8, 8)
+    assert four["sequences_started"] - 4 <= four["sequences_completed"] <= four["sequences_started"]
+    assert four["sequences_completed"] >= 4
+
+
 # GPT-2 behind a wrapper Dynamo gives up on (gpt2_decoder_recentering):
 # generation runs the flagged entry's Python eager program at every step,
 # and the program passes the cache it is given to the language model's
