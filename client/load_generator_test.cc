@@ -64,6 +64,13 @@ class LoadGeneratorTest : public testing::ExampleServerTest {
     return code;
   }
 
+  // A client of the test's server.
+  std::unique_ptr<InferenceClient> Client() {
+    ClientOptions options;
+    options.address = testing::AddressOf(*server_);
+    return *InferenceClient::Create(options);
+  }
+
   Json Report() {
     std::ifstream in(json_path_);
     std::stringstream text;
@@ -170,9 +177,7 @@ TEST_F(LoadGeneratorTest, OpenLoopSkipsArrivalsOverTheOutstandingCap) {
 TEST_F(LoadGeneratorTest, RecordsAFixedNumberOfRequestsAndReportsProgress) {
   auto mix = ParseRequestMix(kMix, 1);
   ASSERT_TRUE(mix.ok()) << mix.status();
-  ClientOptions client_options;
-  client_options.address = testing::AddressOf(*server_);
-  auto client = *InferenceClient::Create(client_options);
+  auto client = Client();
   std::ostringstream progress;
   LoadOptions options;
   options.concurrency = {3};
@@ -261,9 +266,7 @@ TEST(RequestMixTest, RefusesSequencesItCannotBuild) {
 TEST_F(LoadGeneratorTest, SequencesRunInTheClosedLoopOnly) {
   auto mix = ParseRequestMix(kSequenceMix, 1);
   ASSERT_TRUE(mix.ok()) << mix.status();
-  ClientOptions client_options;
-  client_options.address = testing::AddressOf(*server_);
-  auto client = *InferenceClient::Create(client_options);
+  auto client = Client();
   LoadOptions options;
   options.rate = 100;
   options.requests = 10;

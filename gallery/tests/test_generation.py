@@ -86,25 +86,34 @@ def test_a_one_token_prompt_generates_as_model_generate_does(client, model):
     assert generate.generate(client, model, [7], 6) == _in_process([7], 6, model)
 
 
-@pytest.mark.parametrize("model", sorted(FACTORIES))
-def test_each_step_scores_the_sequence_as_the_whole_sequence_does(client, model):
-    # Greedy tokens of random weights can repeat whatever the cache holds:
-    # the logits of every step, fed a fixed sequence, must equal those of
-    # the model run on the whole sequence at once.
-    sequence = [int(t) for t in np.random.default_rng(1).integers(0, 1000, 16)]
+def _steps_sending_the_cache(client, model, sequence):
+    """The last position's logits of each step through `sequence` (its first
+    6 tokens the prompt, then one a step, the cache sent back and forth),
+    and each response's precompile_outcome."""
     names = generate.cache_outputs(client, model)
     requested = [triton.InferRequestedOutput(n) for n in ["logits"] + names]
-    cache, steps = {}, []
+    cache, steps, outcomes = {}, [], []
     for end in range(6, len(sequence) + 1):
         ids = np.array([sequence[:end] if not cache else sequence[end - 1:end]], dtype=np.int64)
         inputs = generate.token_inputs(ids, np.ones((1, end), dtype=np.int64))
         inputs += [generate._input(n, v) for n, v in cache.items()]
         result = client.infer(model, inputs, outputs=requested)
         steps.append(result.as_numpy("logits")[0, -1])
+        outcomes.append(result.get_response().parameters["precompile_outcome"].string_param)
         cache = {n: result.as_numpy(n) for n in names}
+    return np.stack(steps), outcomes
+
+
+@pytest.mark.parametrize("model", sorted(FACTORIES))
+def test_each_step_scores_the_sequence_as_the_whole_sequence_does(client, model):
+    # Greedy tokens of random weights can repeat whatever the cache holds:
+    # the logits of every step, fed a fixed sequence, must equal those of
+    # the model run on the whole sequence at once.
+    sequence = [int(t) for t in np.random.default_rng(1).integers(0, 1000, 16)]
+    steps, _ = _steps_sending_the_cache(client, model, sequence)
     with torch.no_grad():
         whole = FACTORIES[model]()(input_ids=torch.tensor([sequence])).logits[0, 5:].numpy()
-    np.testing.assert_allclose(np.stack(steps), whole, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(steps, whole, rtol=1e-4, atol=1e-4)
 
 
 def test_cache_is_served_by_name_in_metadata(client):
@@ -559,20 +568,11 @@ def test_a_decoder_behind_a_flagged_wrapper_generates_as_model_generate_does(ser
 
 def test_each_step_behind_the_flagged_wrapper_runs_eagerly_with_the_cache_it_was_sent(client):
     sequence = [int(t) for t in np.random.default_rng(3).integers(0, 1000, 16)]
-    names = generate.cache_outputs(client, FLAGGED)
-    requested = [triton.InferRequestedOutput(n) for n in ["logits"] + names]
-    cache, steps = {}, []
-    for end in range(6, len(sequence) + 1):
-        ids = np.array([sequence[:end] if not cache else sequence[end - 1:end]], dtype=np.int64)
-        inputs = generate.token_inputs(ids, np.ones((1, end), dtype=np.int64))
-        inputs += [generate._input(n, v) for n, v in cache.items()]
-        result = client.infer(FLAGGED, inputs, outputs=requested)
-        assert result.get_response().parameters["precompile_outcome"].string_param == "eager_fallback"
-        steps.append(result.as_numpy("logits")[0, -1])
-        cache = {n: result.as_numpy(n) for n in names}
+    steps, outcomes = _steps_sending_the_cache(client, FLAGGED, sequence)
+    assert set(outcomes) == {"eager_fallback"}
     with torch.no_grad():
         whole = models.make_gpt2_decoder_recentering()(input_ids=torch.tensor([sequence]))
-    np.testing.assert_allclose(np.stack(steps), whole.logits[0, 5:].numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(steps, whole.logits[0, 5:].numpy(), rtol=1e-4, atol=1e-4)
     # The same with the cache kept by the server: the program gets it from
     # the sequence's state.
     steps = [_step(client, FLAGGED + "_stateful", sequence[:6], 0, 72, start=True)]
