@@ -80,6 +80,11 @@ ABSL_FLAG(int64_t, sequence_state_bytes, int64_t{1} << 30,
           "Bytes of sequences' state (models whose config.pbtxt has sequence_batching) held "
           "at once; past it the sequence idle longest is evicted, and a sequence that still "
           "does not fit is refused RESOURCE_EXHAUSTED (0: no sequence may start)");
+ABSL_FLAG(int64_t, sequence_state_bytes_per_client, 0,
+          "Bytes of sequences' state one client may hold at once (a client certificate under "
+          "--tls_client_ca; all clients without one share one); past it that client's own "
+          "sequence idle longest is evicted, so that no client pushes the others' out beyond "
+          "its share (0: no share, only --sequence_state_bytes)");
 ABSL_FLAG(int64_t, max_inference_memory_bytes, int64_t{4} << 30,
           "Bytes of CPU tensors that model calls hold at once (intermediate buffers, outputs, "
           "what eager programs allocate); a call whose allocation would pass it gets "
@@ -224,6 +229,11 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   options.sequence_state_bytes = absl::GetFlag(FLAGS_sequence_state_bytes);
   if (options.sequence_state_bytes < 0) {
     return absl::InvalidArgumentError("--sequence_state_bytes must be at least 0");
+  }
+  options.sequence_state_bytes_per_client =
+      absl::GetFlag(FLAGS_sequence_state_bytes_per_client);
+  if (options.sequence_state_bytes_per_client < 0) {
+    return absl::InvalidArgumentError("--sequence_state_bytes_per_client must be at least 0");
   }
   options.max_inference_memory_bytes = absl::GetFlag(FLAGS_max_inference_memory_bytes);
   if (options.max_inference_memory_bytes < 0) {

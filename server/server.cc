@@ -157,6 +157,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->tracer_ = std::make_unique<RequestTracer>(o.trace_file, o.trace);
   SequenceStore::Options sequences;
   sequences.max_bytes = o.sequence_state_bytes;
+  sequences.max_bytes_per_client = o.sequence_state_bytes_per_client;
   server->sequences_ = std::make_unique<SequenceStore>(sequences);
   server->api_ =
       std::make_unique<InferenceApi>(*server->repository_, metrics, server->state_,

@@ -113,6 +113,10 @@ struct ServerOptions {
   // sequence_batching) the server holds at once; past it the sequence idle
   // longest is evicted (server/scheduling/sequence_state.h). Default: 1 GiB.
   int64_t sequence_state_bytes = int64_t{1} << 30;
+  // The most one client's sequences hold (one client certificate, or all
+  // clients without one); past it that client's own sequence idle longest
+  // is evicted. Default: 0, no share.
+  int64_t sequence_state_bytes_per_client = 0;
   // Bytes of CPU tensors that model calls hold at once: their intermediate
   // buffers, outputs and what eager programs allocate
   // (runtime/inference_memory.h). A call whose allocation would pass it

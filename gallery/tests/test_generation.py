@@ -629,7 +629,9 @@ def tls_server(tmp_path_factory):
     add_model(repository, "decoder", "gpt2_decoder", STATEFUL_CONFIG.read_text())
     process = ServerProcess(ROOT / "server" / "precompile_server", repository,
                             [f"--tls_cert={certs / 'server.crt'}", f"--tls_key={certs / 'server.key'}",
-                             f"--tls_client_ca={certs / 'ca.crt'}"])
+                             f"--tls_client_ca={certs / 'ca.crt'}",
+                             # Two sequences of a 6-token prompt (7.2 kB each), not three.
+                             "--sequence_state_bytes_per_client=16000"])
     process.certs = certs
     yield process
     assert process.stop() == 0, process.log()
@@ -676,3 +678,16 @@ def test_a_sequence_is_the_certificates_that_started_it(tls_server):
     with torch.no_grad():
         whole = models.make_gpt2_decoder()(input_ids=torch.tensor([sequence])).logits[0, 5:].numpy()
     np.testing.assert_allclose(np.stack(steps), whole, rtol=1e-4, atol=1e-4)
+
+
+def test_a_client_past_its_share_evicts_its_own_sequences(tls_server):
+    alice, bob = _tls_client(tls_server, "alice"), _tls_client(tls_server, "bob")
+    prompt = PROMPT[:6]
+    _step(bob, "decoder", prompt, 0, 21, start=True)  # Idle longest of all.
+    for sequence_id in (21, 22, 23):
+        _step(alice, "decoder", prompt, 0, sequence_id, start=True)
+    message = _refused(lambda: _step(alice, "decoder", [5], 6, 21), "FAILED_PRECONDITION")
+    assert ("was evicted to keep its client's sequence state within "
+            "--sequence_state_bytes_per_client (16000") in message
+    for client, sequence_id in ((bob, 21), (alice, 22), (alice, 23)):
+        _step(client, "decoder", [5], 6, sequence_id, end=True)

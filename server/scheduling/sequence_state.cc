@@ -188,6 +188,12 @@ absl::StatusOr<SequenceStore::Lease> SequenceStore::Acquire(const Request& reque
             : std::string("a sequence's first request carries sequence_start")));
   }
   const int64_t bytes = OverheadBytes(key);
+  if (!MakeRoomInShare(request.client, bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this client's sequences hold ", client_bytes_[request.client].held,
+        " bytes of state in requests running now, its share (--sequence_state_bytes_per_client ",
+        options_.max_bytes_per_client, "): none of its sequences can start; retry later"));
+  }
   if (!MakeRoom(bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the server holds ", bytes_, " bytes of sequence state in requests running now, "
@@ -195,6 +201,8 @@ absl::StatusOr<SequenceStore::Lease> SequenceStore::Acquire(const Request& reque
         "): no sequence can start; retry later"));
   }
   Entry& entry = entries_[key];
+  entry.client = request.client;
+  client_bytes_[request.client].held += bytes;
   entry.model = request.model;
   entry.id = request.id.text;
   entry.loaded = request.loaded;
@@ -234,19 +242,27 @@ absl::Status SequenceStore::Commit(const std::string& key, State next, bool end)
   for (const auto& [name, tensor] : next) tensors += static_cast<int64_t>(tensor.nbytes);
   const int64_t bytes = OverheadBytes(key) + tensors;
   const int64_t more = bytes - entry.bytes;
-  if (more > 0 && !MakeRoom(more)) {
+  const bool in_share = MakeRoomInShare(entry.client, more);
+  if (!in_share || (more > 0 && !MakeRoom(more))) {
     const std::string who = Describe(entry.model, entry.id);
-    const int64_t others = bytes_ - entry.bytes;
+    const int64_t others =
+        (in_share ? bytes_ : client_bytes_[entry.client].held) - entry.bytes;
+    std::string message =
+        in_share ? absl::StrCat("the server's other sequences running now hold ", others,
+                                ": together past --sequence_state_bytes (", options_.max_bytes)
+                 : absl::StrCat("this client's other sequences running now hold ", others,
+                                ": together past its share, --sequence_state_bytes_per_client (",
+                                options_.max_bytes_per_client);
     if (!entry.committed) {
       Drop(key, Gone::kFailedStart);
     } else {
       SetIdle(key, entry, now);
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the state of ", who, " would take ", tensors, " bytes, and the server's other "
-        "sequences running now hold ", others, ": together past --sequence_state_bytes (",
-        options_.max_bytes, "); the sequence keeps the state it had"));
+    return absl::ResourceExhaustedError(absl::StrCat("the state of ", who, " would take ", tensors,
+                                                     " bytes, and ", message,
+                                                     "); the sequence keeps the state it had"));
   }
+  client_bytes_[entry.client].held += more;
   ModelStats& stats = stats_[entry.model];
   stats.state_bytes += more;
   bytes_ += more;
@@ -255,6 +271,23 @@ absl::Status SequenceStore::Commit(const std::string& key, State next, bool end)
   entry.committed = true;
   SetIdle(key, entry, now);
   return absl::OkStatus();
+}
+
+bool SequenceStore::MakeRoomInShare(const std::string& client, int64_t bytes) {
+  const int64_t share = options_.max_bytes_per_client;
+  if (share <= 0 || bytes <= 0) return true;
+  auto it = client_bytes_.find(client);
+  const ClientBytes held = it == client_bytes_.end() ? ClientBytes{} : it->second;
+  if (held.held + bytes <= share) return true;
+  if (held.held - held.idle + bytes > share) return false;
+  while (true) {
+    it = client_bytes_.find(client);
+    if (it == client_bytes_.end() || it->second.held + bytes <= share) return true;
+    auto oldest = idle_by_client_.lower_bound({client, absl::InfinitePast(), std::string()});
+    if (oldest == idle_by_client_.end() || std::get<0>(*oldest) != client) return false;
+    const std::string key = std::get<2>(*oldest);
+    Drop(key, Gone::kEvictedByShare);
+  }
 }
 
 bool SequenceStore::MakeRoom(int64_t bytes) {
@@ -277,7 +310,9 @@ void SequenceStore::DropExpired(absl::Time now) {
 void SequenceStore::SetBusy(const std::string& key, Entry& entry) {
   idle_by_expiry_.erase({entry.last_used + entry.max_idle, key});
   idle_by_use_.erase({entry.last_used, key});
+  idle_by_client_.erase({entry.client, entry.last_used, key});
   idle_bytes_ -= entry.bytes;
+  client_bytes_[entry.client].idle -= entry.bytes;
   entry.busy = true;
 }
 
@@ -286,7 +321,9 @@ void SequenceStore::SetIdle(const std::string& key, Entry& entry, absl::Time now
   entry.last_used = now;
   idle_by_expiry_.insert({now + entry.max_idle, key});
   idle_by_use_.insert({now, key});
+  idle_by_client_.insert({entry.client, now, key});
   idle_bytes_ += entry.bytes;
+  client_bytes_[entry.client].idle += entry.bytes;
 }
 
 void SequenceStore::Drop(const std::string& key, Gone why) {
@@ -295,13 +332,18 @@ void SequenceStore::Drop(const std::string& key, Gone why) {
   Entry& entry = it->second;
   if (!entry.busy) SetBusy(key, entry);
   bytes_ -= entry.bytes;
+  if (auto client = client_bytes_.find(entry.client);
+      client != client_bytes_.end() && (client->second.held -= entry.bytes) <= 0) {
+    client_bytes_.erase(client);
+  }
   ModelStats& stats = stats_[entry.model];
   --stats.active;
   stats.state_bytes -= entry.bytes - OverheadBytes(key);
   switch (why) {
     case Gone::kEnded: ++stats.ended; break;
     case Gone::kExpired: ++stats.expired; break;
-    case Gone::kEvicted: ++stats.evicted; break;
+    case Gone::kEvicted:
+    case Gone::kEvictedByShare: ++stats.evicted; break;
     case Gone::kReloaded:
     case Gone::kFailedStart: break;
   }
@@ -329,6 +371,11 @@ std::string SequenceStore::GoneText(const Remembered& gone) const {
       return absl::StrCat("was evicted to keep the server's sequence state within "
                           "--sequence_state_bytes (",
                           options_.max_bytes, "; the sequence idle longest goes first)");
+    case Gone::kEvictedByShare:
+      return absl::StrCat("was evicted to keep its client's sequence state within "
+                          "--sequence_state_bytes_per_client (",
+                          options_.max_bytes_per_client,
+                          "; the client's own sequence idle longest goes first)");
     case Gone::kReloaded:
       return "was dropped: the model was loaded again after it started";
     case Gone::kFailedStart: return "never started: its first request failed";

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -89,6 +90,11 @@ class SequenceStore {
     // The state of all sequences together, in bytes (each sequence counts
     // kSequenceOverheadBytes besides its tensors). 0: no sequence may start.
     int64_t max_bytes = int64_t{1} << 30;
+    // The most one client's sequences hold together (Request::client: one
+    // certificate, or all clients without one); past it that client's own
+    // sequence idle longest is evicted, so that a client cannot push the
+    // others' out beyond its share. 0: no share, only max_bytes.
+    int64_t max_bytes_per_client = 0;
     // Sequences gone that the store remembers, to say why they are.
     size_t remembered = 4096;
     // Null: absl::Now.
@@ -171,8 +177,9 @@ class SequenceStore {
   int64_t max_bytes() const { return options_.max_bytes; }
 
  private:
-  enum class Gone { kEnded, kExpired, kEvicted, kReloaded, kFailedStart };
+  enum class Gone { kEnded, kExpired, kEvicted, kEvictedByShare, kReloaded, kFailedStart };
   struct Entry {
+    std::string client;
     std::string model;
     std::string id;
     const void* loaded = nullptr;
@@ -201,6 +208,13 @@ class SequenceStore {
   // Evicts idle sequences, the one idle longest first, until `bytes` more
   // fit; false, evicting none, when they cannot.
   bool MakeRoom(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same within `client`'s share, evicting only its own sequences.
+  bool MakeRoomInShare(const std::string& client, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What `client`'s sequences hold, and of that their idle ones.
+  struct ClientBytes {
+    int64_t held = 0;
+    int64_t idle = 0;
+  };
   std::string GoneText(const Remembered& gone) const;
   void Release(const std::string& key);
   absl::Status Commit(const std::string& key, State next, bool end);
@@ -214,6 +228,9 @@ class SequenceStore {
   std::set<std::pair<absl::Time, std::string>> idle_by_use_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per client, while it has sequences; and its idle ones by when last used.
+  absl::flat_hash_map<std::string, ClientBytes> client_bytes_ ABSL_GUARDED_BY(mu_);
+  std::set<std::tuple<std::string, absl::Time, std::string>> idle_by_client_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, ModelStats> stats_ ABSL_GUARDED_BY(mu_);
   // Why sequences went, oldest first, bounded by options_.remembered.
   absl::flat_hash_map<std::string, Remembered> gone_ ABSL_GUARDED_BY(mu_);

@@ -123,9 +123,10 @@ TEST(CheckSequenceState, NeedsInputsThatMayBeLeftOutAndTensorOutputs) {
 // A fake clock at the system's edge: the store's expiry is what is tested.
 class SequenceStoreTest : public ::testing::Test {
  protected:
-  SequenceStore MakeStore(int64_t max_bytes) {
+  SequenceStore MakeStore(int64_t max_bytes, int64_t max_bytes_per_client = 0) {
     SequenceStore::Options options;
     options.max_bytes = max_bytes;
+    options.max_bytes_per_client = max_bytes_per_client;
     options.remembered = 3;
     options.clock = [this] { return now_; };
     return SequenceStore(options);
@@ -327,6 +328,45 @@ TEST_F(SequenceStoreTest, TheBudgetEvictsTheSequenceIdleLongestFirst) {
   auto stats = store.Stats();
   EXPECT_EQ(stats[0].evicted, 1u);
   EXPECT_EQ(stats[0].active, 2);
+}
+
+TEST_F(SequenceStoreTest, AClientPastItsShareEvictsItsOwnSequencesNotOthers) {
+  // Room for all, but one client's share holds two sequences of 1000 bytes.
+  SequenceStore store = MakeStore(1 << 20, 2 * (1000 + Overhead("a1") + 5) + 500);
+  auto start = [&](const std::string& id, const std::string& client) {
+    auto lease = store.Acquire(Ask(id, true, nullptr, client));
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    ASSERT_TRUE(lease->Commit(StateOf(1000, 1), false).ok());
+    now_ += absl::Seconds(1);
+  };
+  start("b1", "bob");  // Idle longest of all.
+  start("a1", "alice");
+  start("a2", "alice");
+  start("a3", "alice");  // Past Alice's share: her own a1 goes, not Bob's b1.
+  EXPECT_THAT(store.Acquire(Ask("a1", false, nullptr, "alice")).status().message(),
+              HasSubstr("was evicted to keep its client's sequence state within "
+                        "--sequence_state_bytes_per_client"));
+  EXPECT_TRUE(store.Acquire(Ask("b1", false, nullptr, "bob")).ok());
+  {
+    // With both of hers running, Alice can start no third; Bob still can.
+    auto a2 = store.Acquire(Ask("a2", false, nullptr, "alice"));
+    auto a3 = store.Acquire(Ask("a3", false, nullptr, "alice"));
+    ASSERT_TRUE(a2.ok() && a3.ok());
+    auto a4 = store.Acquire(Ask("a4", true, nullptr, "alice"));
+    EXPECT_EQ(a4.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(a4.status().message(),
+                HasSubstr("its share (--sequence_state_bytes_per_client"));
+    EXPECT_TRUE(store.Acquire(Ask("b2", true, nullptr, "bob")).ok());
+    // Nor can one of hers grow past the share while the other runs.
+    absl::Status grown = a3->Commit(StateOf(3000, 9), false);
+    EXPECT_EQ(grown.code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(grown.message(), HasSubstr("this client's other sequences running now hold"));
+    EXPECT_THAT(grown.message(), HasSubstr("--sequence_state_bytes_per_client"));
+  }
+  auto a3 = store.Acquire(Ask("a3", false, nullptr, "alice"));
+  ASSERT_TRUE(a3.ok()) << a3.status();
+  EXPECT_EQ(FirstByte(*a3), 1) << "the sequence keeps the state it had";
+  EXPECT_EQ(store.Stats()[0].evicted, 1u);
 }
 
 TEST_F(SequenceStoreTest, StateThatCannotFitIsRefusedAndTheSequenceKeepsItsOwn) {
