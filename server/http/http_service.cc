@@ -155,7 +155,7 @@ std::optional<HttpAnswer> HttpService::Screen(const HttpRequest& request) {
   const HttpRoute route = RouteOf(request.head.method, request.head.path);
   if (route.kind == HttpRoute::Kind::kServerLive) return HealthAnswer(api_.ServerLive());
   if (route.kind == HttpRoute::Kind::kServerReady) return HealthAnswer(api_.ServerReady());
-  if (client_certificates_ && !request.client_certificate) {
+  if (client_certificates_ && request.client_certificate_pem.empty()) {
     return ErrorAnswer(absl::UnauthenticatedError(
         "this server needs a client certificate signed by its client CA for every path but "
         "/v2/health/*"));

@@ -698,7 +698,6 @@ void HttpTransportLoop::StartRequest(Connection& c, HttpHead head) {
   c.exchange.reset(new HttpExchange(*this, c.id));
   HttpRequest& request = c.exchange->request_;
   request.head = std::move(head);
-  request.client_certificate = !c.client_certificate_pem.empty();
   request.client_certificate_pem = c.client_certificate_pem;
   c.keep_alive = request.head.keep_alive;
   c.head_only = request.head.method == "HEAD";

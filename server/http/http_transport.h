@@ -88,9 +88,8 @@ struct HttpTransportOptions {
 struct HttpRequest {
   HttpHead head;
   std::string body;
-  // TLS only: the client presented a certificate its CA signed.
-  bool client_certificate = false;
-  // That certificate in PEM, as gRPC gives its clients' (x509_pem_cert).
+  // TLS only: the certificate, signed by its CA, that the client presented,
+  // in PEM as gRPC gives its clients' (x509_pem_cert); empty without one.
   std::string client_certificate_pem;
 };
 
