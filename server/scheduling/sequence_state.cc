@@ -188,13 +188,14 @@ absl::StatusOr<SequenceStore::Lease> SequenceStore::Acquire(const Request& reque
             : std::string("a sequence's first request carries sequence_start")));
   }
   const int64_t bytes = OverheadBytes(key);
-  if (!MakeRoomInShare(request.client, bytes)) {
+  const std::optional<Limit> full = MakeRoom(request.client, bytes);
+  if (full == Limit::kShare) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this client's sequences hold ", client_bytes_[request.client].held,
         " bytes of state in requests running now, its share (--sequence_state_bytes_per_client ",
         options_.max_bytes_per_client, "): none of its sequences can start; retry later"));
   }
-  if (!MakeRoom(bytes)) {
+  if (full == Limit::kTotal) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the server holds ", bytes_, " bytes of sequence state in requests running now, "
         "the most it may (--sequence_state_bytes ", options_.max_bytes,
@@ -242,17 +243,16 @@ absl::Status SequenceStore::Commit(const std::string& key, State next, bool end)
   for (const auto& [name, tensor] : next) tensors += static_cast<int64_t>(tensor.nbytes);
   const int64_t bytes = OverheadBytes(key) + tensors;
   const int64_t more = bytes - entry.bytes;
-  const bool in_share = MakeRoomInShare(entry.client, more);
-  if (!in_share || (more > 0 && !MakeRoom(more))) {
+  if (const std::optional<Limit> full = MakeRoom(entry.client, more)) {
     const std::string who = Describe(entry.model, entry.id);
-    const int64_t others =
-        (in_share ? bytes_ : client_bytes_[entry.client].held) - entry.bytes;
+    const bool share = *full == Limit::kShare;
+    const int64_t others = (share ? client_bytes_[entry.client].held : bytes_) - entry.bytes;
     std::string message =
-        in_share ? absl::StrCat("the server's other sequences running now hold ", others,
-                                ": together past --sequence_state_bytes (", options_.max_bytes)
-                 : absl::StrCat("this client's other sequences running now hold ", others,
-                                ": together past its share, --sequence_state_bytes_per_client (",
-                                options_.max_bytes_per_client);
+        share ? absl::StrCat("this client's other sequences running now hold ", others,
+                             ": together past its share, --sequence_state_bytes_per_client (",
+                             options_.max_bytes_per_client)
+              : absl::StrCat("the server's other sequences running now hold ", others,
+                             ": together past --sequence_state_bytes (", options_.max_bytes);
     if (!entry.committed) {
       Drop(key, Gone::kFailedStart);
     } else {
@@ -273,31 +273,28 @@ absl::Status SequenceStore::Commit(const std::string& key, State next, bool end)
   return absl::OkStatus();
 }
 
-bool SequenceStore::MakeRoomInShare(const std::string& client, int64_t bytes) {
+std::optional<SequenceStore::Limit> SequenceStore::MakeRoom(const std::string& client,
+                                                            int64_t bytes) {
+  if (bytes <= 0) return std::nullopt;
   const int64_t share = options_.max_bytes_per_client;
-  if (share <= 0 || bytes <= 0) return true;
-  auto it = client_bytes_.find(client);
-  const ClientBytes held = it == client_bytes_.end() ? ClientBytes{} : it->second;
-  if (held.held + bytes <= share) return true;
-  if (held.held - held.idle + bytes > share) return false;
-  while (true) {
-    it = client_bytes_.find(client);
-    if (it == client_bytes_.end() || it->second.held + bytes <= share) return true;
-    auto oldest = idle_by_client_.lower_bound({client, absl::InfinitePast(), std::string()});
-    if (oldest == idle_by_client_.end() || std::get<0>(*oldest) != client) return false;
-    const std::string key = std::get<2>(*oldest);
-    Drop(key, Gone::kEvictedByShare);
+  auto own = [&] {
+    auto it = client_bytes_.find(client);
+    return it == client_bytes_.end() ? ClientBytes{} : it->second;
+  };
+  // What would stay if every idle sequence that may go went.
+  if (share > 0 && own().held - own().idle + bytes > share) return Limit::kShare;
+  if (bytes_ - idle_bytes_ + bytes > options_.max_bytes) return Limit::kTotal;
+  while (share > 0 && own().held + bytes > share) {
+    auto idle = idle_by_client_.lower_bound({client, absl::InfinitePast(), std::string()});
+    if (idle == idle_by_client_.end() || std::get<0>(*idle) != client) break;
+    const std::string oldest = std::get<2>(*idle);
+    Drop(oldest, Gone::kEvictedByShare);
   }
-}
-
-bool SequenceStore::MakeRoom(int64_t bytes) {
-  if (bytes_ + bytes <= options_.max_bytes) return true;
-  if (bytes_ - idle_bytes_ + bytes > options_.max_bytes) return false;
   while (bytes_ + bytes > options_.max_bytes && !idle_by_use_.empty()) {
     const std::string oldest = idle_by_use_.begin()->second;
     Drop(oldest, Gone::kEvicted);
   }
-  return true;
+  return std::nullopt;
 }
 
 void SequenceStore::DropExpired(absl::Time now) {

@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -205,11 +206,13 @@ class SequenceStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes an idle `entry` out of the idle sets.
   void SetBusy(const std::string& key, Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts idle sequences, the one idle longest first, until `bytes` more
-  // fit; false, evicting none, when they cannot.
-  bool MakeRoom(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The same within `client`'s share, evicting only its own sequences.
-  bool MakeRoomInShare(const std::string& client, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  enum class Limit { kShare, kTotal };
+  // Makes room for `bytes` more of `client`'s state: evicts the client's own
+  // idle sequences, the one idle longest first, until they fit its share,
+  // then anyone's until they fit max_bytes. The limit they cannot fit even
+  // so, evicting none; nullopt when they fit.
+  std::optional<Limit> MakeRoom(const std::string& client, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What `client`'s sequences hold, and of that their idle ones.
   struct ClientBytes {
     int64_t held = 0;
