@@ -198,6 +198,14 @@ class SequenceStore {
     uint64_t serial = 0;
   };
 
+  // What a client's sequences hold, and of that their idle ones.
+  struct ClientBytes {
+    int64_t held = 0;
+    int64_t idle = 0;
+  };
+  // Which limit a state cannot fit.
+  enum class Limit { kShare, kTotal };
+
   absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
   void DropExpired(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `key`'s entry, remembering why it went.
@@ -206,18 +214,12 @@ class SequenceStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes an idle `entry` out of the idle sets.
   void SetBusy(const std::string& key, Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  enum class Limit { kShare, kTotal };
   // Makes room for `bytes` more of `client`'s state: evicts the client's own
   // idle sequences, the one idle longest first, until they fit its share,
   // then anyone's until they fit max_bytes. The limit they cannot fit even
   // so, evicting none; nullopt when they fit.
   std::optional<Limit> MakeRoom(const std::string& client, int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What `client`'s sequences hold, and of that their idle ones.
-  struct ClientBytes {
-    int64_t held = 0;
-    int64_t idle = 0;
-  };
   std::string GoneText(const Remembered& gone) const;
   void Release(const std::string& key);
   absl::Status Commit(const std::string& key, State next, bool end);
