@@ -108,6 +108,27 @@ def empty_t5_cache():
     return EncoderDecoderCache(DynamicCache(), DynamicCache())
 
 
+def make_roberta() -> torch.nn.Module:
+    """A Hugging Face RoBERTa sentence classifier. Its position ids count
+    the tokens that are not padding, from pad_token_id + 1
+    (create_position_ids_from_input_ids), so its table of 130 positions
+    takes at most 128 tokens."""
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    torch.manual_seed(0)
+    config = RobertaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=130,
+        pad_token_id=1,
+        num_labels=3,
+    )
+    return RobertaForSequenceClassification(config).eval()
+
+
 def make_resnet18() -> torch.nn.Module:
     """torchvision's resnet18 as torchvision.models.resnet18() builds it."""
     import torchvision

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import sympy
 import torch
 from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils._sympy.numbers import IntInfinity
+
+from .index_values import ValueRanges, limits_within
 
 DTYPE_NAMES = {
     torch.bool: "bool",
@@ -256,7 +259,7 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
     if not_plain:
         raise NotPlainSymbol(not_plain)
     inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
-    index_ranges, symbol_limits = _index_limits(ep, inputs)
+    index_ranges, symbol_limits = _index_limits(ep, inputs, related)
     symbols = []
     for root, sid in symbol_ids.items():
         # The intersection of the ranges of the class's input symbols.
@@ -387,52 +390,107 @@ def _is_integer_input(node: Any) -> bool:
             and t.dtype is not torch.bool)
 
 
+def _program_tensors(ep: torch.export.ExportedProgram) -> Dict[str, torch.Tensor]:
+    """The program's own tensors (buffers, constants) by placeholder name."""
+    tensors: Dict[str, torch.Tensor] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR) and isinstance(spec.arg, TensorArgument):
+            t = ep.state_dict.get(spec.target)
+            if t is None:
+                t = ep.constants.get(spec.target)
+            if isinstance(t, torch.Tensor):
+                tensors[spec.arg.name] = t
+    return tensors
+
+
+def _input_symbols(ep: torch.export.ExportedProgram, inputs: Dict[str, int]) -> set:
+    symbols = set()
+    for node in ep.graph.nodes:
+        t = node.meta.get("val") if node.op == "placeholder" and node.name in inputs else None
+        if isinstance(t, torch.Tensor):
+            symbols.update(s.node.expr for s in t.shape
+                           if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol))
+    return symbols
+
+
 def _index_limits(
-    ep: torch.export.ExportedProgram, inputs: Dict[str, int]
+    ep: torch.export.ExportedProgram, inputs: Dict[str, int], related: Callable[[sympy.Symbol], sympy.Symbol]
 ) -> Tuple[Dict[int, Tuple[int, int]], Dict[sympy.Symbol, int]]:
     """What indexing a table requires of the inputs.
 
     Returns the value range [min, max) of each integer input (by parameter)
     used as indices into a dimension of static size (an embedding's rows;
     index, index_select, gather, scatter, index_put), and the largest size of
-    each symbol that is the length of an arange used so (position ids), or the
-    length of a cache that such an arange's positions follow: compiled code
-    that reads past a table ends the process, so these become refusals
-    instead. Indices into a dimension of dynamic size, and indices
-    computed from an input's values (not a view of it or a constant added),
-    are not covered.
+    each symbol that is the length of an arange used so (position ids), of a
+    cache that such an arange's positions follow, or of a dimension that
+    bounds indices the graph computes (RoBERTa's position ids count the
+    tokens that are not padding: index_values.py): compiled code that reads
+    past a table ends the process, so these become refusals instead.
+    Indices computed from an input's values (not a view of it or a constant
+    added), and indices into a dimension of dynamic size that they may pass
+    (unless the guards make the two sizes one: `related`), are not covered:
+    the capture warns of each such op.
     """
     ranges: Dict[int, Tuple[int, int]] = {}
     limits: Dict[sympy.Symbol, int] = {}
+    computed = ValueRanges(_program_tensors(ep))
+    input_symbols = _input_symbols(ep, inputs)
+    # Sizes the guards require equal, as one symbol (the class's root).
+    roots = {s: related(s) for s in input_symbols}
+
+    def as_roots(e: Any) -> Any:
+        return e.xreplace(roots) if isinstance(e, sympy.Basic) else e
+
+    def limit(symbol: sympy.Symbol, largest: int) -> None:
+        limits[symbol] = min(limits.get(symbol, largest), largest)
+
     for node in ep.graph.nodes:
         if node.op != "call_function":
             continue
         for rows, index, negative in _indexed_dimensions(node):
-            if not isinstance(rows, int):
+            source = _index_source(index) if isinstance(rows, int) else None
+            if source is not None:
+                kind, origin, offset = source
+                if isinstance(offset, sympy.Expr) and not offset.is_Integer:
+                    # arange(n) + (s + c), n static: positions that follow a cache of length s.
+                    shifted = _symbol_plus_constant(offset)
+                    if kind == "arange" and isinstance(origin, int) and shifted is not None:
+                        symbol, c = shifted
+                        limit(symbol, rows - origin - c)
+                        continue
+                elif kind == "input" and origin.name in inputs and _is_integer_input(origin):
+                    offset = int(offset)
+                    i = inputs[origin.name]
+                    lo, hi = (-rows if negative else 0) - offset, rows - offset
+                    if i in ranges:
+                        lo, hi = max(lo, ranges[i][0]), min(hi, ranges[i][1])
+                    ranges[i] = (lo, hi)
+                    continue
+                elif kind == "arange" and isinstance(origin, torch.fx.Node):
+                    end = origin.meta.get("val")
+                    expr = end.node.expr if isinstance(end, torch.SymInt) else None
+                    if isinstance(expr, sympy.Symbol):
+                        limit(expr, rows - int(offset))
+                        continue
+            # Indices the graph computed: fenced where their range follows
+            # from the sizes.
+            size = None if rows is None else as_roots(
+                sympy.sympify(rows.node.expr if isinstance(rows, torch.SymInt) else rows))
+            r = computed.of(index)
+            found = (limits_within((as_roots(r[0]), as_roots(r[1])), -size if negative else 0, size,
+                                   set(roots.values()))
+                     if r is not None and size is not None else None)
+            if found is None:
+                warnings.warn(
+                    f"precompile capture: {node.target} indexes a dimension of size {size} with values "
+                    "the capture cannot prove within it (computed from an input's values, or from sizes "
+                    "it cannot relate to that one): a call that takes them outside ends the serving "
+                    "process", RuntimeWarning, stacklevel=2)
                 continue
-            source = _index_source(index)
-            if source is None:
-                continue
-            kind, origin, offset = source
-            if isinstance(offset, sympy.Expr) and not offset.is_Integer:
-                # arange(n) + (s + c), n static: positions that follow a cache of length s.
-                shifted = _symbol_plus_constant(offset)
-                if kind == "arange" and isinstance(origin, int) and shifted is not None:
-                    symbol, c = shifted
-                    limits[symbol] = min(limits.get(symbol, rows - origin - c), rows - origin - c)
-                continue
-            offset = int(offset)
-            if kind == "input" and origin.name in inputs and _is_integer_input(origin):
-                i = inputs[origin.name]
-                lo, hi = (-rows if negative else 0) - offset, rows - offset
-                if i in ranges:
-                    lo, hi = max(lo, ranges[i][0]), min(hi, ranges[i][1])
-                ranges[i] = (lo, hi)
-            elif kind == "arange" and isinstance(origin, torch.fx.Node):
-                end = origin.meta.get("val")
-                expr = end.node.expr if isinstance(end, torch.SymInt) else None
-                if isinstance(expr, sympy.Symbol):
-                    limits[expr] = min(limits.get(expr, rows - offset), rows - offset)
+            for root, largest in found.items():
+                for symbol in input_symbols:
+                    if roots[symbol] == root:
+                        limit(symbol, largest)
     return ranges, limits
 
 

@@ -78,6 +78,32 @@ def test_gpt2_logits_on_a_new_batch_and_sequence_length(stub):
     np.testing.assert_allclose(got["logits"], want.logits.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_roberta_classifies_a_new_batch_and_length(stub):
+    ids, mask = tokens(3, 11, seed=30)
+    got, parameters = infer(stub, "roberta", {"input_ids": ids, "attention_mask": mask})
+    assert parameters == {"precompile_outcome": "variant", "precompile_variant": "forward#1"}
+    want = eager(models.make_roberta, input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    assert list(got) == ["logits"] and got["logits"].shape == (3, 3)
+    np.testing.assert_allclose(got["logits"], want.logits.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_roberta_refuses_a_sequence_past_its_counted_positions(stub):
+    # RoBERTa's positions count the tokens that are not padding, from
+    # pad_token_id + 1 = 2: 128 tokens reach row 129, the last of its table.
+    # torch.export bounds nothing; served 129 tokens, the compiled code
+    # read past the table and ended the server.
+    ids, mask = tokens(3, 129, seed=31)
+    ids[ids == 1] = 2  # No padding token: every position counts.
+    with pytest.raises(grpc.RpcError) as error:
+        infer(stub, "roberta", {"input_ids": ids, "attention_mask": mask})
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "input_ids.size(1): expected a size in [2, 128], got 129" in error.value.details()
+    ids, mask = ids[:, :128].copy(), mask[:, :128].copy()
+    got, _ = infer(stub, "roberta", {"input_ids": ids, "attention_mask": mask})
+    want = eager(models.make_roberta, input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    np.testing.assert_allclose(got["logits"], want.logits.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_resnet18_on_a_new_batch_size(stub):
     x = np.random.default_rng(3).standard_normal((3, 3, 224, 224), dtype=np.float32)
     got, parameters = infer(stub, "resnet18", {"x": x})

@@ -1,0 +1,178 @@
+"""Indices the exported graph computes, fenced where their range follows
+from the sizes.
+
+Compiled code that indexes past a table ends the server (AOTInductor's CPU
+bounds check throws inside an OpenMP region). RoBERTa's position ids are not
+an arange but a count of the tokens that are not padding, plus the pad
+index: served a sequence two shorter than its position table or longer,
+RoBERTa ended the process. The capture bounds such sizes; indices it cannot
+bound are warned of.
+
+Exports only (no AOTInductor compile): fast.
+"""
+
+import warnings
+
+import pytest
+import torch
+from torch.export import Dim
+
+from precompile_capture.guards import extract_guards
+
+AUTO = Dim.AUTO
+PAD = 1
+
+
+def guards_and_warnings(module, args, shapes, kwargs=None):
+    ep = torch.export.export(module, args, kwargs, dynamic_shapes=shapes, strict=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guards, _ = extract_guards(ep, list(args) + list((kwargs or {}).values()))
+    return guards, [str(w.message) for w in caught if "precompile capture" in str(w.message)]
+
+
+def symbol_of(guards, parameter, dim):
+    return {s.symbol: s for s in guards.symbols}[guards.args[parameter].tensor.dims[dim].symbol]
+
+
+class CountedPositions(torch.nn.Module):
+    """transformers' create_position_ids_from_input_ids (RoBERTa, XLM-R):
+    positions count the tokens that are not padding, from PAD + 1."""
+
+    def __init__(self, rows):
+        super().__init__()
+        self.positions = torch.nn.Embedding(rows, 4, padding_idx=PAD)
+
+    def forward(self, ids):
+        mask = ids.ne(PAD).int()
+        incremental = (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask
+        return self.positions(incremental.long() + PAD)
+
+
+def ids(batch, sequence):
+    return torch.randint(2, 100, (batch, sequence))
+
+
+def test_positions_counted_from_the_pad_index_bound_the_sequence_by_the_table():
+    guards, warned = guards_and_warnings(CountedPositions(66), (ids(3, 16),), ({0: AUTO, 1: AUTO},))
+    # At most 64 tokens: positions 2..65 of a table of 66 rows.
+    assert symbol_of(guards, 0, 1).max == 64
+    assert symbol_of(guards, 0, 0).max is None
+    assert warned == []
+    assert guards.holds([ids(3, 64)])
+    assert not guards.holds([ids(3, 65)])
+
+
+def test_roberta_is_bounded_by_its_position_table():
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    config = RobertaConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32, max_position_embeddings=40, pad_token_id=PAD)
+    model = RobertaModel(config).eval()
+    both = {0: AUTO, 1: AUTO}
+    guards, _ = guards_and_warnings(
+        model, (), {"input_ids": both, "attention_mask": both},
+        kwargs={"input_ids": ids(3, 16), "attention_mask": torch.ones(3, 16, dtype=torch.int64)})
+    # Positions from PAD + 1 = 2 to 39, the table's last row: 38 tokens.
+    assert symbol_of(guards, 0, 1).max == 38, guards.symbols
+
+
+class Clamped(torch.nn.Module):
+    """DeBERTa's relative positions: clamped into the table before a gather."""
+
+    def forward(self, x, table):
+        relative = torch.arange(x.shape[1])[:, None] - torch.arange(x.shape[1])[None, :]
+        index = torch.clamp(relative + 8, 0, 15)
+        return table.gather(0, index.expand(x.shape[0], -1, -1).flatten(0, 1)[:, :1].expand(-1, 4))
+
+
+def test_clamped_indices_need_no_bound_and_no_warning():
+    guards, warned = guards_and_warnings(Clamped(), (torch.randn(2, 12), torch.randn(16, 4)),
+                                         ({0: AUTO, 1: AUTO}, None))
+    assert all(s.max is None for s in guards.symbols)
+    assert warned == []
+
+
+class PickedByArgmax(torch.nn.Module):
+    """CLIP's pooling: each row's vector at its argmax, a dimension of
+    dynamic size indexed by values within it."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(100, 4)
+
+    def forward(self, ids):
+        hidden = self.table(ids)
+        return hidden[torch.arange(hidden.shape[0]), ids.argmax(-1)]
+
+
+def test_indices_within_the_dimension_they_index_need_no_bound():
+    guards, warned = guards_and_warnings(PickedByArgmax(), (ids(3, 9),), ({0: AUTO, 1: AUTO},))
+    assert all(s.max is None for s in guards.symbols)
+    assert warned == []
+
+
+class PickedFromAnother(torch.nn.Module):
+    """The argmax of one input's rows picks from another's, whose length
+    nothing relates to the first's."""
+
+    def forward(self, ids, hidden):
+        return hidden[torch.arange(hidden.shape[0]), ids.argmax(-1)]
+
+
+def test_indices_into_a_dimension_of_another_size_are_warned_of():
+    _, warned = guards_and_warnings(PickedFromAnother(), (ids(3, 9), torch.randn(3, 9, 4)),
+                                    ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
+    assert len(warned) == 1 and "aten.index.Tensor indexes a dimension of size s" in warned[0]
+
+
+class BufferIndexed(torch.nn.Module):
+    """Swin's relative position index: a buffer whose values index a table."""
+
+    def __init__(self, top):
+        super().__init__()
+        self.register_buffer("index", torch.tensor([[0, top], [3, 1]]))
+        self.table = torch.nn.Parameter(torch.randn(8, 4))
+
+    def forward(self, x):
+        return self.table[self.index].sum() + x
+
+
+def test_a_buffer_of_indices_is_read_for_its_values():
+    _, warned = guards_and_warnings(BufferIndexed(7), (torch.randn(3),), None)
+    assert warned == []
+
+
+class Doubled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        return self.table(ids * 2)
+
+
+def test_indices_computed_from_an_inputs_values_are_warned_of():
+    guards, warned = guards_and_warnings(Doubled(), (torch.tensor([1, 2]),), None)
+    assert guards.index_ranges == ()
+    assert len(warned) == 1
+    assert "aten.embedding.default indexes a dimension of size 10" in warned[0]
+    assert "ends the serving process" in warned[0]
+
+
+@pytest.mark.parametrize("offset, largest", [(0, 11), (3, 9)])
+def test_positions_scaled_and_shifted_bound_the_size(offset, largest):
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(21, 4)
+
+        def forward(self, x):
+            # Positions 0, 2, ..., 2 * (n - 1), then `offset` added: the
+            # largest, 2n - 2 + offset, must stay below 21.
+            return self.table(torch.arange(x.shape[0]) * 2 + offset)
+
+    guards, warned = guards_and_warnings(Scaled(), (torch.randn(5),), ({0: AUTO},))
+    assert symbol_of(guards, 0, 0).max == largest
+    assert warned == []
