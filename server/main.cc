@@ -116,6 +116,9 @@ ABSL_FLAG(int64_t, grpc_unsent_answer_bytes, int64_t{1} << 30,
 ABSL_FLAG(int, grpc_answer_timeout_seconds, 60,
           "A gRPC answer its client has not taken whole this long after it was ready is "
           "dropped and its call cancelled (0: no limit; a client's own deadline also ends it)");
+ABSL_FLAG(int, grpc_max_streams_per_connection, 100,
+          "Streams (calls) one gRPC connection may have open at once; clients queue more "
+          "(0: no limit)");
 ABSL_FLAG(int, grpc_max_pollers, 64,
           "Threads kept waiting for the synchronous gRPC calls (all but ModelInfer) "
           "between bursts (0: gRPC's default of 2)");
@@ -244,6 +247,8 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   if (options.grpc_memory_bytes < 0) return absl::InvalidArgumentError("--grpc_memory_bytes must be at least 0");
   options.grpc_window_bytes = absl::GetFlag(FLAGS_grpc_window_bytes);
   if (options.grpc_window_bytes < 0) return absl::InvalidArgumentError("--grpc_window_bytes must be at least 0");
+  options.grpc_max_streams_per_connection = absl::GetFlag(FLAGS_grpc_max_streams_per_connection);
+  if (options.grpc_max_streams_per_connection < 0) return absl::InvalidArgumentError("--grpc_max_streams_per_connection must be at least 0");
   options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
   options.trace_file = absl::GetFlag(FLAGS_trace_file);
   {

@@ -1,6 +1,5 @@
 #include "server/server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
@@ -166,6 +165,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->inference_ = std::make_unique<InferenceService>(
       *server->api_, *server->scheduler_, access, o.inference_pollers, o.grpc_answers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);
+  // Reflection is for people exploring the API with a tool; a few streams
+  // at once are plenty, and each is memory a client holds as long as it likes.
+  constexpr int kMaxReflectionStreams = 16;
+  server->reflection_ = std::make_unique<ReflectionService>(
+      std::vector<std::string>{inference::GRPCInferenceService::service_full_name(),
+                               v1::PrecompileAdmin::service_full_name(),
+                               "grpc.health.v1.Health",
+                               grpc::reflection::v1alpha::ServerReflection::service_full_name()},
+      kMaxReflectionStreams);
 
   RequestScheduler* scheduler = server->scheduler_.get();
   const ServingState* state = &server->state_;
@@ -254,7 +262,6 @@ absl::Status Server::Listen() {
   auto credentials = Credentials(options_);
   if (!credentials.ok()) return credentials.status();
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
@@ -272,6 +279,10 @@ absl::Status Server::Listen() {
                                    options_.drain_timeout)));
   }
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  if (options_.grpc_max_streams_per_connection > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               options_.grpc_max_streams_per_connection);
+  }
   if (options_.grpc_window_bytes > 0) {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
@@ -287,6 +298,7 @@ absl::Status Server::Listen() {
   }
   builder.RegisterService(inference_.get());
   builder.RegisterService(admin_.get());
+  builder.RegisterService(reflection_.get());
   std::unique_ptr<grpc::ServerCompletionQueue> inference_queue = builder.AddCompletionQueue();
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || grpc_port_ == 0) {

@@ -5,6 +5,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/from_blob.h>
 #include <gmock/gmock.h>
+#include <google/protobuf/descriptor.pb.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@
 #include "proto/admin.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/inference.grpc.pb.h"
+#include "proto/reflection.grpc.pb.h"
 #include "runtime/torch_dtype.h"
 #include "server/api/tensor_codec.h"
 #include "server/grpc/infer_response.h"
@@ -620,42 +622,78 @@ TEST_F(ServerTest, ReportsSummaryFramesAndStatistics) {
   EXPECT_THAT(metrics, HasSubstr("precompile_guard_dispatch_duration_seconds_bucket{frame="));
 }
 
-// Server reflection, spoken as a client tool would, through a generic stub:
-// a ServerReflectionRequest{list_services: ""} is the bytes 0x3a 0x00.
-TEST_F(ServerTest, ListsItsServicesThroughReflection) {
+// Server reflection, asked as grpcurl asks it: what the server offers, and
+// the descriptors of a service's file and of every file it imports, so that
+// a client can build its requests with nothing else.
+TEST_F(ServerTest, DescribesItsServicesThroughReflection) {
+  using ::grpc::reflection::v1alpha::ServerReflection;
+  using ::grpc::reflection::v1alpha::ServerReflectionRequest;
+  using ::grpc::reflection::v1alpha::ServerReflectionResponse;
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->grpc_port()),
                                      grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::CompletionQueue cq;
+  auto stub = ServerReflection::NewStub(channel);
   grpc::ClientContext context;
-  void* tag;
-  bool ok;
-  auto call = stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                               &cq);
-  call->StartCall(reinterpret_cast<void*>(1));
-  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
-  const char list_services[] = {0x3a, 0x00};
-  grpc::Slice slice(list_services, sizeof(list_services));
-  call->Write(grpc::ByteBuffer(&slice, 1), reinterpret_cast<void*>(2));
-  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
-  grpc::ByteBuffer reply;
-  call->Read(&reply, reinterpret_cast<void*>(3));
-  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
-  call->WritesDone(reinterpret_cast<void*>(4));
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(5));
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(reply.Dump(&slices).ok());
-  std::string bytes;
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_THAT(bytes, HasSubstr("inference.GRPCInferenceService"));
-  EXPECT_THAT(bytes, HasSubstr("precompile.v1.PrecompileAdmin"));
-  EXPECT_THAT(bytes, HasSubstr("grpc.health.v1.Health"));
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
+  auto stream = stub->ServerReflectionInfo(&context);
+  auto ask = [&](const ServerReflectionRequest& request) {
+    EXPECT_TRUE(stream->Write(request));
+    ServerReflectionResponse response;
+    EXPECT_TRUE(stream->Read(&response));
+    return response;
+  };
+  auto files = [](const ServerReflectionResponse& response) {
+    std::vector<google::protobuf::FileDescriptorProto> files;
+    for (const std::string& bytes : response.file_descriptor_response().file_descriptor_proto()) {
+      files.emplace_back().ParseFromString(bytes);
+    }
+    return files;
+  };
+
+  ServerReflectionRequest request;
+  request.set_list_services("");
+  std::vector<std::string> services;
+  const ServerReflectionResponse listed = ask(request);
+  for (const auto& service : listed.list_services_response().service()) {
+    services.push_back(service.name());
   }
+  EXPECT_THAT(services, ElementsAre("inference.GRPCInferenceService", "precompile.v1.PrecompileAdmin",
+                                    "grpc.health.v1.Health",
+                                    "grpc.reflection.v1alpha.ServerReflection"));
+
+  // A method's file comes with the files it imports, each once.
+  request.set_file_containing_symbol("inference.GRPCInferenceService.ModelInfer");
+  std::vector<google::protobuf::FileDescriptorProto> inference = files(ask(request));
+  ASSERT_EQ(inference.size(), 2u);
+  EXPECT_EQ(inference[0].name(), "proto/inference.proto");
+  ASSERT_EQ(inference[0].service_size(), 1);
+  EXPECT_EQ(inference[0].service(0).name(), "GRPCInferenceService");
+  EXPECT_EQ(inference[1].name(), "proto/model_config.proto");
+
+  for (const std::string& service : services) {
+    request.set_file_containing_symbol(service);
+    EXPECT_FALSE(files(ask(request)).empty()) << service;
+  }
+  request.set_file_by_filename("proto/admin.proto");
+  std::vector<google::protobuf::FileDescriptorProto> admin = files(ask(request));
+  ASSERT_FALSE(admin.empty());
+  EXPECT_EQ(admin[0].name(), "proto/admin.proto");
+
+  request.set_file_containing_symbol("inference.NoSuchService");
+  ServerReflectionResponse unknown = ask(request);
+  EXPECT_EQ(unknown.error_response().error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(unknown.error_response().error_message(), HasSubstr("inference.NoSuchService"));
+  EXPECT_EQ(unknown.original_request().file_containing_symbol(), "inference.NoSuchService");
+
+  // Names are short: a request of megabytes is refused, not echoed back.
+  request.set_file_containing_symbol(std::string(1 << 20, 'x'));
+  ServerReflectionResponse large = ask(request);
+  EXPECT_EQ(large.error_response().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(large.has_original_request());
+
+  // The stream answers after a refusal, and ends when the client ends it.
+  request.set_file_by_filename("proto/health.proto");
+  EXPECT_EQ(files(ask(request)).size(), 1u);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 }  // namespace

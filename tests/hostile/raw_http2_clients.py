@@ -133,6 +133,12 @@ class Http2Connection:
         return sent
 
     def close(self):
+        # Shut down first: the reader thread's recv holds the socket open
+        # past close() until something arrives.
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
 
 
@@ -201,3 +207,27 @@ class NonReader(Http2Connection):
         if any(f[0] == "headers" and f[1] & END_STREAM for f in frames):
             return "ended"
         return "held" if frames else None
+
+
+class StreamOpener(Http2Connection):
+    """Opens streams and sends nothing more on them: each a call whose
+    message never comes (or, for a streaming method, that never asks
+    anything), which the server keeps until the connection closes."""
+
+    def __init__(self, port):
+        super().__init__(port)
+        self.next_stream = 1
+
+    def open(self, count, path=INFER_PATH, batch=500):
+        headers = call_headers(path)
+        for start in range(0, count, batch):
+            frames = []
+            for _ in range(min(batch, count - start)):
+                frames.append(frame(1, END_HEADERS, self.next_stream, headers))
+                self.next_stream += 2
+            self._send(b"".join(frames))
+
+    def ended(self):
+        """The streams the server reset or answered (refused), so far."""
+        with self.cv:
+            return sum(1 for frames in self.frames.values() if frames)

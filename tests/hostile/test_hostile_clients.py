@@ -64,11 +64,16 @@ def server(tmp_path_factory):
     assert peak < PEAK_BOUND_BYTES, f"peak resident memory {peak >> 20} MiB"
 
 
-def peak_memory_bytes(process) -> int:
+def process_status(process, field) -> int:
+    """A number of /proc/PID/status (memory in KiB)."""
     for line in pathlib.Path(f"/proc/{process.process.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc/PID/status")
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/PID/status")
+
+
+def peak_memory_bytes(process) -> int:
+    return process_status(process, "VmHWM") << 10
 
 
 def http(server, request: bytes, timeout=30.0) -> bytes:
@@ -477,6 +482,95 @@ def test_messages_many_connections_never_finish_sending_hold_bounded_memory(tmp_
         # Closed first whatever failed: an open sender holds up the drain.
         for s in senders:
             s.close()
+        assert process.stop() == 0, process.log()
+
+
+def test_streams_one_connection_opens_are_bounded(tmp_path):
+    # gRPC keeps every stream a client opens, even one whose call never
+    # sends its message, at about 17 KiB that no quota counts: one
+    # connection opening 50000 grew the server by 880 MiB (measured with no
+    # limit). --grpc_max_streams_per_connection (100) refuses those past it.
+    from raw_http2_clients import StreamOpener
+
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository", [])
+    opener = None
+    try:
+        assert_still_serving(process)
+        before = process_status(process, "VmRSS") << 10
+        opener = StreamOpener(int(process.address.rsplit(":", 1)[1]))
+        opener.open(50000)
+        deadline = time.monotonic() + 30
+        while opener.ended() < 50000 - 100 and not opener.closed and time.monotonic() < deadline:
+            time.sleep(0.1)
+        growth = (process_status(process, "VmRSS") << 10) - before
+        print(f"\n50000 streams opened on one connection: {opener.ended()} refused, "
+              f"the server grew by {growth >> 20} MiB")
+        assert opener.ended() >= 50000 - 100 or opener.closed, opener.ended()
+        assert growth < 64 << 20, f"the server grew by {growth >> 20} MiB"
+        assert_still_serving(process)
+    finally:
+        if opener is not None:
+            opener.close()
+        assert process.stop() == 0, process.log()
+
+
+def test_reflection_streams_left_open_hold_no_threads(tmp_path):
+    # gRPC's own reflection service held a thread per open stream: 3000
+    # streams that asked nothing made 3000 threads (measured), and enough
+    # exhaust the process's. The server's own holds none, and keeps at most
+    # 16 open; the rest are refused, and reflection works again once they
+    # close.
+    from raw_http2_clients import StreamOpener
+
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository", [])
+    path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    openers = []
+    try:
+        assert_still_serving(process)
+        threads = process_status(process, "Threads")
+        port = int(process.address.rsplit(":", 1)[1])
+        for _ in range(30):
+            openers.append(StreamOpener(port))
+            openers[-1].open(100, path)
+        deadline = time.monotonic() + 30
+        while sum(o.ended() for o in openers) < 3000 - 16 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        grown = process_status(process, "Threads") - threads
+        print(f"\n3000 reflection streams left open: {sum(o.ended() for o in openers)} refused, "
+              f"{grown} threads more")
+        assert sum(o.ended() for o in openers) == 3000 - 16
+        assert grown < 16, f"{grown} threads more"
+        assert_still_serving(process)
+        with grpc.insecure_channel(process.address) as channel:
+            list_services = channel.stream_stream(path, request_serializer=lambda m: m,
+                                                  response_deserializer=lambda m: m)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(list_services(iter([b"\x3a\x00"]), timeout=PROMPT_SECONDS))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "16 reflection streams open" in refused.value.details()
+            for opener in openers:
+                opener.close()
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    answer = next(list_services(iter([b"\x3a\x00"]), timeout=PROMPT_SECONDS))
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline, "reflection refused after its streams closed"
+                    time.sleep(0.2)
+            assert b"inference.GRPCInferenceService" in answer
+            # Each service it lists resolves to its file in this binary
+            # (gRPC's health service brings no descriptors of its own).
+            for service, file in ((b"inference.GRPCInferenceService", b"proto/inference.proto"),
+                                  (b"grpc.health.v1.Health", b"proto/health.proto")):
+                file_containing_symbol = b"\x22" + bytes([len(service)]) + service
+                answer = next(list_services(iter([file_containing_symbol]), timeout=PROMPT_SECONDS))
+                assert file in answer, answer[:200]
+    finally:
+        for opener in openers:
+            opener.close()
         assert process.stop() == 0, process.log()
 
 
