@@ -70,11 +70,6 @@ const char* __tsan_default_suppressions() {
       // client thread that plucks the completion and frees it in grpcpp's
       // inlined CallOpClientRecvStatus (reported since the build uses clang).
       "race:grpc::internal::CallOpClientRecvStatus::FinishOp\n"
-      // gRPC's reflection service (Debian's libgrpc++_reflection) runs on
-      // gRPC's synchronous server threads, which plucks its completions with
-      // grpcpp code inlined into our binaries: both sides synchronise inside
-      // the uninstrumented library.
-      "race:libgrpc++_reflection.so\n"
       // Debian's abseil is not instrumented: gRPC's use of absl::Mutex (and
       // its deadlock-detection graph) synchronises invisibly to TSan. Our own
       // code uses std::mutex for that reason (base/notification.h).
