@@ -199,8 +199,10 @@ absl::StatusOr<BoundArguments> BindArguments(const artifact::v1::Frame& frame,
       // Requests arrive in host memory; the model's guards, variants and
       // eager programs see its arguments on the model's device.
       if (device == DeviceType::kCuda) {
+        // Not blocking: from pageable memory CUDA returns once it has
+        // staged the bytes, and the model's work waits on the same stream.
         absl::Status moved = CallTorch("copying a request tensor to the GPU", [&] {
-          value = value.toTensor().to(at::kCUDA);
+          value = value.toTensor().to(at::kCUDA, /*non_blocking=*/true);
         });
         if (!moved.ok()) return moved;
       }

@@ -1,12 +1,16 @@
 #include "runtime/cuda_support.h"
 
 #include <ATen/Context.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <dlfcn.h>
 
 #include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "runtime/torch_errors.h"
 
 namespace precompile {
 namespace {
@@ -45,5 +49,53 @@ absl::Status LoadCudaSupport() {
 }
 
 bool CudaAvailable() { return at::hasCUDA(); }
+
+namespace {
+
+// CUDA through c10's device-generic interface, which libtorch_cuda
+// registers when it loads: this library does not link it.
+const c10::impl::DeviceGuardImplInterface& Cuda() {
+  return *c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+}
+
+c10::Device CudaDevice(int device_index) {
+  return c10::Device(c10::DeviceType::CUDA,
+                     device_index < 0 ? Cuda().getDevice().index()
+                                      : static_cast<c10::DeviceIndex>(device_index));
+}
+
+}  // namespace
+
+struct CallStream::Streams {
+  c10::Stream own;
+  c10::Stream previous;
+};
+
+CallStream::CallStream(std::unique_ptr<Streams> streams) : streams_(std::move(streams)) {}
+
+absl::StatusOr<std::unique_ptr<CallStream>> CallStream::Enter(int device_index) {
+  if (!CudaAvailable()) {
+    return absl::FailedPreconditionError("a CUDA stream was asked for without a usable CUDA device");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Streams> streams,
+                   CallTorch("taking a CUDA stream for the call", [&] {
+                     const c10::Stream own =
+                         Cuda().getStreamFromGlobalPool(CudaDevice(device_index));
+                     const c10::Stream previous = Cuda().exchangeStream(own);
+                     return std::make_unique<Streams>(Streams{own, previous});
+                   }));
+  return std::unique_ptr<CallStream>(new CallStream(std::move(streams)));
+}
+
+CallStream::~CallStream() {
+  // exchangeStream only sets a thread-local: it does not throw.
+  Cuda().exchangeStream(streams_->previous);
+}
+
+absl::Status SynchronizeCurrentStream(int device_index) {
+  return CallTorch("waiting for the CUDA stream", [&] {
+    Cuda().synchronizeStream(Cuda().getStream(CudaDevice(device_index)));
+  });
+}
 
 }  // namespace precompile

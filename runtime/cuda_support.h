@@ -10,7 +10,10 @@
 #ifndef PRECOMPILE_RUNTIME_CUDA_SUPPORT_H_
 #define PRECOMPILE_RUNTIME_CUDA_SUPPORT_H_
 
+#include <memory>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace precompile {
 
@@ -20,6 +23,34 @@ absl::Status LoadCudaSupport();
 
 // Whether CUDA support is loaded and a device is usable.
 bool CudaAvailable();
+
+// A CUDA stream of the calling thread's own, from libtorch's pool, current
+// on the thread (for the device) from Enter until the object goes, when
+// the thread's previous stream is current again. What libtorch and
+// AOTInductor's runners queue on the thread meanwhile goes on it: a model
+// call on a stream of its own neither waits for other calls' work nor makes
+// them wait for its, where on the one default stream each call's copies
+// synchronised the device for every call at once.
+//
+// Thread safety: each object belongs to the thread that entered it.
+class CallStream {
+ public:
+  // `device_index` -1: the current device. FAILED_PRECONDITION without CUDA
+  // support (LoadCudaSupport); INTERNAL if libtorch refuses.
+  static absl::StatusOr<std::unique_ptr<CallStream>> Enter(int device_index);
+  ~CallStream();
+  CallStream(const CallStream&) = delete;
+  CallStream& operator=(const CallStream&) = delete;
+
+ private:
+  struct Streams;
+  explicit CallStream(std::unique_ptr<Streams> streams);
+  std::unique_ptr<Streams> streams_;
+};
+
+// Waits until the work queued on the calling thread's current stream of the
+// device (-1: the current device) is done. INTERNAL with CUDA's error.
+absl::Status SynchronizeCurrentStream(int device_index);
 
 }  // namespace precompile
 

@@ -6,8 +6,12 @@
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/mul.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "runtime/loaded_version.h"
 #include "tests/testing/artifacts.h"
@@ -33,6 +37,45 @@ TEST(CudaSupport, LoadsOnDemandAndSaysWhetherADeviceIsUsable) {
   at::Tensor x = at::arange(6, at::kFloat).cuda();
   EXPECT_TRUE(x.is_cuda());
   EXPECT_TRUE(at::equal(x.cpu(), at::arange(6, at::kFloat)));
+}
+
+// The stream current on this thread for CUDA device 0.
+c10::Stream CurrentStream() {
+  const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return cuda->getStream(c10::Device(c10::DeviceType::CUDA, 0));
+}
+
+TEST(CallStream, IsRefusedWithoutAUsableDevice) {
+  if (LoadCudaSupport().ok()) GTEST_SKIP() << "a GPU is usable here";
+  absl::StatusOr<std::unique_ptr<CallStream>> stream = CallStream::Enter(-1);
+  EXPECT_EQ(stream.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stream.status().message(), HasSubstr("without a usable CUDA device"));
+}
+
+TEST(CallStream, IsTheThreadsOwnUntilItGoes) {
+  if (absl::Status cuda = LoadCudaSupport(); !cuda.ok()) GTEST_SKIP() << cuda;
+  const c10::Stream before = CurrentStream();
+  c10::Stream during = before;
+  {
+    absl::StatusOr<std::unique_ptr<CallStream>> stream = CallStream::Enter(0);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    during = CurrentStream();
+    EXPECT_NE(during, before);
+    // Work queued on it is done once it is synchronised.
+    at::Tensor x = at::mul(at::arange(1 << 20, at::kFloat).cuda(), 2);
+    ASSERT_TRUE(SynchronizeCurrentStream(0).ok());
+    EXPECT_TRUE(at::equal(x.cpu(), at::mul(at::arange(1 << 20, at::kFloat), 2)));
+    // Another thread's call has a stream of its own.
+    c10::Stream other = before;
+    std::thread([&] {
+      absl::StatusOr<std::unique_ptr<CallStream>> theirs = CallStream::Enter(0);
+      ASSERT_TRUE(theirs.ok()) << theirs.status();
+      other = CurrentStream();
+    }).join();
+    EXPECT_NE(other, during);
+    EXPECT_NE(other, before);
+  }
+  EXPECT_EQ(CurrentStream(), before);
 }
 
 TEST(CudaSupport, CpuServingIsUnaffectedByLoadingIt) {

@@ -602,6 +602,11 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
     return absl::UnavailableError(absl::StrCat("model '", impl.options.name, "' is unloaded"));
   }
 
+  // Before the arguments go to the GPU: their copies are the call's too.
+  std::unique_ptr<CallStream> stream;
+  if (impl.device == DeviceType::kCuda && impl.options.cuda_stream_per_call) {
+    ASSIGN_OR_RETURN(stream, CallStream::Enter(impl.options.cuda_device_index));
+  }
   ASSIGN_OR_RETURN(BoundArguments bound,
                    BindArguments(*impl.entry->proto, impl.options.name, args, impl.device));
 

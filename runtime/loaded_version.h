@@ -55,6 +55,10 @@ struct LoadOptions {
   std::optional<DeviceType> device;
   // CUDA device for a CUDA artifact; -1 for the current device.
   int cuda_device_index = -1;
+  // Each call of a CUDA artifact on a stream of its own (CallStream in
+  // runtime/cuda_support.h), rather than all on the device's default
+  // stream. Default: true.
+  bool cuda_stream_per_call = true;
   // Refuse an artifact whose summary is not complete (uncovered frames or a
   // truncated capture). Default: false (such artifacts load and refuse the
   // calls they do not cover).

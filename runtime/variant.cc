@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/cuda_support.h"
 #include "runtime/inference_memory.h"
 #include "runtime/torch_errors.h"
 
@@ -18,11 +19,12 @@ std::mutex loader_mutex;
 
 }  // namespace
 
-Variant::Variant(std::string id, DeviceType device,
+Variant::Variant(std::string id, DeviceType device, int device_index,
                  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader)
     : id_(std::move(id)),
       run_what_(absl::StrCat("running variant ", id_)),
       device_(device),
+      device_index_(device_index),
       loader_(std::move(loader)) {}
 
 Variant::~Variant() = default;
@@ -39,7 +41,7 @@ absl::StatusOr<std::unique_ptr<Variant>> Variant::Load(
   });
   if (!loader.ok()) return loader.status();
   return std::unique_ptr<Variant>(
-      new Variant(id, options.device, *std::move(loader)));
+      new Variant(id, options.device, options.device_index, *std::move(loader)));
 }
 
 absl::StatusOr<std::vector<at::Tensor>> Variant::Run(
@@ -57,6 +59,11 @@ absl::StatusOr<std::vector<at::Tensor>> Variant::Run(
       // loaded, not memory of the call that happened to come first.
       UnchargedSection model_memory;
       absl::StatusOr<std::vector<at::Tensor>> out = RunLoader(std::move(inputs));
+      // On CUDA the set-up is queued on this call's stream: runs on other
+      // streams may read the constants only once it is done.
+      if (out.ok() && device_ == DeviceType::kCuda) {
+        if (absl::Status done = SynchronizeCurrentStream(device_index_); !done.ok()) return done;
+      }
       // A run that failed may have failed before the set-up finished.
       if (out.ok()) ran_once_.store(true, std::memory_order_release);
       return out;

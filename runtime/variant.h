@@ -53,13 +53,14 @@ class Variant {
   const std::string& id() const { return id_; }
 
  private:
-  Variant(std::string id, DeviceType device,
+  Variant(std::string id, DeviceType device, int device_index,
           std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader);
   absl::StatusOr<std::vector<at::Tensor>> RunLoader(std::vector<at::Tensor> inputs) const;
 
   std::string id_;
   std::string run_what_;  // "running variant <id>", for errors; built once.
   DeviceType device_;
+  int device_index_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   // Whether a run has finished; until one has, runs take `first_run_mu_`.
   mutable std::atomic<bool> ran_once_{false};

@@ -49,6 +49,9 @@ ABSL_FLAG(int, http_request_timeout_seconds, 30,
 ABSL_FLAG(std::string, device, "cpu",
           "Device models run on: cpu, cuda or cuda:N; artifacts for another "
           "device type are refused");
+ABSL_FLAG(bool, cuda_stream_per_call, true,
+          "On CUDA, run each model call on a stream of its own (false: every call on the "
+          "device's default stream, one after another)");
 ABSL_FLAG(bool, require_complete, false,
           "Refuse artifacts whose capture is incomplete (uncovered frames or truncated)");
 ABSL_FLAG(int, miss_signatures_per_frame, 64,
@@ -205,6 +208,7 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
     device = "cuda";
   }
   options.device = device;
+  options.load_options.cuda_stream_per_call = absl::GetFlag(FLAGS_cuda_stream_per_call);
   options.load_options.require_complete = absl::GetFlag(FLAGS_require_complete);
   options.load_options.runners_per_variant = absl::GetFlag(FLAGS_runners_per_variant);
   const int miss_signatures = absl::GetFlag(FLAGS_miss_signatures_per_frame);

@@ -31,9 +31,12 @@
 #   4. checks each example call's outputs (served with precompile_client
 #      infer; BERT with keyword inputs, by output name) against the same
 #      model run eagerly on the CPU in that Python, and how each call was
-#      served (variant, eager fallback, refusal);
+#      served (variant, eager fallback, refusal): each call alone, then
+#      every call four times at once (each on a CUDA stream of its own);
 #   5. runs precompile_load at concurrency 1, 8, 64 on mlp, medium, BERT and
-#      resnet18, and
+#      resnet18; again on medium, BERT and resnet18 with
+#      --cuda_stream_per_call=false (every call on the default stream, as
+#      before streams per call), side by side; and
 #      aoti_direct_bench --device=cuda on medium (the in-process limit);
 #   6. prints one summary and writes gpu_summary.json.
 #
@@ -55,12 +58,13 @@ if [[ "$cmd" == stage ]]; then
   BIN=${BIN:-"$ROOT/bazel-out/k8-opt/bin"}
   if [[ "${BUILD:-0}" == 1 ]]; then
     ${BAZEL:-bazel} build --config=opt --symlink_prefix=/ //server:precompile_server \
-      //client:precompile_load //client:precompile_client //bench:aoti_direct_bench //proto:python
+      //client:precompile_load //client:precompile_client //bench:aoti_direct_bench //proto:python \
+      //runtime:cuda_support_test
   fi
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/python/proto"
   for b in server/precompile_server client/precompile_load client/precompile_client \
-           bench/aoti_direct_bench; do
+           bench/aoti_direct_bench runtime/cuda_support_test; do
     [[ -x "$BIN/$b" ]] || { log "no $BIN/$b: build with --config=opt first (or BUILD=1)"; exit 1; }
     cp "$BIN/$b" "$BUNDLE/bin/"
   done
@@ -133,6 +137,12 @@ for b in "$BUNDLE"/bin/*; do
 done
 export PYTHONPATH="$ROOT:$ROOT/capture:$BUNDLE/python${PYTHONPATH:+:$PYTHONPATH}"
 export TORCHINDUCTOR_CACHE_DIR="$W/inductor"
+
+# The runtime's CUDA unit tests that need no artifacts: a stream per call.
+UNIT=0
+"$BUNDLE/bin/cuda_support_test" --gtest_filter='CallStream.*:CudaSupport.LoadsOnDemand*' \
+  > "$OUT/cuda_support_test.txt" 2>&1 || UNIT=1
+log "cuda_support_test: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_support_test.txt" | tr '\n' ' ')"
 
 # 2. Capture CUDA artifacts.
 REPO="$W/repo"
@@ -240,45 +250,56 @@ with open(f"{out}/cases.json", "w") as f:
 EOF
 if "$PYTHON" - "$CASES" "$OUT" "${CLIENT[@]}" <<'EOF'
 import json, subprocess, sys
+from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 cases_dir, out, client = sys.argv[1], sys.argv[2], sys.argv[3:]
-results = []
-for case in json.load(open(f"{cases_dir}/cases.json")):
+
+def check(case, tag):
     name = case["name"]
-    cmd = client + ["--json", "infer", case["model"], "--output_dir", f"{cases_dir}/{name}.out"]
+    out_dir = f"{cases_dir}/{name}.{tag}.out"
+    cmd = client + ["--json", "infer", case["model"], "--output_dir", out_dir]
     for input_name, path in case["inputs"].items():
         cmd += ["--input", f"{input_name}={cases_dir}/{path}"]
     for k, v in case["params"].items():
         cmd += ["--param", f"{k}={json.dumps(v)}"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     text = p.stdout + p.stderr
-    r = {"case": name, "expected_outcome": case["outcome"], "exit": p.returncode}
+    r = {"case": name, "pass": tag, "expected_outcome": case["outcome"], "exit": p.returncode}
     if case["outcome"] == "FAILED_PRECONDITION":
         r["ok"] = p.returncode == 1 and "FAILED_PRECONDITION" in text
         r["detail"] = text.strip().splitlines()[-1] if text.strip() else ""
-    else:
-        try:
-            outcome = json.loads(p.stdout).get("outcome", "?")
-        except ValueError:
-            outcome = "?"
-        try:
-            got = np.load(f"{cases_dir}/{name}.out/{case['output']}.npy")
-            want = np.load(f"{cases_dir}/{name}.expected.npy")
-            err = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("inf")
-            tol = case.get("tolerance", 1e-3)
-            close = got.shape == want.shape and np.allclose(got, want, rtol=tol, atol=tol)
-        except Exception as e:  # no output saved: the call failed
-            err, close = None, False
-            r["detail"] = text.strip()[-300:]
-        r.update(outcome=outcome, max_abs_err=err,
-                 ok=p.returncode == 0 and close and outcome == case["outcome"])
-    results.append(r)
-    print(f"gpu_check: {name:14s} {'ok' if r['ok'] else 'FAILED'} {r.get('outcome', '')} "
-          f"max|err|={r.get('max_abs_err')}", file=sys.stderr)
+        return r
+    try:
+        outcome = json.loads(p.stdout).get("outcome", "?")
+    except ValueError:
+        outcome = "?"
+    try:
+        got = np.load(f"{out_dir}/{case['output']}.npy")
+        want = np.load(f"{cases_dir}/{name}.expected.npy")
+        err = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("inf")
+        tol = case.get("tolerance", 1e-3)
+        close = got.shape == want.shape and np.allclose(got, want, rtol=tol, atol=tol)
+    except Exception:  # no output saved: the call failed
+        err, close = None, False
+        r["detail"] = text.strip()[-300:]
+    r.update(outcome=outcome, max_abs_err=err,
+             ok=p.returncode == 0 and close and outcome == case["outcome"])
+    return r
+
+cases = json.load(open(f"{cases_dir}/cases.json"))
+# One after another, then every case four times at once: calls in flight
+# together, each on a CUDA stream of its own, must not see each other's work.
+results = [check(case, "alone") for case in cases]
+with ThreadPoolExecutor(8) as pool:
+    results += list(pool.map(lambda job: check(*job),
+                             [(case, f"together{i}") for i in range(4) for case in cases]))
+for r in results:
+    print(f"gpu_check: {r['case']:14s} {r['pass']:10s} {'ok' if r['ok'] else 'FAILED'} "
+          f"{r.get('outcome', '')} max|err|={r.get('max_abs_err')}", file=sys.stderr)
 json.dump(results, open(f"{out}/correctness.json", "w"), indent=1)
 sys.exit(0 if all(r["ok"] for r in results) else 1)
 EOF
-then CORRECT=0; else CORRECT=1; fi
+then CORRECT=$UNIT; else CORRECT=1; fi
 
 # 5. Load, and the in-process limit.
 mix() {
@@ -299,6 +320,25 @@ done
 curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt" 2>/dev/null || true
 kill -TERM "$SERVER"; wait "$SERVER" || true
 SERVER=
+# The same load with every call on the device's default stream, as before
+# calls had streams of their own: the two side by side, on one machine.
+"$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" --cuda_stream_per_call=false \
+  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) --http_port=$((PORT + 2)) \
+  > "$OUT/server_default_stream.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 300); do
+  "${CLIENT[@]}" health > /dev/null 2>&1 && break
+  kill -0 "$SERVER" 2>/dev/null || break
+  sleep 1
+done
+for m in medium bert resnet18; do
+  log "load on the default stream: $m at concurrency 1,8,64"
+  "$BUNDLE/bin/precompile_load" --address="127.0.0.1:$PORT" --mix="$W/mix_$m.json" \
+    --concurrency=1,8,64 --warmup=2 --duration=5 --quiet --json_out="$OUT/load_${m}_default_stream.json" \
+    > "$OUT/load_${m}_default_stream.txt" || true
+done
+kill -TERM "$SERVER"; wait "$SERVER" || true
+SERVER=
 rm -f "$OUT/direct.jsonl"
 for mode in loader model; do
   args=(--package="$REPO/medium/1/frames/forward/0.pt2")
@@ -314,7 +354,8 @@ import json, os, sys
 out, correct = sys.argv[1], sys.argv[2] == "0"
 summary = {"correct": correct, "correctness": json.load(open(f"{out}/correctness.json")),
            "load": {}, "direct": []}
-for m in ("mlp", "medium", "bert", "resnet18"):
+for m in ("mlp", "medium", "bert", "resnet18", "medium_default_stream", "bert_default_stream",
+          "resnet18_default_stream"):
     p = f"{out}/load_{m}.json"
     if os.path.exists(p):
         summary["load"][m] = [
@@ -324,12 +365,15 @@ for m in ("mlp", "medium", "bert", "resnet18"):
             for ph in json.load(open(p))["phases"]]
 if os.path.exists(f"{out}/direct.jsonl"):
     summary["direct"] = [json.loads(l) for l in open(f"{out}/direct.jsonl")]
+if os.path.exists(f"{out}/cuda_support_test.txt"):
+    summary["unit_tests"] = [l.strip() for l in open(f"{out}/cuda_support_test.txt")
+                             if l.startswith(("[       OK", "[  FAILED", "[  SKIPPED"))]
 json.dump(summary, open(f"{out}/gpu_summary.json", "w"), indent=1)
-print("gpu_check: outputs vs CPU:", "all ok" if correct else "FAILURES",
+print("gpu_check: outputs vs CPU (alone, then four at once):", "all ok" if correct else "FAILURES",
       f"({sum(r['ok'] for r in summary['correctness'])}/{len(summary['correctness'])})")
 for m, phases in summary["load"].items():
     for ph in phases:
-        print(f"gpu_check: served {m:8s} c={ph['concurrency']:<3d} {ph['rps']:9.0f} req/s  "
+        print(f"gpu_check: served {m:24s} c={ph['concurrency']:<3d} {ph['rps']:9.0f} req/s  "
               f"p50 {ph['p50_ms']:.3f} ms  p99 {ph['p99_ms']:.3f} ms  errors {ph['errors']}")
 for d in summary["direct"]:
     print(f"gpu_check: in process {d['label']:20s} t={d['threads']:<3d} "
