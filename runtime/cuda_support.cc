@@ -66,30 +66,34 @@ c10::Device CudaDevice(int device_index) {
 
 }  // namespace
 
-struct CallStream::Streams {
-  c10::Stream own;
-  c10::Stream previous;
+struct CudaCall::Previous {
+  c10::Device device;
+  c10::Stream stream;
 };
 
-CallStream::CallStream(std::unique_ptr<Streams> streams) : streams_(std::move(streams)) {}
+CudaCall::CudaCall(std::unique_ptr<Previous> previous) : previous_(std::move(previous)) {}
 
-absl::StatusOr<std::unique_ptr<CallStream>> CallStream::Enter(int device_index) {
+absl::StatusOr<std::unique_ptr<CudaCall>> CudaCall::Enter(int device_index, bool own_stream) {
   if (!CudaAvailable()) {
-    return absl::FailedPreconditionError("a CUDA stream was asked for without a usable CUDA device");
+    return absl::FailedPreconditionError("a CUDA call was entered without a usable CUDA device");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Streams> streams,
-                   CallTorch("taking a CUDA stream for the call", [&] {
-                     const c10::Stream own =
-                         Cuda().getStreamFromGlobalPool(CudaDevice(device_index));
-                     const c10::Stream previous = Cuda().exchangeStream(own);
-                     return std::make_unique<Streams>(Streams{own, previous});
+  ASSIGN_OR_RETURN(std::unique_ptr<Previous> previous,
+                   CallTorch("entering the CUDA device for the call", [&] {
+                     const c10::Device device = CudaDevice(device_index);
+                     const c10::Device previous_device = Cuda().exchangeDevice(device);
+                     const c10::Stream stream = own_stream
+                                                    ? Cuda().getStreamFromGlobalPool(device)
+                                                    : Cuda().getStream(device);
+                     const c10::Stream previous_stream = Cuda().exchangeStream(stream);
+                     return std::make_unique<Previous>(Previous{previous_device, previous_stream});
                    }));
-  return std::unique_ptr<CallStream>(new CallStream(std::move(streams)));
+  return std::unique_ptr<CudaCall>(new CudaCall(std::move(previous)));
 }
 
-CallStream::~CallStream() {
-  // exchangeStream only sets a thread-local: it does not throw.
-  Cuda().exchangeStream(streams_->previous);
+CudaCall::~CudaCall() {
+  // Both only set what is current for the thread.
+  Cuda().exchangeStream(previous_->stream);
+  Cuda().setDevice(previous_->device);
 }
 
 absl::Status SynchronizeCurrentStream(int device_index) {

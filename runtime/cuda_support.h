@@ -24,28 +24,30 @@ absl::Status LoadCudaSupport();
 // Whether CUDA support is loaded and a device is usable.
 bool CudaAvailable();
 
-// A CUDA stream of the calling thread's own, from libtorch's pool, current
-// on the thread (for the device) from Enter until the object goes, when
-// the thread's previous stream is current again. What libtorch and
-// AOTInductor's runners queue on the thread meanwhile goes on it: a model
-// call on a stream of its own neither waits for other calls' work nor makes
-// them wait for its, where on the one default stream each call's copies
-// synchronised the device for every call at once.
+// What a model call on CUDA runs with, on the calling thread from Enter
+// until the object goes, when the thread's previous device and stream are
+// current again: the model's device current, so that copies to the GPU and
+// what libtorch allocates go there; and, with `own_stream`, a stream of the
+// thread's own from libtorch's pool, current for that device. What libtorch
+// and AOTInductor's runners queue on the thread meanwhile goes on it: a
+// model call on a stream of its own neither waits for other calls' work nor
+// makes them wait for its, where on the one default stream each call's
+// copies synchronised the device for every call at once.
 //
 // Thread safety: each object belongs to the thread that entered it.
-class CallStream {
+class CudaCall {
  public:
   // `device_index` -1: the current device. FAILED_PRECONDITION without CUDA
   // support (LoadCudaSupport); INTERNAL if libtorch refuses.
-  static absl::StatusOr<std::unique_ptr<CallStream>> Enter(int device_index);
-  ~CallStream();
-  CallStream(const CallStream&) = delete;
-  CallStream& operator=(const CallStream&) = delete;
+  static absl::StatusOr<std::unique_ptr<CudaCall>> Enter(int device_index, bool own_stream);
+  ~CudaCall();
+  CudaCall(const CudaCall&) = delete;
+  CudaCall& operator=(const CudaCall&) = delete;
 
  private:
-  struct Streams;
-  explicit CallStream(std::unique_ptr<Streams> streams);
-  std::unique_ptr<Streams> streams_;
+  struct Previous;
+  explicit CudaCall(std::unique_ptr<Previous> previous);
+  std::unique_ptr<Previous> previous_;
 };
 
 // Waits until the work queued on the calling thread's current stream of the

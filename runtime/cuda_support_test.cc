@@ -39,26 +39,29 @@ TEST(CudaSupport, LoadsOnDemandAndSaysWhetherADeviceIsUsable) {
   EXPECT_TRUE(at::equal(x.cpu(), at::arange(6, at::kFloat)));
 }
 
-// The stream current on this thread for CUDA device 0.
-c10::Stream CurrentStream() {
-  const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  return cuda->getStream(c10::Device(c10::DeviceType::CUDA, 0));
+const c10::impl::DeviceGuardImplInterface& Cuda() {
+  return *c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
 }
 
-TEST(CallStream, IsRefusedWithoutAUsableDevice) {
+// The stream current on this thread for CUDA device `index`.
+c10::Stream CurrentStream(int index = 0) {
+  return Cuda().getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
+}
+
+TEST(CudaCall, IsRefusedWithoutAUsableDevice) {
   if (LoadCudaSupport().ok()) GTEST_SKIP() << "a GPU is usable here";
-  absl::StatusOr<std::unique_ptr<CallStream>> stream = CallStream::Enter(-1);
-  EXPECT_EQ(stream.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(stream.status().message(), HasSubstr("without a usable CUDA device"));
+  absl::StatusOr<std::unique_ptr<CudaCall>> call = CudaCall::Enter(-1, true);
+  EXPECT_EQ(call.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(call.status().message(), HasSubstr("without a usable CUDA device"));
 }
 
-TEST(CallStream, IsTheThreadsOwnUntilItGoes) {
+TEST(CudaCall, HasAStreamOfItsOwnUntilItGoes) {
   if (absl::Status cuda = LoadCudaSupport(); !cuda.ok()) GTEST_SKIP() << cuda;
   const c10::Stream before = CurrentStream();
   c10::Stream during = before;
   {
-    absl::StatusOr<std::unique_ptr<CallStream>> stream = CallStream::Enter(0);
-    ASSERT_TRUE(stream.ok()) << stream.status();
+    absl::StatusOr<std::unique_ptr<CudaCall>> call = CudaCall::Enter(0, true);
+    ASSERT_TRUE(call.ok()) << call.status();
     during = CurrentStream();
     EXPECT_NE(during, before);
     // Work queued on it is done once it is synchronised.
@@ -68,7 +71,7 @@ TEST(CallStream, IsTheThreadsOwnUntilItGoes) {
     // Another thread's call has a stream of its own.
     c10::Stream other = before;
     std::thread([&] {
-      absl::StatusOr<std::unique_ptr<CallStream>> theirs = CallStream::Enter(0);
+      absl::StatusOr<std::unique_ptr<CudaCall>> theirs = CudaCall::Enter(0, true);
       ASSERT_TRUE(theirs.ok()) << theirs.status();
       other = CurrentStream();
     }).join();
@@ -76,6 +79,30 @@ TEST(CallStream, IsTheThreadsOwnUntilItGoes) {
     EXPECT_NE(other, before);
   }
   EXPECT_EQ(CurrentStream(), before);
+}
+
+TEST(CudaCall, WithoutAStreamOfItsOwnKeepsTheThreadsStream) {
+  if (absl::Status cuda = LoadCudaSupport(); !cuda.ok()) GTEST_SKIP() << cuda;
+  const c10::Stream before = CurrentStream();
+  absl::StatusOr<std::unique_ptr<CudaCall>> call = CudaCall::Enter(0, false);
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(CurrentStream(), before);
+}
+
+TEST(CudaCall, MakesTheModelsDeviceCurrent) {
+  if (absl::Status cuda = LoadCudaSupport(); !cuda.ok()) GTEST_SKIP() << cuda;
+  if (Cuda().deviceCount() < 2) GTEST_SKIP() << "one CUDA device";
+  const c10::Device before = Cuda().getDevice();
+  const int model = before.index() == 0 ? 1 : 0;
+  {
+    absl::StatusOr<std::unique_ptr<CudaCall>> call = CudaCall::Enter(model, true);
+    ASSERT_TRUE(call.ok()) << call.status();
+    EXPECT_EQ(Cuda().getDevice().index(), model);
+    // Copies without a device index go to the model's.
+    EXPECT_EQ(at::arange(4, at::kFloat).cuda().device().index(), model);
+    EXPECT_NE(CurrentStream(model), Cuda().getDefaultStream(c10::Device(c10::DeviceType::CUDA, model)));
+  }
+  EXPECT_EQ(Cuda().getDevice(), before);
 }
 
 TEST(CudaSupport, CpuServingIsUnaffectedByLoadingIt) {

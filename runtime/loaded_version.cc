@@ -603,9 +603,10 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   }
 
   // Before the arguments go to the GPU: their copies are the call's too.
-  std::unique_ptr<CallStream> stream;
-  if (impl.device == DeviceType::kCuda && impl.options.cuda_stream_per_call) {
-    ASSIGN_OR_RETURN(stream, CallStream::Enter(impl.options.cuda_device_index));
+  std::unique_ptr<CudaCall> on_device;
+  if (impl.device == DeviceType::kCuda) {
+    ASSIGN_OR_RETURN(on_device, CudaCall::Enter(impl.options.cuda_device_index,
+                                                impl.options.cuda_stream_per_call));
   }
   ASSIGN_OR_RETURN(BoundArguments bound,
                    BindArguments(*impl.entry->proto, impl.options.name, args, impl.device));

@@ -55,7 +55,7 @@ struct LoadOptions {
   std::optional<DeviceType> device;
   // CUDA device for a CUDA artifact; -1 for the current device.
   int cuda_device_index = -1;
-  // Each call of a CUDA artifact on a stream of its own (CallStream in
+  // Each call of a CUDA artifact on a stream of its own (CudaCall in
   // runtime/cuda_support.h), rather than all on the device's default
   // stream. Default: true.
   bool cuda_stream_per_call = true;

@@ -140,7 +140,7 @@ export TORCHINDUCTOR_CACHE_DIR="$W/inductor"
 
 # The runtime's CUDA unit tests that need no artifacts: a stream per call.
 UNIT=0
-"$BUNDLE/bin/cuda_support_test" --gtest_filter='CallStream.*:CudaSupport.LoadsOnDemand*' \
+"$BUNDLE/bin/cuda_support_test" --gtest_filter='CudaCall.*:CudaSupport.LoadsOnDemand*' \
   > "$OUT/cuda_support_test.txt" 2>&1 || UNIT=1
 log "cuda_support_test: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_support_test.txt" | tr '\n' ' ')"
 
