@@ -66,14 +66,12 @@ absl::StatusOr<c10::IValue> ToIValue(const std::string& name,
           absl::StrJoin(t->shape, ", "), "] of ", DTypeName(t->dtype), " needs ",
           numel * size));
     }
-    if (t->device != DeviceType::kCpu) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "argument '", name, "' must be in host memory"));
-    }
+    at::TensorOptions options = at::TensorOptions().dtype(ToScalarType(t->dtype));
+    // In device memory: on the model's device, current for the call
+    // (CudaCall in runtime/cuda_support.h).
+    if (t->device == DeviceType::kCuda) options = options.device(at::kCUDA);
     return CallTorch("wrapping a request tensor", [&] {
-      return c10::IValue(at::from_blob(
-          const_cast<void*>(t->data), t->shape,
-          at::TensorOptions().dtype(ToScalarType(t->dtype))));
+      return c10::IValue(at::from_blob(const_cast<void*>(t->data), t->shape, options));
     });
   }
   if (const bool* b = std::get_if<bool>(&value)) {
@@ -189,16 +187,30 @@ absl::StatusOr<BoundArguments> BindArguments(const artifact::v1::Frame& frame,
           absl::StrCat("argument '", arg.name, "' is given more than once"));
     }
     const Parameter& param = frame.parameters(index);
+    const TensorArg* tensor = std::get_if<TensorArg>(&arg.value);
+    if (tensor != nullptr && tensor->device != DeviceType::kCpu && tensor->device != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument '", arg.name, "' is in ", DeviceTypeName(tensor->device),
+          " memory but model '", model, "' runs on ", DeviceTypeName(device)));
+    }
     ASSIGN_OR_RETURN(c10::IValue value, ToIValue(arg.name, param.kind(), arg.value));
     if (param.has_index_range() && value.isTensor()) {
-      RETURN_IF_ERROR(
-          CheckIndexRange(arg.name, std::get<TensorArg>(arg.value), param.index_range()));
+      if (tensor->device == DeviceType::kCpu) {
+        RETURN_IF_ERROR(CheckIndexRange(arg.name, *tensor, param.index_range()));
+      } else {
+        ASSIGN_OR_RETURN(at::Tensor host, CallTorch("reading an index argument from the GPU",
+                                                    [&] { return value.toTensor().cpu(); }));
+        TensorArg on_host = *tensor;
+        on_host.device = DeviceType::kCpu;
+        on_host.data = host.data_ptr();
+        RETURN_IF_ERROR(CheckIndexRange(arg.name, on_host, param.index_range()));
+      }
     }
     if (value.isTensor()) {
       result.request_tensors.push_back(value.toTensor());
       // Requests arrive in host memory; the model's guards, variants and
       // eager programs see its arguments on the model's device.
-      if (device == DeviceType::kCuda) {
+      if (device == DeviceType::kCuda && !value.toTensor().is_cuda()) {
         // Not blocking: from pageable memory CUDA returns once it has
         // staged the bytes, and the model's work waits on the same stream.
         absl::Status moved = CallTorch("copying a request tensor to the GPU", [&] {
@@ -224,7 +236,8 @@ absl::StatusOr<BoundArguments> BindArguments(const artifact::v1::Frame& frame,
 }
 
 absl::StatusOr<std::vector<OutputTensor>> HostOutputs(
-    std::vector<at::Tensor> outputs, absl::Span<const at::Tensor> request_tensors) {
+    std::vector<at::Tensor> outputs, absl::Span<const at::Tensor> request_tensors,
+    const std::vector<bool>* on_device) {
   std::vector<OutputTensor> host_outputs;
   host_outputs.reserve(outputs.size());
   for (const at::Tensor& t : outputs) {
@@ -235,8 +248,11 @@ absl::StatusOr<std::vector<OutputTensor>> HostOutputs(
     }
   }
   absl::Status converted = CallTorch("reading the outputs", [&] {
-    for (at::Tensor& t : outputs) {
-      at::Tensor host = t.is_cuda() ? t.cpu() : t;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const at::Tensor& t = outputs[i];
+      const bool stays = t.is_cuda() && on_device != nullptr && i < on_device->size() &&
+                         (*on_device)[i];
+      at::Tensor host = t.is_cuda() && !stays ? t.cpu() : t;
       host = host.contiguous();
       // An output may alias a request buffer (a frame that returns its
       // input); the caller must be able to keep it after the request is gone.
@@ -256,6 +272,7 @@ absl::StatusOr<std::vector<OutputTensor>> HostOutputs(
       auto holder = std::make_shared<at::Tensor>(std::move(host));
       OutputTensor out;
       out.dtype = *FromScalarType(holder->scalar_type());
+      out.device = stays ? DeviceType::kCuda : DeviceType::kCpu;
       out.shape.assign(holder->sizes().begin(), holder->sizes().end());
       out.data = holder->data_ptr();
       out.nbytes = holder->nbytes();

@@ -53,13 +53,16 @@ c10::IValue ScalarToIValue(const artifact::v1::Scalar& s);
 absl::Status CheckIndexRanges(const artifact::v1::Frame& frame,
                               const std::vector<c10::IValue>& args);
 
-// `outputs` as the caller keeps them: in host memory, contiguous, copied
-// where they alias one of `request_tensors` or are a part of a larger
-// tensor (an output's owner keeps alive only its nbytes). INTERNAL for a dtype the
-// protocol cannot carry, or when torch fails (a CUDA error shows here
-// first).
+// `outputs` as the caller keeps them: in host memory (but those on a CUDA
+// device whose index `on_device` marks, which stay there), contiguous,
+// copied where they alias one of `request_tensors` or are a part of a
+// larger tensor (an output's owner keeps alive only its nbytes). INTERNAL
+// for a dtype the protocol cannot carry, or when torch fails (a CUDA error
+// shows here first). Outputs left on the device may still be being
+// computed: the caller waits for its stream.
 absl::StatusOr<std::vector<OutputTensor>> HostOutputs(
-    std::vector<at::Tensor> outputs, absl::Span<const at::Tensor> request_tensors);
+    std::vector<at::Tensor> outputs, absl::Span<const at::Tensor> request_tensors,
+    const std::vector<bool>* on_device = nullptr);
 
 }  // namespace precompile
 

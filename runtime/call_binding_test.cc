@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/cuda_support.h"
+
 namespace precompile {
 namespace {
 
@@ -98,6 +100,43 @@ TEST(BindArguments, RefusesEachBadArgumentNamingIt) {
   args = a.Named();
   args[0].value = Tensor(DType::kInt64, {2}, outside.data(), 16);
   EXPECT_THAT(refusal(args), HasSubstr("argument 'ids' holds 10 at flat index 1"));
+  // Device memory (a sequence's state a CUDA call left there) is for a
+  // model on that device only: read as host memory it would crash.
+  args = a.Named();
+  std::get<TensorArg>(args[1].value).device = DeviceType::kCuda;
+  EXPECT_THAT(refusal(args), HasSubstr("argument 'x' is in cuda memory but model 'm' runs on cpu"));
+}
+
+// A sequence's state on CUDA: what is marked stays in device memory, in
+// its own storage; the rest comes to the host. And back as an argument, it
+// is the same memory, not a copy.
+TEST(HostOutputs, LeavesMarkedCudaOutputsOnTheDevice) {
+  if (absl::Status cuda = LoadCudaSupport(); !cuda.ok()) GTEST_SKIP() << cuda;
+  const at::Tensor base = at::arange(8, at::kFloat).cuda();
+  const std::vector<bool> on_device = {true, false, true};
+  absl::StatusOr<std::vector<OutputTensor>> outputs =
+      HostOutputs({base.slice(0, 0, 4), base, at::ones({3}, at::kLong)}, {}, &on_device);
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  EXPECT_EQ((*outputs)[0].device, DeviceType::kCuda);
+  EXPECT_NE((*outputs)[0].data, base.data_ptr());  // A part of a larger tensor: copied out.
+  EXPECT_EQ((*outputs)[0].nbytes, 16u);
+  EXPECT_EQ((*outputs)[1].device, DeviceType::kCpu);
+  EXPECT_EQ(static_cast<const float*>((*outputs)[1].data)[7], 7.0f);
+  // Marked but computed on the host (an eager program's): stays there.
+  EXPECT_EQ((*outputs)[2].device, DeviceType::kCpu);
+
+  Frame frame;
+  frame.set_name("forward");
+  Parameter* past = frame.add_parameters();
+  past->set_name("past");
+  past->set_kind(Parameter::TENSOR);
+  TensorArg state = Tensor(DType::kFloat32, {4}, (*outputs)[0].data, 16);
+  state.device = DeviceType::kCuda;
+  absl::StatusOr<BoundArguments> bound =
+      BindArguments(frame, "m", {{"past", state}}, DeviceType::kCuda);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  EXPECT_TRUE(bound->positional[0].toTensor().is_cuda());
+  EXPECT_EQ(bound->positional[0].toTensor().data_ptr(), (*outputs)[0].data);
 }
 
 TEST(CheckIndexRanges, NamesTheFrameTheArgumentAndAValueOutside) {

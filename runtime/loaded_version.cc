@@ -630,8 +630,17 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   call_result.eager_deferred = result.eager_deferred;
   call_result.no_variant = result.no_variant;
   if (result.variant_id) call_result.variant_id = *result.variant_id;
-  absl::StatusOr<std::vector<OutputTensor>> converted =
-      HostOutputs(std::move(result.outputs), bound.request_tensors);
+  absl::StatusOr<std::vector<OutputTensor>> converted = HostOutputs(
+      std::move(result.outputs), bound.request_tensors,
+      impl.device == DeviceType::kCuda ? call_context.outputs_on_device : nullptr);
+  if (converted.ok() && on_device != nullptr &&
+      std::any_of(converted->begin(), converted->end(),
+                  [](const OutputTensor& t) { return t.device != DeviceType::kCpu; })) {
+    // Another call, on another stream, may read what stays on the device.
+    if (absl::Status done = SynchronizeCurrentStream(impl.options.cuda_device_index); !done.ok()) {
+      converted = done;
+    }
+  }
   if (!converted.ok()) {
     // Copying a CUDA output to the host is where an asynchronous error shows.
     ProbeDeviceAfterFailure(impl.device, impl.options.cuda_device_index, converted.status());

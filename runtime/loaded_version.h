@@ -161,6 +161,11 @@ class LoadedVersion {
     // eager program makes) is appended as the observer sees it: where a
     // traced request's time went.
     std::vector<FrameCallEvent>* frame_calls = nullptr;
+    // For a model on CUDA: the outputs (by index among the entry's tensor
+    // outputs) to leave in device memory rather than copy to the host, for
+    // a later call to take back as arguments (a sequence's state). Ignored
+    // on the CPU. Null: every output to the host.
+    const std::vector<bool>* outputs_on_device = nullptr;
   };
   absl::StatusOr<CallResult> Call(absl::Span<const NamedValue> args,
                                   const CallContext& context);

@@ -16,6 +16,8 @@ namespace precompile {
 
 // A dense, row-major tensor argument whose bytes the caller owns. The bytes
 // must stay valid and unchanged until the call that received them returns.
+// They are in host memory, or (kCuda) in the memory of the model's CUDA
+// device: an output a call left there (OutputTensor::device).
 struct TensorArg {
   DType dtype = DType::kFloat32;
   DeviceType device = DeviceType::kCpu;
@@ -35,10 +37,14 @@ struct NamedValue {
   Value value;
 };
 
-// A dense, row-major result tensor in host memory. `data` stays valid while
-// `owner` (or a copy of it) is alive.
+// A dense, row-major result tensor. `data` stays valid while `owner` (or a
+// copy of it) is alive. It is in host memory unless the call was asked to
+// leave it on its CUDA device (LoadedVersion::CallContext::
+// outputs_on_device): then `data` is device memory, for a later call's
+// TensorArg, and never for the host to read.
 struct OutputTensor {
   DType dtype = DType::kFloat32;
+  DeviceType device = DeviceType::kCpu;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t nbytes = 0;

@@ -434,6 +434,9 @@ struct InferenceApi::RequestState {
   std::optional<SequenceStore::Lease> sequence;
   SequenceStore::State sequence_state;
   bool sequence_end = false;
+  // Which outputs are the sequence's state (by output index): on CUDA they
+  // stay in device memory for its next request.
+  std::vector<bool> state_outputs;
   // Its trace id when it is traced (else 0), its timestamps so far and
   // its model's frame calls.
   uint64_t trace_id = 0;
@@ -802,8 +805,12 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
   std::vector<bool>& wanted = s.wanted;
   wanted.assign(output_names.size(), request.outputs_size() == 0);
   if (sequences != nullptr) {
+    s.state_outputs.assign(output_names.size(), false);
     for (size_t i = 0; i < output_names.size(); ++i) {
-      if (sequences->ForOutput(*output_names[i]) != nullptr) wanted[i] = false;
+      if (sequences->ForOutput(*output_names[i]) != nullptr) {
+        wanted[i] = false;
+        s.state_outputs[i] = true;
+      }
     }
   }
   for (const auto& out : request.outputs()) {
@@ -871,6 +878,7 @@ absl::Status InferenceApi::JoinSequence(Call& call, RequestState& s,
   for (const auto& [input, tensor] : s.sequence_state) {
     TensorArg arg;
     arg.dtype = tensor.dtype;
+    arg.device = tensor.device;
     arg.shape = tensor.shape;
     arg.data = tensor.data;
     arg.nbytes = tensor.nbytes;
@@ -888,6 +896,7 @@ absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool* deferred)
     return call.Cancelled() || absl::Now() >= deadline;
   };
   context.defer_entry_eager = deferred != nullptr;
+  if (s.sequence) context.outputs_on_device = &s.state_outputs;
   if (s.trace_id != 0) context.frame_calls = &s.frame_calls;
   s.stage = "running the model";
   absl::StatusOr<CallResult> result = s.handle.model->Call(s.args, context);
@@ -950,6 +959,10 @@ absl::Status InferenceApi::Answer(Call& call, RequestState& s, CallResult result
       }
     }
     if (!s.wanted[i]) continue;
+    if (result.outputs[i].device != DeviceType::kCpu) {
+      return absl::InternalError(absl::StrCat("output '", *s.output_names[i],
+                                              "' was left in device memory but is to be sent"));
+    }
     DescribeOutput(result.outputs[i], *s.output_names[i], &response);
     outputs.push_back(std::move(result.outputs[i]));
   }

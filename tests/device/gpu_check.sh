@@ -24,8 +24,8 @@
 #      binaries at that torch with LD_LIBRARY_PATH (their run paths name this
 #      build machine's paths; LD_LIBRARY_PATH comes first for RUNPATH);
 #   2. captures CUDA variants of the bundled examples (mlp, loop, branch,
-#      nested), bench's medium MLP and the gallery's BERT, GPT-2 and resnet18
-#      (which need transformers and torchvision) with
+#      nested), bench's medium MLP and the gallery's BERT, GPT-2, resnet18 and
+#      GPT-2 with its cache (which need transformers and torchvision) with
 #      `python -m precompile_capture --device cuda`, all at once;
 #   3. serves them with the carried precompile_server --device=cuda;
 #   4. checks each example call's outputs (served with precompile_client
@@ -33,8 +33,12 @@
 #      model run eagerly on the CPU in that Python, and how each call was
 #      served (variant, eager fallback, refusal): each call alone, then
 #      every call four times at once (each on a CUDA stream of its own);
-#   5. runs precompile_load at concurrency 1, 8, 64 on mlp, medium, BERT and
-#      resnet18; again on medium, BERT and resnet18 with
+#      and GPT-2 generating 12 tokens for two prompts, its cache sent back
+#      and forth and kept by the server (in device memory), against
+#      model.generate() on the CPU;
+#   5. runs precompile_load at concurrency 1, 8, 64 on mlp, medium, BERT,
+#      resnet18 and sequences of the stateful GPT-2 (requests per second are
+#      its tokens per second); again on all but mlp with
 #      --cuda_stream_per_call=false (every call on the default stream, as
 #      before streams per call), side by side; and
 #      aoti_direct_bench --device=cuda on medium (the in-process limit);
@@ -59,12 +63,12 @@ if [[ "$cmd" == stage ]]; then
   if [[ "${BUILD:-0}" == 1 ]]; then
     ${BAZEL:-bazel} build --config=opt --symlink_prefix=/ //server:precompile_server \
       //client:precompile_load //client:precompile_client //bench:aoti_direct_bench //proto:python \
-      //runtime:cuda_support_test
+      //runtime:cuda_support_test //runtime:call_binding_test
   fi
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/python/proto"
   for b in server/precompile_server client/precompile_load client/precompile_client \
-           bench/aoti_direct_bench runtime/cuda_support_test; do
+           bench/aoti_direct_bench runtime/cuda_support_test runtime/call_binding_test; do
     [[ -x "$BIN/$b" ]] || { log "no $BIN/$b: build with --config=opt first (or BUILD=1)"; exit 1; }
     cp "$BIN/$b" "$BUNDLE/bin/"
   done
@@ -138,11 +142,13 @@ done
 export PYTHONPATH="$ROOT:$ROOT/capture:$BUNDLE/python${PYTHONPATH:+:$PYTHONPATH}"
 export TORCHINDUCTOR_CACHE_DIR="$W/inductor"
 
-# The runtime's CUDA unit tests that need no artifacts: a stream per call.
+# The runtime's CUDA unit tests that need no artifacts: a call's device and
+# stream, and outputs left in device memory.
 UNIT=0
-"$BUNDLE/bin/cuda_support_test" --gtest_filter='CudaCall.*:CudaSupport.LoadsOnDemand*' \
-  > "$OUT/cuda_support_test.txt" 2>&1 || UNIT=1
-log "cuda_support_test: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_support_test.txt" | tr '\n' ' ')"
+{ "$BUNDLE/bin/cuda_support_test" --gtest_filter='CudaCall.*:CudaSupport.LoadsOnDemand*' &&
+  "$BUNDLE/bin/call_binding_test" --gtest_filter='HostOutputs.*:BindArguments.*'; } \
+  > "$OUT/cuda_unit_tests.txt" 2>&1 || UNIT=1
+log "CUDA unit tests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_unit_tests.txt" | tr '\n' ' ')"
 
 # 2. Capture CUDA artifacts.
 REPO="$W/repo"
@@ -165,9 +171,17 @@ capture medium bench.models:make_medium bench/medium.calls.json & captures+=("me
 capture bert gallery.models:make_bert gallery/bert.calls.json & captures+=("bert:$!")
 capture gpt2 gallery.models:make_gpt2 gallery/gpt2.calls.json & captures+=("gpt2:$!")
 capture resnet18 gallery.models:make_resnet18 gallery/resnet18.calls.json & captures+=("resnet18:$!")
+capture gpt2_decoder gallery.models:make_gpt2_decoder gallery/gpt2_decoder.calls.json &
+captures+=("gpt2_decoder:$!")
 for c in "${captures[@]}"; do
   wait "${c#*:}" || { log "capture of ${c%%:*} failed: $(tail -3 "$OUT/capture_${c%%:*}.log")"; exit 1; }
 done
+
+# The same decoder served stateful: the server keeps each sequence's cache,
+# on CUDA in device memory.
+mkdir -p "$REPO/gpt2_decoder_stateful"
+cp -r "$REPO/gpt2_decoder/1" "$REPO/gpt2_decoder_stateful/1"
+cp gallery/decoder_stateful.config.pbtxt "$REPO/gpt2_decoder_stateful/config.pbtxt"
 
 # 3. Serve them.
 PORT=${PORT:-28501}
@@ -301,6 +315,74 @@ sys.exit(0 if all(r["ok"] for r in results) else 1)
 EOF
 then CORRECT=$UNIT; else CORRECT=1; fi
 
+# Generation: GPT-2 with its cache sent back and forth, and kept by the
+# server (on CUDA in device memory), one precompile_client call a token; the
+# tokens must be model.generate()'s on the CPU.
+if ! "$PYTHON" - "$CASES" "$OUT" "${CLIENT[@]}" <<'EOF'
+import json, subprocess, sys
+import numpy as np
+import torch
+from gallery import models
+cases_dir, out, client = sys.argv[1], sys.argv[2], sys.argv[3:]
+prompts, tokens = [[17, 4, 99, 250, 3], [5, 6]], 12
+width = max(map(len, prompts))
+ids = np.asarray([[0] * (width - len(p)) + p for p in prompts], dtype=np.int64)
+mask = np.asarray([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=np.int64)
+with torch.no_grad():
+    want = models.make_gpt2_decoder().generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                                               do_sample=False, max_new_tokens=tokens, pad_token_id=0)
+want = want[:, width:].tolist()
+
+def step(model, inputs, params, tag):
+    d = f"{cases_dir}/gen.{tag}"
+    cmd = client + ["--json", "infer", model, "--output_dir", d]
+    for name, value in inputs.items():
+        np.save(f"{d}.{name}.npy", value)
+        cmd += ["--input", f"{name}={d}.{name}.npy"]
+    for k, v in params.items():
+        cmd += ["--param", f"{k}={json.dumps(v)}"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{model} step {tag}: {(p.stdout + p.stderr).strip()[-300:]}")
+    return d
+
+def generate(model, stateful):
+    cur_ids, cur_mask, cache, out = ids, mask, {}, [[] for _ in prompts]
+    for i in range(tokens):
+        positions = np.cumsum(cur_mask, axis=1) - 1
+        positions[cur_mask == 0] = 1
+        inputs = {"input_ids": cur_ids, "attention_mask": cur_mask,
+                  "position_ids": positions[:, -cur_ids.shape[1]:]}
+        params = {}
+        if stateful:
+            params = {"sequence_id": 4242, "sequence_start": i == 0, "sequence_end": i == tokens - 1}
+        else:
+            inputs.update(cache)
+        d = step(model, inputs, params, f"{model}.{i}")
+        chosen = np.argmax(np.load(f"{d}/logits.npy")[:, -1], axis=-1).astype(np.int64)
+        for row, t in zip(out, chosen):
+            row.append(int(t))
+        if not stateful:
+            cache = {n: np.load(f"{d}/{n}.npy") for n in
+                     [f"past_key_values.{kind}_cache.{layer}" for kind in ("key", "value") for layer in (0, 1)]}
+        cur_ids = chosen[:, None]
+        cur_mask = np.concatenate([cur_mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
+    return out
+
+results = []
+for model, stateful in (("gpt2_decoder", False), ("gpt2_decoder_stateful", True)):
+    try:
+        got, detail = generate(model, stateful), ""
+    except RuntimeError as e:
+        got, detail = None, str(e)
+    results.append({"case": f"generate_{model}", "pass": "alone", "ok": got == want,
+                    "tokens": got, "expected": want, "detail": detail})
+    print(f"gpu_check: generate {model:22s} {'ok' if got == want else 'FAILED'} {detail}", file=sys.stderr)
+json.dump(results, open(f"{out}/generation.json", "w"), indent=1)
+sys.exit(0 if all(r["ok"] for r in results) else 1)
+EOF
+then CORRECT=1; fi
+
 # 5. Load, and the in-process limit.
 mix() {
   printf '[{"name": "%s", "model": "%s", "inputs": {"x": {"shape": %s, "datatype": "FP32", "fill": "random"}}}]\n' \
@@ -311,7 +393,19 @@ mix medium "[32, 256]"
 mix resnet18 "[3, 3, 224, 224]"
 printf '[{"name": "bert", "model": "bert", "inputs": {"input_ids": {"npy": "%s"}, "attention_mask": {"npy": "%s"}}}]\n' \
   "$CASES/bert.input_ids.npy" "$CASES/bert.attention_mask.npy" > "$W/mix_bert.json"
-for m in mlp medium bert resnet18; do
+# Sequences of a prompt of 6 and 31 tokens after it, the cache kept by the
+# server: requests per second are tokens per second.
+cat > "$W/mix_gpt2_decoder_stateful.json" <<'EOF'
+[{"name": "generate", "model": "gpt2_decoder_stateful",
+  "inputs": {"input_ids": {"shape": [1, 6], "datatype": "INT64", "fill": "zeros"},
+             "position_ids": {"shape": [1, 6], "datatype": "INT64", "fill": "zeros"},
+             "attention_mask": {"shape": [1, 6], "datatype": "INT64", "fill": "ones"}},
+  "sequence": {"requests": 32,
+               "next_inputs": {"input_ids": {"shape": [1, 1], "datatype": "INT64", "fill": "zeros"},
+                               "position_ids": {"shape": [1, 1], "datatype": "INT64", "fill": "zeros"}},
+               "grow": {"attention_mask": 1}}}]
+EOF
+for m in mlp medium bert resnet18 gpt2_decoder_stateful; do
   log "load: $m at concurrency 1,8,64"
   "$BUNDLE/bin/precompile_load" --address="127.0.0.1:$PORT" --mix="$W/mix_$m.json" \
     --concurrency=1,8,64 --warmup=2 --duration=5 --quiet --json_out="$OUT/load_$m.json" \
@@ -331,7 +425,7 @@ for _ in $(seq 300); do
   kill -0 "$SERVER" 2>/dev/null || break
   sleep 1
 done
-for m in medium bert resnet18; do
+for m in medium bert resnet18 gpt2_decoder_stateful; do
   log "load on the default stream: $m at concurrency 1,8,64"
   "$BUNDLE/bin/precompile_load" --address="127.0.0.1:$PORT" --mix="$W/mix_$m.json" \
     --concurrency=1,8,64 --warmup=2 --duration=5 --quiet --json_out="$OUT/load_${m}_default_stream.json" \
@@ -352,10 +446,13 @@ done
 "$PYTHON" - "$OUT" "$CORRECT" <<'EOF'
 import json, os, sys
 out, correct = sys.argv[1], sys.argv[2] == "0"
-summary = {"correct": correct, "correctness": json.load(open(f"{out}/correctness.json")),
+correctness = json.load(open(f"{out}/correctness.json"))
+if os.path.exists(f"{out}/generation.json"):
+    correctness += json.load(open(f"{out}/generation.json"))
+summary = {"correct": correct, "correctness": correctness,
            "load": {}, "direct": []}
-for m in ("mlp", "medium", "bert", "resnet18", "medium_default_stream", "bert_default_stream",
-          "resnet18_default_stream"):
+for m in ("mlp", "medium", "bert", "resnet18", "gpt2_decoder_stateful", "medium_default_stream",
+          "bert_default_stream", "resnet18_default_stream", "gpt2_decoder_stateful_default_stream"):
     p = f"{out}/load_{m}.json"
     if os.path.exists(p):
         summary["load"][m] = [
@@ -365,8 +462,8 @@ for m in ("mlp", "medium", "bert", "resnet18", "medium_default_stream", "bert_de
             for ph in json.load(open(p))["phases"]]
 if os.path.exists(f"{out}/direct.jsonl"):
     summary["direct"] = [json.loads(l) for l in open(f"{out}/direct.jsonl")]
-if os.path.exists(f"{out}/cuda_support_test.txt"):
-    summary["unit_tests"] = [l.strip() for l in open(f"{out}/cuda_support_test.txt")
+if os.path.exists(f"{out}/cuda_unit_tests.txt"):
+    summary["unit_tests"] = [l.strip() for l in open(f"{out}/cuda_unit_tests.txt")
                              if l.startswith(("[       OK", "[  FAILED", "[  SKIPPED"))]
 json.dump(summary, open(f"{out}/gpu_summary.json", "w"), indent=1)
 print("gpu_check: outputs vs CPU (alone, then four at once):", "all ok" if correct else "FAILURES",
