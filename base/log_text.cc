@@ -14,6 +14,14 @@ std::string LoggedText(absl::string_view text, size_t limit) {
                       " more bytes)");
 }
 
+std::string ClientMessage(absl::string_view message) {
+  if (message.size() <= kMaxClientMessageBytes) return std::string(message);
+  size_t cut = kMaxClientMessageBytes;
+  // Back to the first byte of a UTF-8 character (continuations are 10xxxxxx).
+  while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(message.substr(0, cut), "... (", message.size() - cut, " more bytes)");
+}
+
 CaughtException DescribeCaughtException() {
   try {
     throw;

@@ -15,6 +15,16 @@ TEST(LoggedText, EscapesWhatCouldForgeALineAndSaysHowMuchItCut) {
   EXPECT_EQ(LoggedText("abcd", 4), "abcd");
 }
 
+TEST(ClientMessage, KeepsAMessageWholeUpToItsLimitAndCutsBetweenCharacters) {
+  const std::string whole(kMaxClientMessageBytes, 'm');
+  EXPECT_EQ(ClientMessage(whole), whole);
+  EXPECT_EQ(ClientMessage(whole + "xyz"), whole + "... (3 more bytes)");
+  // A two-byte character across the limit goes whole into what is cut.
+  const std::string accented = std::string(kMaxClientMessageBytes - 1, 'm') + "\xc3\xa9" + "z";
+  EXPECT_EQ(ClientMessage(accented),
+            std::string(kMaxClientMessageBytes - 1, 'm') + "... (3 more bytes)");
+}
+
 TEST(DescribeCaughtException, TellsOutOfMemoryFromTheRestAndCutsWhatTheySay) {
   auto caught = [](auto thrown) {
     try {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "base/half_float.h"
 #include "base/json_text.h"
+#include "base/log_text.h"
 #include "runtime/dtype.h"
 #include "server/api/tensor_codec.h"
 
@@ -729,7 +730,7 @@ int HttpStatusOf(absl::StatusCode code) {
 
 std::string ErrorBody(absl::string_view message) {
   Json body = Json::object();
-  body["error"] = std::string(message);
+  body["error"] = ClientMessage(message);
   return DumpJson(body, /*pretty=*/false);
 }
 

@@ -12,11 +12,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/log_text.h"
 #include "server/repository/model_config_file.h"
 #include "server/repository/repository_policy.h"
 
 namespace precompile::server {
 namespace {
+
+// A name a client sent, for a message: a request may carry one of any
+// length, and quoting it whole makes the answer as large.
+std::string QuotedByClient(absl::string_view name) { return LoggedText(name, 256); }
 
 namespace fs = std::filesystem;
 
@@ -464,7 +469,7 @@ absl::StatusOr<std::vector<ModelRepository::Handle>> ModelRepository::GetVersion
   std::lock_guard<std::mutex> lock(mu_);
   auto it = answers_->find(name);
   if (it == answers_->end()) {
-    return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+    return absl::NotFoundError(absl::StrCat("unknown model '", QuotedByClient(name), "'"));
   }
   if (!it->second.unavailable.ok()) return it->second.unavailable;
   std::vector<Handle> handles;
@@ -480,7 +485,7 @@ std::optional<absl::StatusOr<ModelRepository::Handle>> ModelRepository::Find(
     const Answers& answers, absl::string_view name, absl::string_view version) {
   auto it = answers.find(name);
   if (it == answers.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+    return absl::NotFoundError(absl::StrCat("unknown model '", QuotedByClient(name), "'"));
   }
   const Answer& answer = it->second;
   if (!answer.unavailable.ok()) return answer.unavailable;
@@ -496,7 +501,7 @@ std::optional<absl::StatusOr<ModelRepository::Handle>> ModelRepository::Find(
     if (chosen == nullptr) {
       std::vector<int64_t> served;
       for (const Answer::Version& v : answer.versions) served.push_back(v.version);
-      return absl::NotFoundError(absl::StrCat("version '", version, "' of model '", name,
+      return absl::NotFoundError(absl::StrCat("version '", QuotedByClient(version), "' of model '", name,
                                               "' is not served (serving ", VersionList(served),
                                               ")"));
     }

@@ -209,18 +209,39 @@ def test_failures_naming_unknown_models_do_not_grow_the_log(server):
     assert_still_serving(server)
 
 
-def test_a_message_quoting_what_the_client_sent_is_cut_in_the_log(server):
+def test_a_message_quoting_what_the_client_sent_is_cut_in_the_log_and_the_answer(server):
+    # An answer quoting the name whole would be as large as the request; the
+    # client gets its first 4 KiB and how much was cut.
     name = "n" * 200_000
     body = json.dumps({"inputs": [{"name": name, "shape": [1], "datatype": "FP32",
                                    "data": [1.0]}]}).encode()
     answer = post(server, "/v2/models/loop/infer", body)
     assert status_of(answer) == 400
-    assert f"has no input '{name}'" in error_of(answer)
+    error = error_of(answer)
+    assert error.startswith("model 'loop' has no input 'nnnn") and error.endswith(" more bytes)")
+    assert 4096 <= len(error) < 4200, len(error)
     time.sleep(0.2)
     lines = [line for line in server.log().splitlines()
              if "event=request_failed" in line and "model=loop" in line]
     assert lines, server.log()[-2000:]
     assert max(len(line) for line in lines) < 2000
+    assert_still_serving(server)
+
+
+def test_a_model_name_of_a_megabyte_gets_an_answer_its_client_can_read(server):
+    # gRPC clients refuse a status message over 16 KiB. Quoted whole, a 900 KB
+    # name made an answer no client could read (RESOURCE_EXHAUSTED on the
+    # client's side: "received metadata size exceeds hard limit"), and 8 such
+    # calls of 200 MB grew the server by 5.2 GiB while it wrote them.
+    name = "m" * 900_000
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelMetadata(inference_pb2.ModelMetadataRequest(name=name), timeout=PROMPT_SECONDS)
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND, refused.value.details()
+    assert refused.value.details().startswith("unknown model 'mmmm")
+    assert refused.value.details().endswith(" more bytes)'")
+    assert len(refused.value.details()) < 400
     assert_still_serving(server)
 
 
