@@ -47,6 +47,8 @@ class Http2Connection:
         self.closed = None  # Why the connection (or SlowSender's call) ended.
         # stream -> frames the server sent on it: ("headers", flags), ("data", n), ("reset",)
         self.frames = {}
+        # Set once the server's SETTINGS have arrived and been acknowledged.
+        self.settled = threading.Event()
         self._send(PREFACE + frame(4, 0, 0, settings))
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -90,6 +92,7 @@ class Http2Connection:
                         self.window_stream[s] += value - self.initial_window
                     self.initial_window = value
             self._send(frame(4, 1, 0))
+            self.settled.set()
         elif kind == 8:  # WINDOW_UPDATE
             inc = struct.unpack(">I", payload)[0] & 0x7FFFFFFF
             if stream == 0:
@@ -219,6 +222,9 @@ class StreamOpener(Http2Connection):
         self.next_stream = 1
 
     def open(self, count, path=INFER_PATH, batch=500):
+        """Opens `count` streams once the settings are exchanged, as a client
+        that follows the protocol does (its limits then hold)."""
+        assert self.settled.wait(10), "the server sent no SETTINGS"
         headers = call_headers(path)
         for start in range(0, count, batch):
             frames = []
