@@ -129,6 +129,27 @@ def make_roberta() -> torch.nn.Module:
     return RobertaForSequenceClassification(config).eval()
 
 
+def make_opt() -> torch.nn.Module:
+    """A Hugging Face OPT language model. Its positions count the attention
+    mask's ones (a cumsum), plus an offset of 2, into a table of 130: the
+    mask's values decide which rows are read."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    config = OPTConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        ffn_dim=128,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        word_embed_proj_dim=64,
+        use_cache=False,
+        pad_token_id=1,
+    )
+    return OPTForCausalLM(config).eval()
+
+
 def make_resnet18() -> torch.nn.Module:
     """torchvision's resnet18 as torchvision.models.resnet18() builds it."""
     import torchvision

@@ -4,7 +4,7 @@
 # reflection) on port 8001, HTTP/REST on 8000, Prometheus metrics on
 # http://localhost:8002/metrics. While it serves, it builds the client tools
 # (precompile_client, precompile_load), then captures the gallery's models
-# (BERT, a RoBERTa classifier, GPT-2 without and with its cache, a Llama with its cache, a T5 with
+# (BERT, a RoBERTa classifier, OPT, GPT-2 without and with its cache, a Llama with its cache, a T5 with
 # its cache of both attentions, resnet18, BERT behind a flagged wrapper), which join the server one by one: each
 # finished artifact is moved into the repository, which the server rescans
 # every 2 seconds. The three decoders join twice: as captured, and as
@@ -73,7 +73,7 @@ server=$!
 # While it serves: the client tools, then the gallery, smallest capture
 # first; each model joins at the next rescan.
 clients=(//client:precompile_client //client:precompile_load)
-gallery=(resnet18 bert roberta gpt2 gpt2_decoder llama_decoder t5_decoder bert_recentering gpt2_decoder_recentering)
+gallery=(resnet18 bert roberta opt gpt2 gpt2_decoder llama_decoder t5_decoder bert_recentering gpt2_decoder_recentering)
 (
   if bazel build --noshow_progress "${clients[@]}" 2>"$staging/clients.log"; then
     say "client tools ready: bazel-bin/client/precompile_client, bazel-bin/client/precompile_load"

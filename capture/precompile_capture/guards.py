@@ -20,7 +20,7 @@ import torch
 from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils._sympy.numbers import IntInfinity
 
-from .index_values import ValueRanges, limits_within
+from .index_values import ValueRanges, limits_within, placeholders_upstream
 
 DTYPE_NAMES = {
     torch.bool: "bool",
@@ -259,7 +259,7 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
     if not_plain:
         raise NotPlainSymbol(not_plain)
     inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
-    index_ranges, symbol_limits = _index_limits(ep, inputs, related)
+    index_ranges, symbol_limits = _index_limits(ep, inputs, related, values)
     symbols = []
     for root, sid in symbol_ids.items():
         # The intersection of the ranges of the class's input symbols.
@@ -414,7 +414,8 @@ def _input_symbols(ep: torch.export.ExportedProgram, inputs: Dict[str, int]) -> 
 
 
 def _index_limits(
-    ep: torch.export.ExportedProgram, inputs: Dict[str, int], related: Callable[[sympy.Symbol], sympy.Symbol]
+    ep: torch.export.ExportedProgram, inputs: Dict[str, int], related: Callable[[sympy.Symbol], sympy.Symbol],
+    values: Sequence[Any],
 ) -> Tuple[Dict[int, Tuple[int, int]], Dict[sympy.Symbol, int]]:
     """What indexing a table requires of the inputs.
 
@@ -426,14 +427,24 @@ def _index_limits(
     bounds indices the graph computes (RoBERTa's position ids count the
     tokens that are not padding: index_values.py): compiled code that reads
     past a table ends the process, so these become refusals instead.
-    Indices computed from an input's values (not a view of it or a constant
-    added), and indices into a dimension of dynamic size that they may pass
-    (unless the guards make the two sizes one: `related`), are not covered:
-    the capture warns of each such op.
+
+    Indices computed from an integer input's values are fenced by a range
+    for those values, checked by the server as an index input's is: the
+    range a mask takes, [0, 1], if every example call's values were in it
+    and it bounds the indices (OPT's positions count a mask's ones, which
+    served a mask of 5s would read past the table); else the values the
+    example calls showed, if that bounds them. `values` are the example
+    call's, in signature order. Indices no range bounds, and indices into a
+    dimension of dynamic size that they may pass (unless the guards make
+    the two sizes one: `related`), are not covered: the capture warns of
+    each such op.
     """
     ranges: Dict[int, Tuple[int, int]] = {}
     limits: Dict[sympy.Symbol, int] = {}
-    computed = ValueRanges(_program_tensors(ep))
+    program_tensors = _program_tensors(ep)
+    computed = ValueRanges(program_tensors)
+    integer_inputs = {n.name: n for n in ep.graph.nodes
+                      if n.op == "placeholder" and n.name in inputs and _is_integer_input(n)}
     input_symbols = _input_symbols(ep, inputs)
     # Sizes the guards require equal, as one symbol (the class's root).
     roots = {s: related(s) for s in input_symbols}
@@ -443,6 +454,30 @@ def _index_limits(
 
     def limit(symbol: sympy.Symbol, largest: int) -> None:
         limits[symbol] = min(limits.get(symbol, largest), largest)
+
+    def within(r: Optional[Tuple[Any, Any]], size: Any, negative: bool) -> Optional[Dict[sympy.Symbol, int]]:
+        if r is None or size is None:
+            return None
+        return limits_within((as_roots(r[0]), as_roots(r[1])), -size if negative else 0, size,
+                             set(roots.values()))
+
+    def assumptions(index: torch.fx.Node) -> List[Dict[str, Tuple[sympy.Integer, sympy.Integer]]]:
+        """Ranges to try for the integer inputs `index` is computed from: a
+        mask's [0, 1], then what the example call showed."""
+        names = sorted(placeholders_upstream(index) & integer_inputs.keys())
+        seen = {}
+        for name in names:
+            value = values[inputs[name]]
+            if not isinstance(value, torch.Tensor) or value.numel() == 0:
+                return []
+            seen[name] = (int(value.min()), int(value.max()))
+        if not seen:
+            return []
+        candidates = []
+        if all(0 <= lo and hi <= 1 for lo, hi in seen.values()):
+            candidates.append({name: (sympy.Integer(0), sympy.Integer(1)) for name in seen})
+        candidates.append({name: (sympy.Integer(lo), sympy.Integer(hi)) for name, (lo, hi) in seen.items()})
+        return candidates
 
     for node in ep.graph.nodes:
         if node.op != "call_function":
@@ -476,10 +511,19 @@ def _index_limits(
             # from the sizes.
             size = None if rows is None else as_roots(
                 sympy.sympify(rows.node.expr if isinstance(rows, torch.SymInt) else rows))
-            r = computed.of(index)
-            found = (limits_within((as_roots(r[0]), as_roots(r[1])), -size if negative else 0, size,
-                                   set(roots.values()))
-                     if r is not None and size is not None else None)
+            found = within(computed.of(index), size, negative)
+            if found is None:
+                # From an input's values: fenced by a range for those values.
+                for assumed in assumptions(index):
+                    found = within(ValueRanges(program_tensors, assumed).of(index), size, negative)
+                    if found is not None:
+                        for name, (lo, hi) in assumed.items():
+                            i = inputs[name]
+                            lo, hi = int(lo), int(hi) + 1
+                            if i in ranges:
+                                lo, hi = max(lo, ranges[i][0]), min(hi, ranges[i][1])
+                            ranges[i] = (lo, hi)
+                        break
             if found is None:
                 warnings.warn(
                     f"precompile capture: {node.target} indexes a dimension of size {size} with values "

@@ -161,11 +161,14 @@ class ValueRanges:
 
     `constants` maps the names of placeholders that hold the program's own
     integer tensors (buffers, constants) to those tensors: their values are
-    known. Every other placeholder is an input, whose values are unknown.
+    known. `inputs` maps input placeholders to the range their values are
+    taken to lie in (the server checks them); other inputs' values are
+    unknown.
     """
 
-    def __init__(self, constants: Dict[str, torch.Tensor]):
+    def __init__(self, constants: Dict[str, torch.Tensor], inputs: Optional[Dict[str, Range]] = None):
         self._constants = constants
+        self._inputs = inputs or {}
         self._memo: Dict[torch.fx.Node, Optional[Range]] = {}
 
     def of(self, arg: Any) -> Optional[Range]:
@@ -198,6 +201,8 @@ class ValueRanges:
 
     def _compute_op(self, node: torch.fx.Node) -> Optional[Range]:
         if node.op == "placeholder":
+            if node.name in self._inputs:
+                return self._inputs[node.name]
             t = self._constants.get(node.name)
             if t is None or t.is_floating_point() or t.is_complex() or t.numel() == 0:
                 return None
@@ -317,6 +322,22 @@ class ValueRanges:
             hi = high_r[1] if hi is None else _lower(hi, high_r[1])
             lo = None if lo is None else _lower(lo, high_r[1])
         return None if lo is None or hi is None else (lo, hi)
+
+
+def placeholders_upstream(node: torch.fx.Node) -> Set[str]:
+    """The names of the placeholders `node`'s values are computed from."""
+    names: Set[str] = set()
+    seen: Set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            names.add(n.name)
+        stack.extend(n.all_input_nodes)
+    return names
 
 
 def _product(a: Optional[Range], b: Optional[Range]) -> Optional[Range]:

@@ -144,6 +144,50 @@ def test_a_buffer_of_indices_is_read_for_its_values():
     assert warned == []
 
 
+class CountedFromTheMask(torch.nn.Module):
+    """transformers' OPT: positions count the mask's ones (cumsum), less one,
+    plus an offset of 2, into a table of 130 rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.positions = torch.nn.Embedding(130, 4)
+
+    def forward(self, ids, mask):
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() - 1
+        return self.positions(positions + 2) + ids.unsqueeze(-1)
+
+
+def test_indices_counted_from_a_mask_fence_the_mask_to_0_and_1_and_bound_the_sequence():
+    ids, mask = torch.ones(3, 16), torch.ones(3, 16, dtype=torch.int64)
+    guards, warned = guards_and_warnings(CountedFromTheMask(), (ids, mask),
+                                         ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
+    assert warned == []
+    # The mask's values, checked by the server: a mask of 5s would count
+    # past the table.
+    assert guards.index_ranges == ((1, 0, 2),)
+    # At most 128 tokens: positions 1..129.
+    assert symbol_of(guards, 1, 1).max == 128
+
+
+def test_opt_fences_its_mask_and_is_bounded_by_its_position_table():
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    config = OPTConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                       num_attention_heads=2, max_position_embeddings=40, word_embed_proj_dim=16,
+                       use_cache=False, pad_token_id=PAD)
+    model = OPTForCausalLM(config).eval()
+    both = {0: AUTO, 1: AUTO}
+    guards, warned = guards_and_warnings(
+        model, (), {"input_ids": both, "attention_mask": both},
+        kwargs={"input_ids": ids(3, 16), "attention_mask": torch.ones(3, 16, dtype=torch.int64)})
+    assert warned == []
+    ranges = {i: (lo, hi) for i, lo, hi in guards.index_ranges}
+    assert ranges[1] == (0, 2), ranges
+    # Its 40 positions are rows 2..41 of a table of 42.
+    assert symbol_of(guards, 0, 1).max == 40, guards.symbols
+
+
 class Doubled(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -153,8 +197,23 @@ class Doubled(torch.nn.Module):
         return self.table(ids * 2)
 
 
-def test_indices_computed_from_an_inputs_values_are_warned_of():
-    guards, warned = guards_and_warnings(Doubled(), (torch.tensor([1, 2]),), None)
+def test_indices_computed_otherwise_take_the_values_the_calls_showed():
+    guards, warned = guards_and_warnings(Doubled(), (torch.tensor([2, 4]),), None)
+    assert warned == []
+    assert guards.index_ranges == ((0, 2, 5),)
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(10, 4)
+
+    def forward(self, x):
+        return self.table((x * 3).long())
+
+
+def test_indices_computed_from_a_float_input_are_warned_of():
+    guards, warned = guards_and_warnings(Scaled(), (torch.tensor([1.0, 2.0]),), None)
     assert guards.index_ranges == ()
     assert len(warned) == 1
     assert "aten.embedding.default indexes a dimension of size 10" in warned[0]

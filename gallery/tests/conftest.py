@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests" / "testing"))
 
 from server_process import ServerProcess  # noqa: E402
 
-MODELS = ("bert", "roberta", "gpt2", "gpt2_decoder", "llama_decoder", "t5_decoder", "resnet18",
+MODELS = ("bert", "roberta", "opt", "gpt2", "gpt2_decoder", "llama_decoder", "t5_decoder", "resnet18",
           "bert_recentering", "gpt2_decoder_recentering")
 # The decoders again, as stateful models: the server keeps their caches.
 STATEFUL_CONFIG = ROOT / "gallery" / "decoder_stateful.config.pbtxt"

@@ -104,6 +104,33 @@ def test_roberta_refuses_a_sequence_past_its_counted_positions(stub):
     np.testing.assert_allclose(got["logits"], want.logits.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_opt_logits_on_a_new_batch_and_length_with_padding(stub):
+    ids, mask = tokens(3, 11, seed=32)
+    got, parameters = infer(stub, "opt", {"input_ids": ids, "attention_mask": mask})
+    assert parameters == {"precompile_outcome": "variant", "precompile_variant": "forward#1"}
+    want = eager(models.make_opt, input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    assert list(got) == ["logits"] and got["logits"].shape == (3, 11, 1000)
+    np.testing.assert_allclose(got["logits"], want.logits.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("length, mask_value, code, message", [
+    # OPT's positions count the mask's ones: 129 tokens, or a mask of 5s,
+    # would read past its table of 130 positions (once it ended the server).
+    (129, 1, grpc.StatusCode.FAILED_PRECONDITION, "input_ids.size(1): expected a size in [2, 128], got 129"),
+    (8, 5, grpc.StatusCode.INVALID_ARGUMENT,
+     "argument 'attention_mask' holds 5 at flat index 0, but the model uses its values as indices into "
+     "a table: each must be in [0, 2)"),
+])
+def test_opt_refuses_what_would_count_past_its_positions(stub, length, mask_value, code, message):
+    ids, mask = tokens(3, length, seed=33)
+    with pytest.raises(grpc.RpcError) as error:
+        infer(stub, "opt", {"input_ids": ids, "attention_mask": np.full_like(mask, mask_value)})
+    assert error.value.code() == code
+    assert message in error.value.details()
+    got, _ = infer(stub, "opt", {"input_ids": ids[:, :128], "attention_mask": mask[:, :128]})
+    assert got["logits"].shape == (3, min(length, 128), 1000)
+
+
 def test_resnet18_on_a_new_batch_size(stub):
     x = np.random.default_rng(3).standard_normal((3, 3, 224, 224), dtype=np.float32)
     got, parameters = infer(stub, "resnet18", {"x": x})
