@@ -20,7 +20,7 @@ import torch
 from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils._sympy.numbers import IntInfinity
 
-from .index_values import ValueRanges, limits_within, placeholders_upstream
+from .index_values import SAME_VALUES, ValueRanges, limits_within, placeholders_upstream
 
 DTYPE_NAMES = {
     torch.bool: "bool",
@@ -294,13 +294,6 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
 
 
 _aten = torch.ops.aten
-# Ops whose output holds only values of their first input.
-_SAME_VALUES = {
-    _aten.view.default, _aten.reshape.default, _aten._unsafe_view.default, _aten.unsqueeze.default,
-    _aten.squeeze.dim, _aten.squeeze.dims, _aten.squeeze.default, _aten.expand.default,
-    _aten.clone.default, _aten.alias.default, _aten.flatten.using_ints, _aten.permute.default,
-    _aten.transpose.int, _aten.t.default, _aten.slice.Tensor, _aten.select.int,
-}
 
 
 def _size_expr(arg: Any) -> Optional[sympy.Expr]:
@@ -320,7 +313,7 @@ def _index_source(node: Any) -> Optional[Tuple[str, Any, int]]:
         if node.op != "call_function":
             return None
         target, args = node.target, node.args
-        if target in _SAME_VALUES:
+        if target in SAME_VALUES:
             node = args[0]
         elif target in (_aten.add.Tensor, _aten.add.Scalar) and isinstance(args[1], int) and not isinstance(args[1], bool):
             offset += args[1]

@@ -32,7 +32,7 @@ Range = Tuple[sympy.Expr, sympy.Expr]
 _aten = torch.ops.aten
 
 # Ops whose output holds only values of their first argument.
-_SAME_VALUES = {
+SAME_VALUES = {
     _aten.view.default, _aten.reshape.default, _aten._unsafe_view.default, _aten.unsqueeze.default,
     _aten.squeeze.dim, _aten.squeeze.dims, _aten.squeeze.default, _aten.expand.default,
     _aten.clone.default, _aten.alias.default, _aten.flatten.using_ints, _aten.permute.default,
@@ -210,7 +210,7 @@ class ValueRanges:
         if node.op != "call_function":
             return None
         target, args, kwargs = node.target, node.args, node.kwargs
-        if target in _SAME_VALUES:
+        if target in SAME_VALUES:
             return self.of(args[0])
         if target in _CONVERSIONS:
             return _within_dtype(self.of(args[0]), _val(node).dtype)
