@@ -105,8 +105,8 @@ def test_the_examples_are_served_first_and_the_gallery_joins(served):
     # The examples were in the repository when the server started.
     for model in ("mlp", "loop", "branch", "nested", "dtypes", "passthrough"):
         assert http_status(f"http://127.0.0.1:{served.http}/v2/models/{model}/ready") == 200, model
-    for model in ("resnet18", "bert", "gpt2", "gpt2_decoder", "llama_decoder", "t5_decoder",
-                  "bert_recentering", "gpt2_decoder_recentering"):
+    for model in ("resnet18", "bert", "roberta", "opt", "gpt2", "gpt2_decoder", "llama_decoder",
+                  "t5_decoder", "bert_recentering", "gpt2_decoder_recentering"):
         served.await_match(rf"\[serve\] gallery: {model} is in the repository", timeout=1800)
         await_ready(served, model, timeout=120)
     for model in ("gpt2_decoder_stateful", "llama_decoder_stateful", "t5_decoder_stateful"):
