@@ -63,7 +63,7 @@ cxxflags=(-std=c++20 -g1 -O1 -fno-omit-frame-pointer
           -I. -I"$build/gen" "${pkg_cflags[@]}")
 sources=(
   server/api/tensor_codec.cc server/grpc/infer_response.cc server/http/http_codec.cc server/http/http_head.cc server/http/http_routes.cc
-  base/json_text.cc base/half_float.cc
+  base/json_text.cc base/half_float.cc base/log_text.cc
   runtime/guard_program.cc runtime/frame_dispatcher.cc
   runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc
   tests/fuzz/fuzz_checks.cc
