@@ -24,18 +24,18 @@ namespace precompile::server {
 
 class ReflectionService final
     : public grpc::reflection::v1alpha::ServerReflection::CallbackService {
-public:
+ public:
   // `services`: the full names of the services the server offers, listed as
   // given (this one's own included). REQUIRES: max_streams >= 1.
   ReflectionService(std::vector<std::string> services, int max_streams);
 
   grpc::ServerBidiReactor<grpc::reflection::v1alpha::ServerReflectionRequest,
-                          grpc::reflection::v1alpha::ServerReflectionResponse> *
-  ServerReflectionInfo(grpc::CallbackServerContext *context) override;
+                          grpc::reflection::v1alpha::ServerReflectionResponse>*
+  ServerReflectionInfo(grpc::CallbackServerContext* context) override;
 
   int open_streams() const { return open_streams_.load(); }
 
-private:
+ private:
   class Stream;
   class Refusal;
 
@@ -43,13 +43,13 @@ private:
   // services, a type's extension numbers, or an error (NOT_FOUND for a name
   // the server does not know; UNIMPLEMENTED for a request of no known kind).
   grpc::reflection::v1alpha::ServerReflectionResponse Answer(
-      const grpc::reflection::v1alpha::ServerReflectionRequest &request) const;
+      const grpc::reflection::v1alpha::ServerReflectionRequest& request) const;
 
   const std::vector<std::string> services_;
   const int max_streams_;
   std::atomic<int> open_streams_{0};
 };
 
-} // namespace precompile::server
+}  // namespace precompile::server
 
-#endif // PRECOMPILE_SERVER_GRPC_REFLECTION_SERVICE_H_
+#endif  // PRECOMPILE_SERVER_GRPC_REFLECTION_SERVICE_H_
