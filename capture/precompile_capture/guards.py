@@ -396,13 +396,17 @@ def _program_tensors(ep: torch.export.ExportedProgram) -> Dict[str, torch.Tensor
     return tensors
 
 
-def _input_symbols(ep: torch.export.ExportedProgram, inputs: Dict[str, int]) -> set:
-    symbols = set()
+def _input_symbols(ep: torch.export.ExportedProgram, inputs: Dict[str, int],
+                   values: Sequence[Any]) -> Dict[sympy.Symbol, int]:
+    """Each size symbol of an input, and its size in the example call."""
+    symbols: Dict[sympy.Symbol, int] = {}
     for node in ep.graph.nodes:
         t = node.meta.get("val") if node.op == "placeholder" and node.name in inputs else None
-        if isinstance(t, torch.Tensor):
-            symbols.update(s.node.expr for s in t.shape
-                           if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol))
+        if not isinstance(t, torch.Tensor):
+            continue
+        for d, s in enumerate(t.shape):
+            if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
+                symbols[s.node.expr] = int(values[inputs[node.name]].shape[d])
     return symbols
 
 
@@ -438,7 +442,7 @@ def _index_limits(
     computed = ValueRanges(program_tensors)
     integer_inputs = {n.name: n for n in ep.graph.nodes
                       if n.op == "placeholder" and n.name in inputs and _is_integer_input(n)}
-    input_symbols = _input_symbols(ep, inputs)
+    input_symbols = _input_symbols(ep, inputs, values)
     # Sizes the guards require equal, as one symbol (the class's root).
     roots = {s: related(s) for s in input_symbols}
 
@@ -451,8 +455,14 @@ def _index_limits(
     def within(r: Optional[Tuple[Any, Any]], size: Any, negative: bool) -> Optional[Dict[sympy.Symbol, int]]:
         if r is None or size is None:
             return None
-        return limits_within((as_roots(r[0]), as_roots(r[1])), -size if negative else 0, size,
-                             set(roots.values()))
+        found = limits_within((as_roots(r[0]), as_roots(r[1])), -size if negative else 0, size,
+                              set(roots.values()))
+        # A range is an over-estimate: limits that would refuse the example
+        # call itself (whose indices were in range: it ran) prove nothing.
+        if found is not None and any(input_symbols[s] > found[roots[s]]
+                                     for s in input_symbols if roots[s] in found):
+            return None
+        return found
 
     def assumptions(index: torch.fx.Node) -> List[Dict[str, Tuple[sympy.Integer, sympy.Integer]]]:
         """Ranges to try for the integer inputs `index` is computed from: a

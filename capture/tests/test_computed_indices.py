@@ -188,6 +188,26 @@ def test_opt_fences_its_mask_and_is_bounded_by_its_position_table():
     assert symbol_of(guards, 0, 1).max == 40, guards.symbols
 
 
+class CountsWhatIsNeverThere(torch.nn.Module):
+    """Counts ids above 100 into a table of 20: the range says up to the
+    sequence's length, but the example call has none, and 30 tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(20, 4)
+
+    def forward(self, ids):
+        return self.table(torch.cumsum((ids > 100).long(), dim=1))
+
+
+def test_a_bound_that_would_refuse_the_example_call_itself_is_not_imposed():
+    example = torch.randint(0, 100, (2, 30))
+    guards, warned = guards_and_warnings(CountsWhatIsNeverThere(), (example,), ({0: AUTO, 1: AUTO},))
+    assert guards.holds([example])
+    assert all(s.max is None for s in guards.symbols)
+    assert len(warned) == 1 and "indexes a dimension of size 20" in warned[0]
+
+
 class Doubled(torch.nn.Module):
     def __init__(self):
         super().__init__()
