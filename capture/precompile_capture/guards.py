@@ -440,7 +440,7 @@ def _index_limits(
     limits: Dict[sympy.Symbol, int] = {}
     program_tensors = _program_tensors(ep)
     computed = ValueRanges(program_tensors)
-    integer_inputs = {n.name: n for n in ep.graph.nodes
+    integer_inputs = {n.name for n in ep.graph.nodes
                       if n.op == "placeholder" and n.name in inputs and _is_integer_input(n)}
     input_symbols = _input_symbols(ep, inputs, values)
     # Sizes the guards require equal, as one symbol (the class's root).
@@ -451,6 +451,12 @@ def _index_limits(
 
     def limit(symbol: sympy.Symbol, largest: int) -> None:
         limits[symbol] = min(limits.get(symbol, largest), largest)
+
+    def narrow(parameter: int, lo: int, hi: int) -> None:
+        """Input `parameter`'s values within [lo, hi) too."""
+        if parameter in ranges:
+            lo, hi = max(lo, ranges[parameter][0]), min(hi, ranges[parameter][1])
+        ranges[parameter] = (lo, hi)
 
     def within(r: Optional[Tuple[Any, Any]], size: Any, negative: bool) -> Optional[Dict[sympy.Symbol, int]]:
         if r is None or size is None:
@@ -467,7 +473,7 @@ def _index_limits(
     def assumptions(index: torch.fx.Node) -> List[Dict[str, Tuple[sympy.Integer, sympy.Integer]]]:
         """Ranges to try for the integer inputs `index` is computed from: a
         mask's [0, 1], then what the example call showed."""
-        names = sorted(placeholders_upstream(index) & integer_inputs.keys())
+        names = sorted(placeholders_upstream(index) & integer_inputs)
         seen = {}
         for name in names:
             value = values[inputs[name]]
@@ -498,11 +504,7 @@ def _index_limits(
                         continue
                 elif kind == "input" and origin.name in inputs and _is_integer_input(origin):
                     offset = int(offset)
-                    i = inputs[origin.name]
-                    lo, hi = (-rows if negative else 0) - offset, rows - offset
-                    if i in ranges:
-                        lo, hi = max(lo, ranges[i][0]), min(hi, ranges[i][1])
-                    ranges[i] = (lo, hi)
+                    narrow(inputs[origin.name], (-rows if negative else 0) - offset, rows - offset)
                     continue
                 elif kind == "arange" and isinstance(origin, torch.fx.Node):
                     end = origin.meta.get("val")
@@ -521,11 +523,7 @@ def _index_limits(
                     found = within(ValueRanges(program_tensors, assumed).of(index), size, negative)
                     if found is not None:
                         for name, (lo, hi) in assumed.items():
-                            i = inputs[name]
-                            lo, hi = int(lo), int(hi) + 1
-                            if i in ranges:
-                                lo, hi = max(lo, ranges[i][0]), min(hi, ranges[i][1])
-                            ranges[i] = (lo, hi)
+                            narrow(inputs[name], int(lo), int(hi) + 1)
                         break
             if found is None:
                 warnings.warn(

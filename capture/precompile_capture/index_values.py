@@ -66,8 +66,8 @@ _WITH_INDICES = {
     _aten.max.dim: (1, None), _aten.min.dim: (1, None),
 }
 
+# Booleans need no entry: a node of dtype bool is 0 or 1 whatever makes it.
 _INT_DTYPES = {
-    torch.bool: (0, 1),
     torch.uint8: (0, 2**8 - 1),
     torch.int8: (-(2**7), 2**7 - 1),
     torch.int16: (-(2**15), 2**15 - 1),
@@ -142,8 +142,6 @@ def _within_dtype(r: Optional[Range], dtype: Any) -> Optional[Range]:
     lo, hi = r
     if dtype in _INT_DTYPES:
         dlo, dhi = _INT_DTYPES[dtype]
-        if dtype is torch.bool:
-            return (sympy.Integer(0), sympy.Integer(1))
         # Sizes are far below 2^31: a range of sizes fits every dtype from int32.
         if (lo.is_number and lo < dlo) or (hi.is_number and hi > dhi):
             return None
