@@ -122,9 +122,9 @@ ABSL_FLAG(int, grpc_answer_timeout_seconds, 60,
 ABSL_FLAG(int, grpc_max_streams_per_connection, 100,
           "Streams (calls) one gRPC connection may have open at once; clients queue more "
           "(0: no limit)");
-ABSL_FLAG(int, grpc_max_pollers, 64,
-          "Threads kept waiting for the synchronous gRPC calls (all but ModelInfer) "
-          "between bursts (0: gRPC's default of 2)");
+ABSL_FLAG(int, grpc_unary_threads, 4,
+          "Threads serving the gRPC methods other than ModelInfer, health and reflection "
+          "(metadata, readiness, statistics, repository, admin)");
 ABSL_FLAG(int, torch_threads, 0,
           "Threads per torch operation and per compiled kernel of a model call (0: the cores "
           "the process may use: its CPU affinity, and its cgroup's CPU quota rounded up)");
@@ -253,7 +253,10 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   if (options.grpc_window_bytes < 0) return absl::InvalidArgumentError("--grpc_window_bytes must be at least 0");
   options.grpc_max_streams_per_connection = absl::GetFlag(FLAGS_grpc_max_streams_per_connection);
   if (options.grpc_max_streams_per_connection < 0) return absl::InvalidArgumentError("--grpc_max_streams_per_connection must be at least 0");
-  options.grpc_max_pollers = absl::GetFlag(FLAGS_grpc_max_pollers);
+  options.grpc_unary_threads = absl::GetFlag(FLAGS_grpc_unary_threads);
+  if (options.grpc_unary_threads < 1) {
+    return absl::InvalidArgumentError("--grpc_unary_threads must be at least 1");
+  }
   options.trace_file = absl::GetFlag(FLAGS_trace_file);
   {
     // The same parsing and limits as the settings a client changes.

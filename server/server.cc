@@ -1,6 +1,5 @@
 #include "server/server.h"
 
-#include <grpcpp/health_check_service_interface.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
 
@@ -21,6 +20,11 @@
 
 namespace precompile::server {
 namespace {
+
+// What a request to a gRPC method other than ModelInfer may take, as the
+// HTTP transport's paths other than inference: those requests name a model,
+// a version, a few settings.
+constexpr size_t kMaxUnaryRequestBytes = 64 << 10;
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
@@ -81,9 +85,11 @@ Server::~Server() {
   if (poller_.joinable()) poller_.join();
   if (watchdog_.joinable()) watchdog_.join();
   if (http_) http_->Stop();
+  if (health_) health_->Shutdown();
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now());
   // After gRPC's shutdown, so that no call arrives any more.
   if (inference_) inference_->StopServing();
+  if (unary_calls_) unary_calls_->StopServing();
 }
 
 namespace {
@@ -165,13 +171,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->inference_ = std::make_unique<InferenceService>(
       *server->api_, *server->scheduler_, access, o.inference_pollers, o.grpc_answers);
   server->admin_ = std::make_unique<AdminService>(*server->repository_, access);
+  server->unary_calls_ =
+      std::make_unique<UnaryCallRouter>(o.grpc_unary_threads, kMaxUnaryRequestBytes);
+  server->inference_->RouteUnaryCalls(*server->unary_calls_);
+  server->admin_->RouteUnaryCalls(*server->unary_calls_);
+  for (absl::Status routed :
+       {server->unary_calls_->CheckRoutes(InferenceService::Described(), {"ModelInfer"}),
+        server->unary_calls_->CheckRoutes(AdminService::Described())}) {
+    if (!routed.ok()) return routed;
+  }
+  // Load balancers watch the whole server or a model each.
+  constexpr int kMaxHealthWatches = 1024;
+  server->health_ = std::make_unique<HealthService>(kMaxHealthWatches);
   // Reflection is for people exploring the API with a tool; a few streams
   // at once are plenty, and each is memory a client holds as long as it likes.
   constexpr int kMaxReflectionStreams = 16;
   server->reflection_ = std::make_unique<ReflectionService>(
       std::vector<std::string>{inference::GRPCInferenceService::service_full_name(),
-                               v1::PrecompileAdmin::service_full_name(),
-                               "grpc.health.v1.Health",
+                               AdminService::Described().full_name(), "grpc.health.v1.Health",
                                grpc::reflection::v1alpha::ServerReflection::service_full_name()},
       kMaxReflectionStreams);
 
@@ -261,14 +278,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
 absl::Status Server::Listen() {
   auto credentials = Credentials(options_);
   if (!credentials.ok()) return credentials.status();
-  grpc::EnableDefaultHealthCheckService(true);
+  // The server's own health service (server/grpc/health_service.h).
+  grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
-  if (options_.grpc_max_pollers > 0) {
-    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
-                                options_.grpc_max_pollers);
-  }
   if (options_.max_connection_age > absl::ZeroDuration()) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
                                static_cast<int>(absl::ToInt64Milliseconds(
@@ -297,25 +311,27 @@ absl::Status Server::Listen() {
     builder.SetResourceQuota(quota);
   }
   builder.RegisterService(inference_.get());
-  builder.RegisterService(admin_.get());
   builder.RegisterService(reflection_.get());
+  builder.RegisterService(health_.get());
+  builder.RegisterAsyncGenericService(unary_calls_->generic_service());
   std::unique_ptr<grpc::ServerCompletionQueue> inference_queue = builder.AddCompletionQueue();
+  std::unique_ptr<grpc::ServerCompletionQueue> unary_queue = builder.AddCompletionQueue();
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || grpc_port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen for gRPC on ", options_.grpc_address));
   }
   inference_->StartServing(std::move(inference_queue));
+  unary_calls_->StartServing(std::move(unary_queue));
   // Live but not ready until the repository is loaded.
-  grpc_server_->GetHealthCheckService()->SetServingStatus("", false);
+  health_->SetServingStatus("", false);
   return absl::OkStatus();
 }
 
 void Server::OnModelState(const ModelState& state) {
   if (metrics_) metrics_->OnModelState(state);
   if (grpc_server_ && !state_.draining()) {
-    grpc_server_->GetHealthCheckService()->SetServingStatus(
-        state.name, state.phase == ModelState::Phase::kReady);
+    health_->SetServingStatus(state.name, state.phase == ModelState::Phase::kReady);
   }
   if (repository_) UpdateReadiness();
 }
@@ -327,7 +343,7 @@ void Server::UpdateReadiness() {
   }
   state_.SetModelsOk(ok);
   if (grpc_server_ && !state_.draining()) {
-    grpc_server_->GetHealthCheckService()->SetServingStatus("", state_.ready());
+    health_->SetServingStatus("", state_.ready());
   }
 }
 
@@ -370,9 +386,8 @@ void Server::BeginDrain() {
   state_.BeginDrain();
   // Every health service (overall and per model) answers NOT_SERVING from now
   // on; the models stay loaded so running and late requests still succeed.
-  auto* health = grpc_server_->GetHealthCheckService();
-  health->SetServingStatus("", false);
-  for (const ModelState& s : repository_->List()) health->SetServingStatus(s.name, false);
+  health_->SetServingStatus("", false);
+  for (const ModelState& s : repository_->List()) health_->SetServingStatus(s.name, false);
   spdlog::info("event=draining in_flight_requests={}", scheduler_->in_flight());
 }
 
@@ -386,6 +401,8 @@ absl::Status Server::Stop() {
   // still pending at the deadline, but a model call cannot be interrupted, so
   // wait for it separately and report it.
   auto grpc_shut_down = std::make_shared<Notification>();
+  // Watch streams end once told NOT_SERVING, rather than at the deadline.
+  health_->Shutdown();
   std::thread shutdown([this, deadline, grpc_shut_down] {
     grpc_server_->Shutdown(absl::ToChronoTime(deadline));
     grpc_shut_down->Notify();
@@ -419,6 +436,7 @@ absl::Status Server::Stop() {
   shutdown.join();
   http_shutdown.join();
   inference_->StopServing();
+  unary_calls_->StopServing();
   spdlog::info("event=stopped");
   return absl::OkStatus();
 }

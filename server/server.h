@@ -27,7 +27,9 @@
 #include "server/api/serving_state.h"
 #include "server/grpc/admin_service.h"
 #include "server/grpc/inference_service.h"
+#include "server/grpc/health_service.h"
 #include "server/grpc/reflection_service.h"
+#include "server/grpc/unary_call_router.h"
 #include "server/http/http_service.h"
 #include "server/metrics/metrics.h"
 #include "server/repository/model_repository.h"
@@ -113,10 +115,10 @@ struct ServerOptions {
   // opening 50000 grew the server by 880 MiB (tests/hostile). 0: gRPC's
   // default. Default: 100, as HTTP/2 suggests at the least.
   int grpc_max_streams_per_connection = 100;
-  // Threads kept waiting for the synchronous calls (all but ModelInfer).
-  // gRPC's default (2) lets the others exit after each burst and creates them
-  // again for the next. Default: 64.
-  int grpc_max_pollers = 64;
+  // Threads serving the gRPC methods other than ModelInfer, health and
+  // reflection (server/grpc/unary_call_router.h); each runs one call at a
+  // time to its end. Default: 4.
+  int grpc_unary_threads = 4;
   // Bytes of sequences' state (models whose config.pbtxt has
   // sequence_batching) the server holds at once; past it the sequence idle
   // longest is evicted (server/scheduling/sequence_state.h). Default: 1 GiB.
@@ -210,6 +212,9 @@ class Server final : public RepositoryListener {
   std::unique_ptr<InferenceService> inference_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<ReflectionService> reflection_;
+  std::unique_ptr<HealthService> health_;
+  // Stops after the gRPC server, before the services it calls go.
+  std::unique_ptr<UnaryCallRouter> unary_calls_;
   std::unique_ptr<HttpService> http_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int grpc_port_ = 0;

@@ -25,6 +25,23 @@ double UnixSeconds(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEp
 
 }  // namespace
 
+const google::protobuf::ServiceDescriptor& AdminService::Described() {
+  return *v1::ListModelsRequest::descriptor()->file()->FindServiceByName("PrecompileAdmin");
+}
+
+void AdminService::RouteUnaryCalls(UnaryCallRouter& router) {
+  const google::protobuf::ServiceDescriptor& service = Described();
+  router.Add(service, "ListModels", this, &AdminService::ListModels);
+  router.Add(service, "GetSummary", this, &AdminService::GetSummary);
+  router.Add(service, "GetFrames", this, &AdminService::GetFrames);
+  router.Add(service, "GetCoverage", this, &AdminService::GetCoverage);
+  router.Add(service, "ListWarnings", this, &AdminService::ListWarnings);
+  router.Add(service, "Misses", this, &AdminService::Misses);
+  router.Add(service, "LoadModel", this, &AdminService::LoadModel);
+  router.Add(service, "UnloadModel", this, &AdminService::UnloadModel);
+  router.Add(service, "Rescan", this, &AdminService::Rescan);
+}
+
 grpc::Status AdminService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest*,
                                       v1::ListModelsResponse* response) {
   if (grpc::Status s = access_.CheckRead(*context); !s.ok()) return s;

@@ -2,45 +2,48 @@
 // list, per-frame coverage, the eager-fallback warnings issued, and control
 // of the repository.
 //
-// Thread safety: gRPC calls the methods concurrently; the service holds no
-// state of its own.
+// Served through a UnaryCallRouter (server/grpc/unary_call_router.h).
+//
+// Thread safety: the router calls the methods concurrently; the service
+// holds no state of its own.
 #ifndef PRECOMPILE_SERVER_GRPC_ADMIN_SERVICE_H_
 #define PRECOMPILE_SERVER_GRPC_ADMIN_SERVICE_H_
+
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/status.h>
 
 #include <string>
 #include <utility>
 
-#include "proto/admin.grpc.pb.h"
+#include "proto/admin.pb.h"
 #include "server/api/control_access.h"
+#include "server/grpc/unary_call_router.h"
 #include "server/repository/model_repository.h"
 
 namespace precompile::server {
 
-class AdminService final : public precompile::v1::PrecompileAdmin::Service {
+class AdminService final {
  public:
   // `access` decides who may read (the listing, summaries, FRAMES, coverage,
   // warnings) and who may control (load, unload, rescan).
   AdminService(ModelRepository& repository, ControlAccess access)
       : repository_(repository), access_(std::move(access)) {}
 
+  // Routes every method of precompile.v1.PrecompileAdmin to this service.
+  void RouteUnaryCalls(UnaryCallRouter& router);
+  // precompile.v1.PrecompileAdmin.
+  static const google::protobuf::ServiceDescriptor& Described();
+
   grpc::Status ListModels(grpc::ServerContext*, const v1::ListModelsRequest*,
-                          v1::ListModelsResponse*) override;
-  grpc::Status GetSummary(grpc::ServerContext*, const v1::ModelRequest*,
-                          v1::SummaryResponse*) override;
-  grpc::Status GetFrames(grpc::ServerContext*, const v1::ModelRequest*,
-                         v1::FramesResponse*) override;
-  grpc::Status GetCoverage(grpc::ServerContext*, const v1::ModelRequest*,
-                           v1::CoverageResponse*) override;
-  grpc::Status ListWarnings(grpc::ServerContext*, const v1::ModelRequest*,
-                            v1::WarningsResponse*) override;
-  grpc::Status Misses(grpc::ServerContext*, const v1::MissesRequest*,
-                      v1::MissesResponse*) override;
-  grpc::Status LoadModel(grpc::ServerContext*, const v1::ModelRequest*,
-                         v1::LoadModelResponse*) override;
-  grpc::Status UnloadModel(grpc::ServerContext*, const v1::ModelRequest*,
-                           v1::UnloadModelResponse*) override;
-  grpc::Status Rescan(grpc::ServerContext*, const v1::RescanRequest*,
-                      v1::RescanResponse*) override;
+                          v1::ListModelsResponse*);
+  grpc::Status GetSummary(grpc::ServerContext*, const v1::ModelRequest*, v1::SummaryResponse*);
+  grpc::Status GetFrames(grpc::ServerContext*, const v1::ModelRequest*, v1::FramesResponse*);
+  grpc::Status GetCoverage(grpc::ServerContext*, const v1::ModelRequest*, v1::CoverageResponse*);
+  grpc::Status ListWarnings(grpc::ServerContext*, const v1::ModelRequest*, v1::WarningsResponse*);
+  grpc::Status Misses(grpc::ServerContext*, const v1::MissesRequest*, v1::MissesResponse*);
+  grpc::Status LoadModel(grpc::ServerContext*, const v1::ModelRequest*, v1::LoadModelResponse*);
+  grpc::Status UnloadModel(grpc::ServerContext*, const v1::ModelRequest*, v1::UnloadModelResponse*);
+  grpc::Status Rescan(grpc::ServerContext*, const v1::RescanRequest*, v1::RescanResponse*);
 
  private:
   ModelRepository& repository_;

@@ -10,36 +10,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
 #include "server/api/inference_job.h"
+#include "server/grpc/completion_queue_tags.h"
 #include "server/grpc/grpc_status.h"
 #include "server/grpc/infer_response.h"
 
 namespace precompile::server {
-namespace {
-
-// gRPC's completion queue orders what the thread that requests a call does
-// before it hands the call's tag to gRPC and what the thread that gets the
-// tag back does. That ordering lives in libgrpc, which is not built with
-// ThreadSanitizer, so it is stated here for TSan; elsewhere these are no-ops.
-// (After a call arrived, its holders synchronise through InferCall::Unref.)
-#if defined(__SANITIZE_THREAD__)
-#define PRECOMPILE_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define PRECOMPILE_TSAN 1
-#endif
-#endif
-#ifdef PRECOMPILE_TSAN
-extern "C" void __tsan_acquire(void* address);
-extern "C" void __tsan_release(void* address);
-void HandToGrpc(void* tag) { __tsan_release(tag); }
-void TakeFromGrpc(void* tag) { __tsan_acquire(tag); }
-#else
-void HandToGrpc(void*) {}
-void TakeFromGrpc(void*) {}
-#endif
-
-}  // namespace
 
 // One ModelInfer call on gRPC's asynchronous API. Its events: `requested`
 // (a call arrived, or ok=false: the server shut down first), then both
@@ -47,7 +24,7 @@ void TakeFromGrpc(void*) {}
 // (the call ended; it is what makes IsCancelled() a cheap read), in either
 // order, on any thread. Once a call arrived, three parties hold it: the
 // thread that answers it (until Finish returns) and the two events; the
-// last to let go deletes it.
+// last to let go deletes it (they synchronise through Unref, TSan included).
 class InferenceService::InferCall final : public InferenceJob {
  public:
   enum class Event { kRequested, kAnswered, kDone };
@@ -131,7 +108,34 @@ InferenceService::InferenceService(InferenceApi& api, RequestScheduler& schedule
       scheduler_(scheduler),
       access_(std::move(access)),
       pollers_(pollers),
-      answer_limits_(answers) {}
+      answer_limits_(answers) {
+  // gRPC leaves a method marked generic to the server's generic service:
+  // every method but ModelInfer is the router's (RouteUnaryCalls).
+  const google::protobuf::ServiceDescriptor& service = Described();
+  for (int i = 0; i < service.method_count(); ++i) {
+    if (service.method(i)->name() != "ModelInfer") MarkMethodGeneric(i);
+  }
+}
+
+const google::protobuf::ServiceDescriptor& InferenceService::Described() {
+  return *google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+      inference::GRPCInferenceService::service_full_name());
+}
+
+void InferenceService::RouteUnaryCalls(UnaryCallRouter& router) {
+  const google::protobuf::ServiceDescriptor& service = Described();
+  router.Add(service, "ServerLive", this, &InferenceService::ServerLive);
+  router.Add(service, "ServerReady", this, &InferenceService::ServerReady);
+  router.Add(service, "ModelReady", this, &InferenceService::ModelReady);
+  router.Add(service, "ServerMetadata", this, &InferenceService::ServerMetadata);
+  router.Add(service, "ModelMetadata", this, &InferenceService::ModelMetadata);
+  router.Add(service, "ModelConfig", this, &InferenceService::ModelConfig);
+  router.Add(service, "ModelStatistics", this, &InferenceService::ModelStatistics);
+  router.Add(service, "RepositoryIndex", this, &InferenceService::RepositoryIndex);
+  router.Add(service, "RepositoryModelLoad", this, &InferenceService::RepositoryModelLoad);
+  router.Add(service, "RepositoryModelUnload", this, &InferenceService::RepositoryModelUnload);
+  router.Add(service, "TraceSetting", this, &InferenceService::TraceSetting);
+}
 
 InferenceService::~InferenceService() { StopServing(); }
 

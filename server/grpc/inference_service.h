@@ -7,8 +7,9 @@
 // admits it, runs it on the thread that took it when a run slot is free, or
 // queues it. There are more pollers than run slots, so that some are always
 // free to take calls (and to refuse them at the server's limit). The other
-// methods are synchronous (gRPC's threads): a long model call never holds up
-// health checks or metadata.
+// methods are served through a UnaryCallRouter (server/grpc/unary_call_router.h),
+// on threads of its own: a long model call never holds up metadata, and
+// their requests are refused past a few KiB before they are parsed.
 //
 // An answer stays in memory until its client has taken it whole, which a
 // client that grants no flow-control window never does (gRPC's own quota
@@ -39,6 +40,7 @@
 #include "proto/inference.grpc.pb.h"
 #include "server/api/control_access.h"
 #include "server/api/inference_api.h"
+#include "server/grpc/unary_call_router.h"
 #include "server/scheduling/request_scheduler.h"
 
 namespace precompile::server {
@@ -62,6 +64,12 @@ class InferenceService final
                    int pollers, AnswerLimits answers = {});
   // Stops serving (see StopServing): the gRPC server must be shut down first.
   ~InferenceService() override;
+
+  // Routes the methods other than ModelInfer (which gRPC leaves to the
+  // router's generic service) to this service.
+  void RouteUnaryCalls(UnaryCallRouter& router);
+  // inference.GRPCInferenceService.
+  static const google::protobuf::ServiceDescriptor& Described();
 
   // Starts answering ModelInfer from `cq`, a completion queue of the server
   // this service is registered with.

@@ -2,6 +2,9 @@
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
 
 #include <memory>
 #include <string>
@@ -42,27 +45,27 @@ void SetError(grpc::StatusCode code, const std::string& message,
 // once, so its callbacks never run at the same time. Each request and answer
 // is freed once done with: an idle stream holds no message.
 class ReflectionService::Stream final
-    : public grpc::ServerBidiReactor<ServerReflectionRequest, ServerReflectionResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit Stream(ReflectionService* service) : service_(service) { Read(); }
+  explicit Stream(ReflectionService* service) : service_(service) { StartRead(&request_); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status::OK);
       return;
     }
-    response_ = std::make_unique<ServerReflectionResponse>(service_->Answer(*request_));
-    request_.reset();
-    StartWrite(response_.get());
+    service_->AnswerBytes(request_, &response_);
+    request_.Clear();
+    StartWrite(&response_);
   }
 
   void OnWriteDone(bool ok) override {
-    response_.reset();
+    response_.Clear();
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the answer could not be written"));
       return;
     }
-    Read();
+    StartRead(&request_);
   }
 
   void OnDone() override {
@@ -71,19 +74,14 @@ class ReflectionService::Stream final
   }
 
  private:
-  void Read() {
-    request_ = std::make_unique<ServerReflectionRequest>();
-    StartRead(request_.get());
-  }
-
   ReflectionService* const service_;
-  std::unique_ptr<ServerReflectionRequest> request_;
-  std::unique_ptr<ServerReflectionResponse> response_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
 };
 
 // A stream opened past the limit: finished at once.
 class ReflectionService::Refusal final
-    : public grpc::ServerBidiReactor<ServerReflectionRequest, ServerReflectionResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit Refusal(int max_streams) {
     Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -96,7 +94,7 @@ class ReflectionService::Refusal final
 ReflectionService::ReflectionService(std::vector<std::string> services, int max_streams)
     : services_(std::move(services)), max_streams_(max_streams) {}
 
-grpc::ServerBidiReactor<ServerReflectionRequest, ServerReflectionResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ReflectionService::ServerReflectionInfo(grpc::CallbackServerContext*) {
   if (open_streams_.fetch_add(1) >= max_streams_) {
     open_streams_.fetch_sub(1);
@@ -105,18 +103,32 @@ ReflectionService::ServerReflectionInfo(grpc::CallbackServerContext*) {
   return new Stream(this);
 }
 
-ServerReflectionResponse ReflectionService::Answer(const ServerReflectionRequest& request) const {
-  const DescriptorPool* pool = DescriptorPool::generated_pool();
+void ReflectionService::AnswerBytes(const grpc::ByteBuffer& bytes, grpc::ByteBuffer* answer) const {
   ServerReflectionResponse response;
   // Names here are short; a request of any size gRPC takes would otherwise
-  // be held twice, and echoed back.
-  if (const size_t size = request.ByteSizeLong(); size > kMaxRequestBytes) {
+  // be parsed, held twice, and echoed back.
+  ServerReflectionRequest request;
+  grpc::ByteBuffer view(bytes);
+  grpc::ProtoBufferReader reader(&view);
+  if (const size_t size = bytes.Length(); size > kMaxRequestBytes) {
     SetError(grpc::StatusCode::INVALID_ARGUMENT,
              "a reflection request of " + std::to_string(size) + " bytes; at most " +
                  std::to_string(kMaxRequestBytes) + " are read",
              &response);
-    return response;
+  } else if (!request.ParseFromZeroCopyStream(&reader)) {
+    SetError(grpc::StatusCode::INVALID_ARGUMENT,
+             "the request is not a ServerReflectionRequest (it does not parse)", &response);
+  } else {
+    response = Answer(request);
   }
+  bool own_buffer = false;
+  grpc::GenericSerialize<grpc::ProtoBufferWriter, ServerReflectionResponse>(response, answer,
+                                                                            &own_buffer);
+}
+
+ServerReflectionResponse ReflectionService::Answer(const ServerReflectionRequest& request) const {
+  const DescriptorPool* pool = DescriptorPool::generated_pool();
+  ServerReflectionResponse response;
   response.set_valid_host(request.host());
   *response.mutable_original_request() = request;
   std::unordered_set<std::string> added;

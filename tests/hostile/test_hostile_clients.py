@@ -15,6 +15,7 @@ import json
 import pathlib
 import re
 import select
+import signal
 import socket
 import sys
 import threading
@@ -25,7 +26,8 @@ import grpc
 import numpy as np
 import pytest
 
-from proto import inference_pb2, inference_pb2_grpc
+from proto import (admin_pb2, admin_pb2_grpc, health_pb2, health_pb2_grpc, inference_pb2,
+                   inference_pb2_grpc)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "testing"))
@@ -228,12 +230,12 @@ def test_a_message_quoting_what_the_client_sent_is_cut_in_the_log_and_the_answer
     assert_still_serving(server)
 
 
-def test_a_model_name_of_a_megabyte_gets_an_answer_its_client_can_read(server):
+def test_a_long_model_name_gets_an_answer_its_client_can_read(server):
     # gRPC clients refuse a status message over 16 KiB. Quoted whole, a 900 KB
     # name made an answer no client could read (RESOURCE_EXHAUSTED on the
     # client's side: "received metadata size exceeds hard limit"), and 8 such
     # calls of 200 MB grew the server by 5.2 GiB while it wrote them.
-    name = "m" * 900_000
+    name = "m" * 60_000
     with grpc.insecure_channel(server.address) as channel:
         stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as refused:
@@ -243,6 +245,76 @@ def test_a_model_name_of_a_megabyte_gets_an_answer_its_client_can_read(server):
     assert refused.value.details().endswith(" more bytes)'")
     assert len(refused.value.details()) < 400
     assert_still_serving(server)
+
+
+def test_a_large_request_to_a_method_other_than_inference_is_refused_unparsed(server):
+    # Parsed, each such request was a copy outside every budget: 16
+    # ModelMetadata calls naming a model of 200 MB grew the server by 650 MiB.
+    big = "m" * 900_000
+    with grpc.insecure_channel(server.address) as channel:
+        inference = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        admin = admin_pb2_grpc.PrecompileAdminStub(channel)
+        calls = [
+            ("/inference.GRPCInferenceService/ModelMetadata", inference.ModelMetadata,
+             inference_pb2.ModelMetadataRequest(name=big)),
+            ("/inference.GRPCInferenceService/ModelReady", inference.ModelReady,
+             inference_pb2.ModelReadyRequest(name=big)),
+            ("/precompile.v1.PrecompileAdmin/GetSummary", admin.GetSummary,
+             admin_pb2.ModelRequest(name=big)),
+        ]
+        for method, call, request in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request, timeout=PROMPT_SECONDS)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, method
+            assert refused.value.details() == (
+                f"the request of {request.ByteSize()} bytes is more than the 65536 bytes "
+                f"{method} takes (only ModelInfer takes larger messages)")
+        # The same methods answer requests of their size.
+        assert inference.ModelReady(inference_pb2.ModelReadyRequest(name="mlp"),
+                                    timeout=PROMPT_SECONDS).ready
+        assert admin.GetSummary(admin_pb2.ModelRequest(name="mlp"),
+                                timeout=PROMPT_SECONDS).name == "mlp"
+    assert_still_serving(server)
+
+
+def test_a_large_health_check_is_refused_unparsed(server):
+    # gRPC's built-in health service parsed it: 16 Checks naming a service of
+    # 200 MB grew the server by 755 MiB.
+    with grpc.insecure_channel(server.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service="s" * 900_000)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Check(request, timeout=PROMPT_SECONDS)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused.value.details() == (
+            f"a health check request of {request.ByteSize()} bytes; at most 4096 are read")
+        assert stub.Check(health_pb2.HealthCheckRequest(), timeout=PROMPT_SECONDS).status == \
+            health_pb2.HealthCheckResponse.SERVING
+    assert_still_serving(server)
+
+
+def test_an_open_health_watch_sees_the_drain_and_does_not_hold_it_up(tmp_path):
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            ["--drain_timeout_seconds=60"])
+    try:
+        with grpc.insecure_channel(process.address) as channel:
+            statuses = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=""))
+            assert next(statuses).status == health_pb2.HealthCheckResponse.SERVING
+            started = time.monotonic()
+            process.process.send_signal(signal.SIGTERM)
+            assert next(statuses).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.RpcError) as ended:
+                next(statuses)
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert ended.value.details() == "the server is shutting down"
+            assert process.wait(timeout=60) == 0, process.log()
+            # Not held open until the drain's deadline.
+            assert time.monotonic() - started < 30
+    finally:
+        if process.process.poll() is None:
+            process.process.kill()
 
 
 def test_a_large_body_on_a_path_that_takes_a_few_bytes_is_refused_unread(server):

@@ -1,0 +1,225 @@
+#include "server/grpc/unary_call_router.h"
+
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/log_text.h"
+#include "server/grpc/completion_queue_tags.h"
+#include "spdlog/spdlog.h"
+
+namespace precompile::server {
+namespace {
+
+std::string PathOf(const google::protobuf::ServiceDescriptor& service, absl::string_view method) {
+  return absl::StrCat("/", service.full_name(), "/", method);
+}
+
+}  // namespace
+
+// One call, from its arrival to its answer. One operation at a time is
+// with gRPC (the request for a call, the read of its message, its finish).
+// The thread that starts the next one may still be inside gRPC's call when
+// another thread takes the operation's tag back, so each of the two holds
+// the call until it is done with it; the last to let go deletes it.
+class UnaryCallRouter::UnaryCall {
+ public:
+  enum class Event { kRequested, kRead, kFinished };
+  struct Tag {
+    UnaryCall* call;
+    Event event;
+  };
+
+  UnaryCall() : stream(&context) {}
+
+  static std::pair<UnaryCall*, Event> Of(void* tag) {
+    const Tag* t = static_cast<const Tag*>(tag);
+    return {t->call, t->event};
+  }
+  // For an operation about to start: its event holds the call too.
+  void* tag(Event event) {
+    holders_.fetch_add(1, std::memory_order_relaxed);
+    Tag* t = &tags_[static_cast<int>(event)];
+    HandToGrpc(t);
+    return t;
+  }
+  // True for the last holder to let go.
+  bool Unref() { return holders_.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+
+  grpc::GenericServerContext context;
+  grpc::GenericServerAsyncReaderWriter stream;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+
+ private:
+  Tag tags_[3] = {{this, Event::kRequested}, {this, Event::kRead}, {this, Event::kFinished}};
+  std::atomic<int> holders_{0};
+};
+
+UnaryCallRouter::UnaryCallRouter(int threads, size_t max_request_bytes)
+    : threads_count_(threads), max_request_bytes_(max_request_bytes) {}
+
+UnaryCallRouter::~UnaryCallRouter() { StopServing(); }
+
+void UnaryCallRouter::AddHandler(const google::protobuf::ServiceDescriptor& service,
+                                 absl::string_view method,
+                                 const google::protobuf::Descriptor& request,
+                                 const google::protobuf::Descriptor& response, Handler handler) {
+  const std::string path = PathOf(service, method);
+  const google::protobuf::MethodDescriptor* described =
+      service.FindMethodByName(std::string(method));
+  if (described == nullptr) {
+    wiring_errors_.push_back(absl::StrCat(path, " is not a method of ", service.full_name()));
+  } else if (described->input_type() != &request || described->output_type() != &response ||
+             described->client_streaming() || described->server_streaming()) {
+    wiring_errors_.push_back(absl::StrCat(path, " takes ", described->input_type()->full_name(),
+                                          " and returns ", described->output_type()->full_name(),
+                                          " (unary): its handler takes ", request.full_name(),
+                                          " and returns ", response.full_name()));
+  } else {
+    handlers_[path] = std::move(handler);
+  }
+}
+
+absl::Status UnaryCallRouter::CheckRoutes(const google::protobuf::ServiceDescriptor& service,
+                                          const std::vector<std::string>& elsewhere) const {
+  std::vector<std::string> wrong = wiring_errors_;
+  for (int i = 0; i < service.method_count(); ++i) {
+    const std::string& method = service.method(i)->name();
+    if (std::find(elsewhere.begin(), elsewhere.end(), method) != elsewhere.end()) continue;
+    const std::string path = PathOf(service, method);
+    if (!handlers_.contains(path)) wrong.push_back(absl::StrCat(path, " has no handler"));
+  }
+  if (wrong.empty()) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("the gRPC methods are wired wrongly: ", absl::StrJoin(wrong, "; ")));
+}
+
+grpc::Status UnaryCallRouter::Parse(const grpc::ByteBuffer& bytes,
+                                    google::protobuf::Message* request) {
+  // ProtoBufferReader reads the buffer's slices without taking them.
+  grpc::ByteBuffer view(bytes);
+  grpc::ProtoBufferReader reader(&view);
+  if (!request->ParseFromZeroCopyStream(&reader)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("the request is not a ", request->GetDescriptor()->name(),
+                                     " (it does not parse)"));
+  }
+  return grpc::Status::OK;
+}
+
+void UnaryCallRouter::Serialize(const google::protobuf::Message& response,
+                                grpc::ByteBuffer* bytes) {
+  bool own_buffer = false;
+  grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::Message>(response, bytes,
+                                                                             &own_buffer);
+}
+
+void UnaryCallRouter::StartServing(std::unique_ptr<grpc::ServerCompletionQueue> cq) {
+  cq_ = std::move(cq);
+  for (int i = 0; i < threads_count_; ++i) RequestCall();
+  for (int i = 0; i < threads_count_; ++i) threads_.emplace_back([this] { ServeCalls(); });
+}
+
+void UnaryCallRouter::StopServing() {
+  if (!cq_ || stopped_) return;
+  stopped_ = true;
+  stopping_.store(true);
+  while (requesting_.load() > 0) std::this_thread::yield();
+  while (live_calls_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  cq_->Shutdown();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+void UnaryCallRouter::RequestCall() {
+  requesting_.fetch_add(1);
+  if (!stopping_.load()) {
+    live_calls_.fetch_add(1);
+    auto* call = new UnaryCall();
+    generic_.RequestCall(&call->context, &call->stream, cq_.get(), cq_.get(),
+                         call->tag(UnaryCall::Event::kRequested));
+  }
+  requesting_.fetch_sub(1);
+}
+
+void UnaryCallRouter::ServeCalls() {
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_->Next(&tag, &ok)) {
+    TakeFromGrpc(tag);
+    auto [call, event] = UnaryCall::Of(tag);
+    // Whatever these start holds the call for its own event.
+    if (event == UnaryCall::Event::kRequested && ok) {
+      RequestCall();
+      OnRequested(call);
+    } else if (event == UnaryCall::Event::kRead) {
+      OnRead(call, ok);
+    }
+    // A request that failed (the server shut down before a call arrived)
+    // and a finish end the call.
+    if (call->Unref()) Delete(call);
+  }
+}
+
+void UnaryCallRouter::OnRequested(UnaryCall* call) {
+  if (!handlers_.contains(call->context.method())) {
+    call->stream.Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                     absl::StrCat("this server has no method '",
+                                                  LoggedText(call->context.method(), 256), "'")),
+                        call->tag(UnaryCall::Event::kFinished));
+    return;
+  }
+  call->stream.Read(&call->request, call->tag(UnaryCall::Event::kRead));
+}
+
+void UnaryCallRouter::OnRead(UnaryCall* call, bool ok) {
+  const std::string& method = call->context.method();
+  if (!ok) {
+    // The client ended its side, or the call, without a message.
+    call->stream.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                     absl::StrCat(method, " was called without a request")),
+                        call->tag(UnaryCall::Event::kFinished));
+    return;
+  }
+  const size_t size = call->request.Length();
+  if (size > max_request_bytes_) {
+    call->request.Clear();
+    call->stream.Finish(
+        grpc::Status(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat("the request of ", size, " bytes is more than the ", max_request_bytes_,
+                         " bytes ", method, " takes (only ModelInfer takes larger messages)")),
+        call->tag(UnaryCall::Event::kFinished));
+    return;
+  }
+  grpc::Status status;
+  try {
+    status = handlers_.find(method)->second(call->context, call->request, &call->response);
+  } catch (...) {
+    spdlog::error("event=grpc_method_threw method={} what=\"{}\"", method,
+                  DescribeCaughtException().what);
+    status = grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat(method, " failed inside the server; it has logged why"));
+  }
+  call->request.Clear();
+  if (status.ok()) {
+    call->stream.WriteAndFinish(call->response, grpc::WriteOptions(), grpc::Status::OK,
+                                call->tag(UnaryCall::Event::kFinished));
+  } else {
+    call->stream.Finish(status, call->tag(UnaryCall::Event::kFinished));
+  }
+}
+
+void UnaryCallRouter::Delete(UnaryCall* call) {
+  delete call;
+  live_calls_.fetch_sub(1);
+}
+
+}  // namespace precompile::server
