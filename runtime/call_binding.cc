@@ -105,7 +105,11 @@ std::optional<std::pair<size_t, int64_t>> FirstOutside(const void* data, size_t 
 
 // Compiled code that indexes a table past its end ends the process (the
 // bounds check throws inside an OpenMP region), so the values the capture
-// found used as indices are checked before any code runs.
+// found used as indices, or used to compute them (an attention mask whose
+// ones count positions), are checked before any code runs.
+constexpr absl::string_view kWhyInRange =
+    ", the range in which the capture proved the model's table lookups stay in bounds";
+
 absl::Status CheckIndexRange(const std::string& name, const TensorArg& t,
                              const artifact::v1::IndexRange& range) {
   std::optional<std::pair<size_t, int64_t>> outside;
@@ -121,8 +125,7 @@ absl::Status CheckIndexRange(const std::string& name, const TensorArg& t,
   if (!outside) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "argument '", name, "' holds ", outside->second, " at flat index ", outside->first,
-      ", but the model uses its values as indices into a table: each must be in [",
-      range.min(), ", ", range.max(), ")"));
+      "; each value must be in [", range.min(), ", ", range.max(), ")", kWhyInRange));
 }
 
 }  // namespace
@@ -156,9 +159,8 @@ absl::Status CheckIndexRanges(const artifact::v1::Frame& frame,
     if (lo >= range.min() && hi < range.max()) continue;
     return absl::InvalidArgumentError(absl::StrCat(
         "frame '", frame.name(), "': argument '", param.name(), "' holds ",
-        lo < range.min() ? lo : hi,
-        ", but the compiled code uses its values as indices into a table: each must be in [",
-        range.min(), ", ", range.max(), ")"));
+        lo < range.min() ? lo : hi, "; each value must be in [", range.min(), ", ", range.max(), ")",
+        kWhyInRange));
   }
   return absl::OkStatus();
 }

@@ -99,7 +99,10 @@ TEST(BindArguments, RefusesEachBadArgumentNamingIt) {
   const std::vector<int64_t> outside = {3, 10};
   args = a.Named();
   args[0].value = Tensor(DType::kInt64, {2}, outside.data(), 16);
-  EXPECT_THAT(refusal(args), HasSubstr("argument 'ids' holds 10 at flat index 1"));
+  EXPECT_THAT(refusal(args),
+              HasSubstr("argument 'ids' holds 10 at flat index 1; each value must be in [0, 10), "
+                        "the range in which the capture proved the model's table lookups stay in "
+                        "bounds"));
   // Device memory (a sequence's state a CUDA call left there) is for a
   // model on that device only: read as host memory it would crash.
   args = a.Named();

@@ -118,8 +118,8 @@ def test_opt_logits_on_a_new_batch_and_length_with_padding(stub):
     # would read past its table of 130 positions (once it ended the server).
     (129, 1, grpc.StatusCode.FAILED_PRECONDITION, "input_ids.size(1): expected a size in [2, 128], got 129"),
     (8, 5, grpc.StatusCode.INVALID_ARGUMENT,
-     "argument 'attention_mask' holds 5 at flat index 0, but the model uses its values as indices into "
-     "a table: each must be in [0, 2)"),
+     "argument 'attention_mask' holds 5 at flat index 0; each value must be in [0, 2), the range in "
+     "which the capture proved the model's table lookups stay in bounds"),
 ])
 def test_opt_refuses_what_would_count_past_its_positions(stub, length, mask_value, code, message):
     ids, mask = tokens(3, length, seed=33)
@@ -179,8 +179,8 @@ def test_metadata_names_the_inputs_the_calls_passed_and_the_outputs_by_path(stub
     # embedding table (and end the process), so the value is checked first.
     ({"input_ids": np.full((2, 8), 1000, np.int64), "attention_mask": np.ones((2, 8), np.int64)}, (),
      grpc.StatusCode.INVALID_ARGUMENT,
-     "argument 'input_ids' holds 1000 at flat index 0, but the model uses its values as indices into a "
-     "table: each must be in [0, 1000)"),
+     "argument 'input_ids' holds 1000 at flat index 0; each value must be in [0, 1000), the range in "
+     "which the capture proved the model's table lookups stay in bounds"),
 ])
 def test_bad_calls_are_refused_by_name_and_the_server_keeps_serving(stub, inputs, outputs, code, message):
     with pytest.raises(grpc.RpcError) as error:

@@ -163,8 +163,9 @@ def test_a_cache_that_does_not_fit_the_call_is_refused_naming_the_input(client):
     with pytest.raises(InferenceServerException) as e:
         _decode(client, 128, 129)
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT", e.value.message()
-    assert ("argument 'position_ids' holds 128 at flat index 0, but the model uses its values as "
-            "indices into a table: each must be in [0, 128)") in e.value.message()
+    assert ("argument 'position_ids' holds 128 at flat index 0; each value must be in [0, 128), the "
+            "range in which the capture proved the model's table lookups stay in bounds"
+            ) in e.value.message()
     # And the server goes on serving.
     assert generate.generate(client, MODEL, PROMPT[:5], 2) == _in_process(PROMPT[:5], 2)
 
