@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "server/api/inference_job.h"
-#include "server/grpc/completion_queue_tags.h"
+#include "server/grpc/call_queue.h"
 #include "server/grpc/grpc_status.h"
 #include "server/grpc/infer_response.h"
 
@@ -140,45 +140,27 @@ void InferenceService::RouteUnaryCalls(UnaryCallRouter& router) {
 InferenceService::~InferenceService() { StopServing(); }
 
 void InferenceService::StartServing(std::unique_ptr<grpc::ServerCompletionQueue> cq) {
-  cq_ = std::move(cq);
+  calls_.Start(std::move(cq), pollers_, [this] { ServeCalls(); });
   for (int i = 0; i < 2 * pollers_; ++i) RequestCall();
-  for (int i = 0; i < pollers_; ++i) threads_.emplace_back([this] { ServeCalls(); });
 }
 
-void InferenceService::StopServing() {
-  if (!cq_ || stopped_) return;
-  stopped_ = true;
-  // Nothing may start on the queue once it shuts down: stop requesting
-  // calls, wait for requests being made, then for every call to be gone.
-  // The server has shut down, so gRPC fails the requests that no call
-  // matched; the threads answer the calls that arrived and take their last
-  // events.
-  stopping_.store(true);
-  while (requesting_.load() > 0) std::this_thread::yield();
-  while (live_calls_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  cq_->Shutdown();
-  for (std::thread& t : threads_) t.join();
-  threads_.clear();
-}
+void InferenceService::StopServing() { calls_.Stop(); }
 
 void InferenceService::RequestCall() {
-  requesting_.fetch_add(1);
-  if (!stopping_.load()) {
-    live_calls_.fetch_add(1);
+  calls_.RequestCall([this] {
     auto* call = new InferCall(this);
     // Its tags go to gRPC now (the done tag with the request) or later, and
     // come back on any thread.
     for (void* tag : call->tags()) HandToGrpc(tag);
-    RequestModelInfer(&call->context, &call->raw_request, &call->responder, cq_.get(),
-                      cq_.get(), call->requested_tag());
-  }
-  requesting_.fetch_sub(1);
+    RequestModelInfer(&call->context, &call->raw_request, &call->responder, calls_.queue(),
+                      calls_.queue(), call->requested_tag());
+  });
 }
 
 void InferenceService::ServeCalls() {
   void* tag = nullptr;
   bool ok = false;
-  while (cq_->Next(&tag, &ok)) {
+  while (calls_.queue()->Next(&tag, &ok)) {
     TakeFromGrpc(tag);
     auto [call, event] = InferCall::Of(tag);
     if (event == InferCall::Event::kAnswered) OnAnswered(call);
@@ -254,7 +236,7 @@ void InferenceService::DropUntakenAnswers(absl::Time now) {
 
 void InferenceService::Delete(InferCall* call) {
   delete call;
-  live_calls_.fetch_sub(1);
+  calls_.CallEnded();
 }
 
 grpc::Status InferenceService::ServerLive(grpc::ServerContext*,

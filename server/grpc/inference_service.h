@@ -40,6 +40,7 @@
 #include "proto/inference.grpc.pb.h"
 #include "server/api/control_access.h"
 #include "server/api/inference_api.h"
+#include "server/grpc/call_queue.h"
 #include "server/grpc/unary_call_router.h"
 #include "server/scheduling/request_scheduler.h"
 
@@ -141,15 +142,8 @@ class InferenceService final
   std::mutex unsent_mu_;
   InferCall* oldest_unsent_ ABSL_GUARDED_BY(unsent_mu_) = nullptr;
   InferCall* newest_unsent_ ABSL_GUARDED_BY(unsent_mu_) = nullptr;
-  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
-  std::vector<std::thread> threads_;
-  // Calls are requested until StopServing, which waits for the requests
-  // being made before it shuts the completion queue down.
-  std::atomic<bool> stopping_{false};
-  std::atomic<int> requesting_{0};
-  // Calls requested and not yet deleted.
-  std::atomic<int> live_calls_{0};
-  bool stopped_ = false;  // Only the controlling thread calls StopServing.
+  // Calls are requested until StopServing; each ends when it is deleted.
+  CallQueue calls_;
 };
 
 }  // namespace precompile::server

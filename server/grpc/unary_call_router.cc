@@ -5,13 +5,12 @@
 #include <grpcpp/support/proto_buffer_writer.h>
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/log_text.h"
-#include "server/grpc/completion_queue_tags.h"
+#include "server/grpc/call_queue.h"
 #include "spdlog/spdlog.h"
 
 namespace precompile::server {
@@ -122,37 +121,24 @@ void UnaryCallRouter::Serialize(const google::protobuf::Message& response,
 }
 
 void UnaryCallRouter::StartServing(std::unique_ptr<grpc::ServerCompletionQueue> cq) {
-  cq_ = std::move(cq);
+  calls_.Start(std::move(cq), threads_count_, [this] { ServeCalls(); });
   for (int i = 0; i < threads_count_; ++i) RequestCall();
-  for (int i = 0; i < threads_count_; ++i) threads_.emplace_back([this] { ServeCalls(); });
 }
 
-void UnaryCallRouter::StopServing() {
-  if (!cq_ || stopped_) return;
-  stopped_ = true;
-  stopping_.store(true);
-  while (requesting_.load() > 0) std::this_thread::yield();
-  while (live_calls_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  cq_->Shutdown();
-  for (std::thread& t : threads_) t.join();
-  threads_.clear();
-}
+void UnaryCallRouter::StopServing() { calls_.Stop(); }
 
 void UnaryCallRouter::RequestCall() {
-  requesting_.fetch_add(1);
-  if (!stopping_.load()) {
-    live_calls_.fetch_add(1);
+  calls_.RequestCall([this] {
     auto* call = new UnaryCall();
-    generic_.RequestCall(&call->context, &call->stream, cq_.get(), cq_.get(),
+    generic_.RequestCall(&call->context, &call->stream, calls_.queue(), calls_.queue(),
                          call->tag(UnaryCall::Event::kRequested));
-  }
-  requesting_.fetch_sub(1);
+  });
 }
 
 void UnaryCallRouter::ServeCalls() {
   void* tag = nullptr;
   bool ok = false;
-  while (cq_->Next(&tag, &ok)) {
+  while (calls_.queue()->Next(&tag, &ok)) {
     TakeFromGrpc(tag);
     auto [call, event] = UnaryCall::Of(tag);
     // Whatever these start holds the call for its own event.
@@ -219,7 +205,7 @@ void UnaryCallRouter::OnRead(UnaryCall* call, bool ok) {
 
 void UnaryCallRouter::Delete(UnaryCall* call) {
   delete call;
-  live_calls_.fetch_sub(1);
+  calls_.CallEnded();
 }
 
 }  // namespace precompile::server

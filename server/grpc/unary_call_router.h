@@ -24,12 +24,10 @@
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/byte_buffer.h>
 
-#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -37,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "server/grpc/call_queue.h"
 
 namespace precompile::server {
 
@@ -111,14 +110,8 @@ class UnaryCallRouter {
   absl::flat_hash_map<std::string, Handler> handlers_;
   std::vector<std::string> wiring_errors_;
   grpc::AsyncGenericService generic_;
-  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
-  std::vector<std::thread> threads_;
-  // As InferenceService: calls are requested until StopServing, which waits
-  // for the requests being made, then for every call to be gone.
-  std::atomic<bool> stopping_{false};
-  std::atomic<int> requesting_{0};
-  std::atomic<int> live_calls_{0};
-  bool stopped_ = false;
+  // Calls are requested until StopServing; each ends when it is deleted.
+  CallQueue calls_;
 };
 
 }  // namespace precompile::server
