@@ -60,9 +60,21 @@ class CompileError(Exception):
     """Exporting or compiling failed for a reason Dynamo does not fall back on."""
 
     def __init__(self, stage: str, error: BaseException) -> None:
-        super().__init__(f"{stage} failed: {type(error).__name__}: {first_lines(str(error), 4)}")
+        super().__init__(f"{stage} failed: {type(error).__name__}: {compile_error_detail(str(error))}")
         self.stage = stage
         self.error = error
+
+
+def compile_error_detail(text: str) -> str:
+    """What to show of an error: its first lines; for a C++ compile error
+    (Inductor's CppCompileError: a title, the compiler's command line, then
+    its output), the title and the compiler's first errors, which the
+    command line of several thousand characters would otherwise push out."""
+    title, command, output = text.partition("\nOutput:")
+    errors = [line.strip() for line in output.splitlines() if "error:" in line]
+    if not command or not errors:
+        return first_lines(text, 4)
+    return first_lines("\n".join([title.strip().splitlines()[0], *errors[:3]]), 4)
 
 
 def first_lines(text: str, n: int = _DETAIL_LINES) -> str:

@@ -126,3 +126,25 @@ def test_cli_refuses_an_entry_that_falls_back_on_its_first_call(tmp_path):
     assert "GRAPH_BREAK" in proc.stderr
     assert "require_complete=False does not get past it" in proc.stderr
     assert not out.exists()
+
+
+def test_a_cpp_compile_error_names_the_compilers_errors_not_its_command_line():
+    # torchvision's swin_t failed in Inductor's C++ (torch 2.11): the capture
+    # said "C++ compile error", the compiler's command line of several
+    # thousand characters, and "Output:", cut before the compiler's errors.
+    from torch._inductor.exc import CppCompileError
+    from precompile_capture.compiling import CompileError
+
+    command = ["g++", "/tmp/kernel.cpp"] + ["-D FLAG"] * 500
+    output = ("/tmp/kernel.cpp: In lambda function:\n"
+              "/tmp/kernel.cpp:1625:56: error: 'decltype' evaluates to 'float', which is not a class\n"
+              " 1625 |   return decltype(tmp328)::blendv(tmp329, tmp328, mask);\n"
+              "/tmp/kernel.cpp:1693:56: error: 'decltype' evaluates to 'float', which is not a class\n")
+    error = CompileError("AOTInductor compile", CppCompileError(command, output))
+    assert str(error) == (
+        "AOTInductor compile failed: CppCompileError: C++ compile error\n"
+        "/tmp/kernel.cpp:1625:56: error: 'decltype' evaluates to 'float', which is not a class\n"
+        "/tmp/kernel.cpp:1693:56: error: 'decltype' evaluates to 'float', which is not a class")
+    # Other errors keep their first lines.
+    assert str(CompileError("export", ValueError("one\ntwo\nthree\nfour\nfive"))) == (
+        "export failed: ValueError: one\ntwo\nthree\nfour")
