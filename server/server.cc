@@ -26,6 +26,12 @@ namespace {
 // a version, a few settings.
 constexpr size_t kMaxUnaryRequestBytes = 64 << 10;
 
+// The gRPC health service that says what ServerLive says, for liveness
+// probes: "" is readiness, which a model that failed to load, or a drain,
+// turns NOT_SERVING while the server is well. Named as the HTTP transport's
+// path that says the same, which no model can be named (no '/').
+constexpr char kLiveService[] = "/v2/health/live";
+
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read the ", what, " ", path));
@@ -324,6 +330,7 @@ absl::Status Server::Listen() {
   inference_->StartServing(std::move(inference_queue));
   unary_calls_->StartServing(std::move(unary_queue));
   // Live but not ready until the repository is loaded.
+  health_->SetServingStatus(kLiveService, state_.live());
   health_->SetServingStatus("", false);
   return absl::OkStatus();
 }
@@ -342,9 +349,9 @@ void Server::UpdateReadiness() {
     if (s.failed || s.phase == ModelState::Phase::kLoading) ok = false;
   }
   state_.SetModelsOk(ok);
-  if (grpc_server_ && !state_.draining()) {
-    health_->SetServingStatus("", state_.ready());
-  }
+  if (!grpc_server_) return;
+  health_->SetServingStatus(kLiveService, state_.live());
+  if (!state_.draining()) health_->SetServingStatus("", state_.ready());
 }
 
 void Server::WatchProgress(absl::Duration bound) {

@@ -134,6 +134,9 @@ class ServerProcess {
   std::string output_ ABSL_GUARDED_BY(mu_);
 };
 
+// The gRPC health service liveness probes ask.
+constexpr char kLive[] = "/v2/health/live";
+
 struct Clients {
   explicit Clients(const std::string& port) {
     auto channel =
@@ -141,11 +144,14 @@ struct Clients {
     inference = inference::GRPCInferenceService::NewStub(channel);
     health = grpc::health::v1::Health::NewStub(channel);
   }
-  HealthCheckResponse::ServingStatus Health() {
+  // "": ready; kLive: live.
+  HealthCheckResponse::ServingStatus Health(const std::string& service = "") {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
     HealthCheckResponse response;
-    grpc::Status status = health->Check(&context, {}, &response);
+    grpc::Status status = health->Check(&context, request, &response);
     return status.ok() ? response.status() : HealthCheckResponse::UNKNOWN;
   }
   std::unique_ptr<inference::GRPCInferenceService::Stub> inference;
@@ -189,8 +195,10 @@ TEST(ServerProcess, SigtermTurnsNotServingAtOnceDrainsAndExitsZero) {
   server.Signal(SIGTERM);
   server.AwaitOutput("event=draining", absl::Seconds(5));
   const absl::Time draining = absl::Now();
-  // During the shutdown delay the server still answers, and says it is going.
+  // During the shutdown delay the server still answers, and says it is going,
+  // not that it is unwell.
   EXPECT_EQ(clients.Health(), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(clients.Health(kLive), HealthCheckResponse::SERVING);
   grpc::ClientContext ready_context;
   inference::ServerReadyResponse ready;
   ASSERT_TRUE(clients.inference->ServerReady(&ready_context, {}, &ready).ok());
@@ -283,8 +291,12 @@ TEST(ServerProcess, RequireCompleteRefusesAnIncompleteModelAndReadinessFollowsTh
     grpc::ClientContext context;
     inference::ServerReadyResponse ready;
     ASSERT_TRUE(clients.inference->ServerReady(&context, {}, &ready).ok());
-    // Strict: not ready while a model of the repository is not served.
+    // Strict: not ready while a model of the repository is not served, and
+    // live all the same (restarting would not load the model).
     EXPECT_EQ(ready.ready(), !strict) << "strict_readiness=" << strict;
+    EXPECT_EQ(clients.Health(), strict ? HealthCheckResponse::NOT_SERVING
+                                       : HealthCheckResponse::SERVING);
+    EXPECT_EQ(clients.Health(kLive), HealthCheckResponse::SERVING);
     server.Signal(SIGTERM);
     EXPECT_EQ(server.Wait(), 0);
   }
@@ -460,12 +472,14 @@ TEST(ServerProcess, NoRequestFinishingForTooLongTurnsLivenessRed) {
   server.AwaitOutput("event=stalled in_flight_requests=1", absl::Seconds(30));
   EXPECT_FALSE(live());
   EXPECT_EQ(clients.Health(), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(clients.Health(kLive), HealthCheckResponse::NOT_SERVING);
 
   std::ofstream(gate + "/open");
   call.join();
   server.AwaitOutput("event=progress_resumed", absl::Seconds(10));
   EXPECT_TRUE(live());
   EXPECT_EQ(clients.Health(), HealthCheckResponse::SERVING);
+  EXPECT_EQ(clients.Health(kLive), HealthCheckResponse::SERVING);
   server.Signal(SIGTERM);
   EXPECT_EQ(server.Wait(), 0) << server.output();
 }

@@ -63,6 +63,12 @@ HTTP_PROBE_PATHS = {
     "readinessProbe": "/v2/health/ready",
     "livenessProbe": "/v2/health/live",
 }
+# The gRPC health service each probe asks without TLS: the same as the paths.
+GRPC_PROBE_SERVICES = {
+    "startupProbe": "",
+    "readinessProbe": "",
+    "livenessProbe": "/v2/health/live",
+}
 PROBE_HANDLERS = {"exec", "grpc", "httpGet", "tcpSocket"}
 
 
@@ -380,7 +386,8 @@ def test_container_ports_match_the_server(overlay):
 @overlays
 @pytest.mark.parametrize("probe", sorted(HTTP_PROBE_PATHS))
 def test_probes_ask_the_server_s_health(overlay, probe):
-    """Without TLS: gRPC probes of the health service "". With TLS, which
+    """Without TLS: gRPC probes of the health services "" (ready) and
+    "/v2/health/live". With TLS, which
     Kubernetes' gRPC probes cannot speak: HTTPS httpGet probes of the KServe
     v2 health paths, which the kubelet sends without verifying the server's
     certificate and without one of its own."""
@@ -402,11 +409,13 @@ def test_probes_ask_the_server_s_health(overlay, probe):
             f"--grpc_port={values['grpc_port']}"
         )
         # server/server.cc: the service "" is SERVING once the repository is
-        # loaded and NOT_SERVING from SIGTERM on; per-model services carry model
-        # names, which a deployment-wide probe cannot know.
-        assert p["grpc"].get("service", "") == "", (
-            f"{overlay}: {probe} asks for health service '{p['grpc']['service']}'; the server's overall "
-            f"service is ''"
+        # loaded and NOT_SERVING from SIGTERM on (readiness); the service
+        # "/v2/health/live" says what that path says (liveness: a model that
+        # failed to load does not make a restart help). Per-model services
+        # carry model names, which a deployment-wide probe cannot know.
+        assert p["grpc"].get("service", "") == GRPC_PROBE_SERVICES[probe], (
+            f"{overlay}: {probe} asks for health service '{p['grpc'].get('service', '')}'; it should "
+            f"ask '{GRPC_PROBE_SERVICES[probe]}'"
         )
         return
     assert values["tls_cert"], f"{overlay}: the TLS variant does not set --tls_cert"
