@@ -37,9 +37,11 @@ void AdminService::RouteUnaryCalls(UnaryCallRouter& router) {
   router.Add(service, "GetCoverage", this, &AdminService::GetCoverage);
   router.Add(service, "ListWarnings", this, &AdminService::ListWarnings);
   router.Add(service, "Misses", this, &AdminService::Misses);
-  router.Add(service, "LoadModel", this, &AdminService::LoadModel);
-  router.Add(service, "UnloadModel", this, &AdminService::UnloadModel);
-  router.Add(service, "Rescan", this, &AdminService::Rescan);
+  // The repository loads and unloads one model at a time.
+  using Lane = UnaryCallRouter::Lane;
+  router.Add(service, "LoadModel", this, &AdminService::LoadModel, Lane::kOneAtATime);
+  router.Add(service, "UnloadModel", this, &AdminService::UnloadModel, Lane::kOneAtATime);
+  router.Add(service, "Rescan", this, &AdminService::Rescan, Lane::kOneAtATime);
 }
 
 grpc::Status AdminService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest*,

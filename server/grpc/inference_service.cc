@@ -132,8 +132,12 @@ void InferenceService::RouteUnaryCalls(UnaryCallRouter& router) {
   router.Add(service, "ModelConfig", this, &InferenceService::ModelConfig);
   router.Add(service, "ModelStatistics", this, &InferenceService::ModelStatistics);
   router.Add(service, "RepositoryIndex", this, &InferenceService::RepositoryIndex);
-  router.Add(service, "RepositoryModelLoad", this, &InferenceService::RepositoryModelLoad);
-  router.Add(service, "RepositoryModelUnload", this, &InferenceService::RepositoryModelUnload);
+  // The repository loads and unloads one model at a time.
+  using Lane = UnaryCallRouter::Lane;
+  router.Add(service, "RepositoryModelLoad", this, &InferenceService::RepositoryModelLoad,
+             Lane::kOneAtATime);
+  router.Add(service, "RepositoryModelUnload", this, &InferenceService::RepositoryModelUnload,
+             Lane::kOneAtATime);
   router.Add(service, "TraceSetting", this, &InferenceService::TraceSetting);
 }
 

@@ -43,11 +43,12 @@ class UnaryCallRouter::UnaryCall {
   }
   // For an operation about to start: its event holds the call too.
   void* tag(Event event) {
-    holders_.fetch_add(1, std::memory_order_relaxed);
+    Hold();
     Tag* t = &tags_[static_cast<int>(event)];
     HandToGrpc(t);
     return t;
   }
+  void Hold() { holders_.fetch_add(1, std::memory_order_relaxed); }
   // True for the last holder to let go.
   bool Unref() { return holders_.fetch_sub(1, std::memory_order_acq_rel) == 1; }
 
@@ -69,7 +70,8 @@ UnaryCallRouter::~UnaryCallRouter() { StopServing(); }
 void UnaryCallRouter::AddHandler(const google::protobuf::ServiceDescriptor& service,
                                  absl::string_view method,
                                  const google::protobuf::Descriptor& request,
-                                 const google::protobuf::Descriptor& response, Handler handler) {
+                                 const google::protobuf::Descriptor& response, Lane lane,
+                                 Handler handler) {
   const std::string path = PathOf(service, method);
   const google::protobuf::MethodDescriptor* described =
       service.FindMethodByName(std::string(method));
@@ -82,7 +84,7 @@ void UnaryCallRouter::AddHandler(const google::protobuf::ServiceDescriptor& serv
                                           " (unary): its handler takes ", request.full_name(),
                                           " and returns ", response.full_name()));
   } else {
-    handlers_[path] = std::move(handler);
+    routes_[path] = Route{std::move(handler), lane};
   }
 }
 
@@ -93,7 +95,7 @@ absl::Status UnaryCallRouter::CheckRoutes(const google::protobuf::ServiceDescrip
     const std::string& method = service.method(i)->name();
     if (std::find(elsewhere.begin(), elsewhere.end(), method) != elsewhere.end()) continue;
     const std::string path = PathOf(service, method);
-    if (!handlers_.contains(path)) wrong.push_back(absl::StrCat(path, " has no handler"));
+    if (!routes_.contains(path)) wrong.push_back(absl::StrCat(path, " has no handler"));
   }
   if (wrong.empty()) return absl::OkStatus();
   return absl::InternalError(
@@ -121,11 +123,38 @@ void UnaryCallRouter::Serialize(const google::protobuf::Message& response,
 }
 
 void UnaryCallRouter::StartServing(std::unique_ptr<grpc::ServerCompletionQueue> cq) {
+  one_at_a_time_thread_ = std::thread([this] { RunOneAtATime(); });
   calls_.Start(std::move(cq), threads_count_, [this] { ServeCalls(); });
   for (int i = 0; i < threads_count_; ++i) RequestCall();
 }
 
-void UnaryCallRouter::StopServing() { calls_.Stop(); }
+void UnaryCallRouter::StopServing() {
+  // The calls waiting in the one-at-a-time lane end as it runs them.
+  calls_.Stop();
+  if (!one_at_a_time_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(one_at_a_time_mu_);
+    one_at_a_time_stop_ = true;
+  }
+  one_at_a_time_cv_.notify_one();
+  one_at_a_time_thread_.join();
+}
+
+void UnaryCallRouter::RunOneAtATime() {
+  while (true) {
+    UnaryCall* call = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(one_at_a_time_mu_);
+      one_at_a_time_cv_.wait(lock,
+                             [this] { return one_at_a_time_stop_ || !one_at_a_time_.empty(); });
+      if (one_at_a_time_.empty()) return;
+      call = one_at_a_time_.front();
+      one_at_a_time_.pop_front();
+    }
+    Run(call, routes_.find(call->context.method())->second.handler);
+    if (call->Unref()) Delete(call);  // The lane's hold.
+  }
+}
 
 void UnaryCallRouter::RequestCall() {
   calls_.RequestCall([this] {
@@ -155,7 +184,7 @@ void UnaryCallRouter::ServeCalls() {
 }
 
 void UnaryCallRouter::OnRequested(UnaryCall* call) {
-  if (!handlers_.contains(call->context.method())) {
+  if (!routes_.contains(call->context.method())) {
     call->stream.Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                      absl::StrCat("this server has no method '",
                                                   LoggedText(call->context.method(), 256), "'")),
@@ -185,9 +214,24 @@ void UnaryCallRouter::OnRead(UnaryCall* call, bool ok) {
         call->tag(UnaryCall::Event::kFinished));
     return;
   }
+  const Route& route = routes_.find(method)->second;
+  if (route.lane == Lane::kOneAtATime) {
+    call->Hold();  // For the lane, until it has answered.
+    {
+      std::lock_guard<std::mutex> lock(one_at_a_time_mu_);
+      one_at_a_time_.push_back(call);
+    }
+    one_at_a_time_cv_.notify_one();
+    return;
+  }
+  Run(call, route.handler);
+}
+
+void UnaryCallRouter::Run(UnaryCall* call, const Handler& handler) {
+  const std::string& method = call->context.method();
   grpc::Status status;
   try {
-    status = handlers_.find(method)->second(call->context, call->request, &call->response);
+    status = handler(call->context, call->request, &call->response);
   } catch (...) {
     spdlog::error("event=grpc_method_threw method={} what=\"{}\"", method,
                   DescribeCaughtException().what);

@@ -11,9 +11,12 @@
 // the HTTP transport refuses such bodies on its other paths.
 //
 // `threads` threads take the calls from one completion queue and run each
-// handler to its end: a handler that takes long (loading a model) holds its
-// thread while the others serve on. A method no service routed here is
-// answered UNIMPLEMENTED, as gRPC answers unknown methods.
+// handler to its end. Handlers routed as Lane::kOneAtATime (those that load
+// or unload models, which the repository does one at a time, for as long as
+// a load takes) run instead on a thread of their own, in the order their
+// calls came: however many wait there, the other methods keep their threads.
+// A method no service routed here is answered UNIMPLEMENTED, as gRPC answers
+// unknown methods.
 //
 // Thread safety: Add and StartServing before the server serves; the handlers
 // are called concurrently.
@@ -24,12 +27,17 @@
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -46,6 +54,10 @@ class UnaryCallRouter {
   using Handler = std::function<grpc::Status(
       grpc::ServerContext& context, const grpc::ByteBuffer& request, grpc::ByteBuffer* response)>;
 
+  // Where a handler runs: on the threads taking calls, or one at a time on
+  // the thread of its own (see above).
+  enum class Lane { kCallThreads, kOneAtATime };
+
   // REQUIRES: threads >= 1.
   UnaryCallRouter(int threads, size_t max_request_bytes);
   // Stops serving (see StopServing): the gRPC server must be shut down first.
@@ -60,8 +72,9 @@ class UnaryCallRouter {
   template <typename Target, typename Request, typename Response>
   void Add(const google::protobuf::ServiceDescriptor& service, absl::string_view method,
            Target* target,
-           grpc::Status (Target::*handle)(grpc::ServerContext*, const Request*, Response*)) {
-    AddHandler(service, method, *Request::descriptor(), *Response::descriptor(),
+           grpc::Status (Target::*handle)(grpc::ServerContext*, const Request*, Response*),
+           Lane lane = Lane::kCallThreads) {
+    AddHandler(service, method, *Request::descriptor(), *Response::descriptor(), lane,
                [target, handle](grpc::ServerContext& context, const grpc::ByteBuffer& bytes,
                                 grpc::ByteBuffer* response_bytes) {
                  Request request;
@@ -92,9 +105,14 @@ class UnaryCallRouter {
  private:
   class UnaryCall;
 
+  struct Route {
+    Handler handler;
+    Lane lane;
+  };
+
   void AddHandler(const google::protobuf::ServiceDescriptor& service, absl::string_view method,
                   const google::protobuf::Descriptor& request,
-                  const google::protobuf::Descriptor& response, Handler handler);
+                  const google::protobuf::Descriptor& response, Lane lane, Handler handler);
   static grpc::Status Parse(const grpc::ByteBuffer& bytes, google::protobuf::Message* request);
   static void Serialize(const google::protobuf::Message& response, grpc::ByteBuffer* bytes);
 
@@ -102,16 +120,27 @@ class UnaryCallRouter {
   void RequestCall();
   void OnRequested(UnaryCall* call);
   void OnRead(UnaryCall* call, bool ok);
+  // Runs the call's handler and answers it.
+  void Run(UnaryCall* call, const Handler& handler);
+  // The one-at-a-time lane's thread.
+  void RunOneAtATime();
   void Delete(UnaryCall* call);
 
   const int threads_count_;
   const size_t max_request_bytes_;
   // By the method's path, "/package.Service/Method".
-  absl::flat_hash_map<std::string, Handler> handlers_;
+  absl::flat_hash_map<std::string, Route> routes_;
   std::vector<std::string> wiring_errors_;
   grpc::AsyncGenericService generic_;
   // Calls are requested until StopServing; each ends when it is deleted.
   CallQueue calls_;
+  // The one-at-a-time lane: the calls waiting, and its thread (started by
+  // StartServing, stopped once every call has ended).
+  std::mutex one_at_a_time_mu_;
+  std::condition_variable one_at_a_time_cv_;
+  std::deque<UnaryCall*> one_at_a_time_ ABSL_GUARDED_BY(one_at_a_time_mu_);
+  bool one_at_a_time_stop_ ABSL_GUARDED_BY(one_at_a_time_mu_) = false;
+  std::thread one_at_a_time_thread_;
 };
 
 }  // namespace precompile::server

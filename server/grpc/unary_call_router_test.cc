@@ -8,13 +8,16 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/inference.grpc.pb.h"
@@ -48,6 +51,14 @@ class Methods {
     response->set_live(true);
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not today");
   }
+  // Waits until `release` is notified: a model load, as long as it takes.
+  grpc::Status ModelReady(grpc::ServerContext*, const inference::ModelReadyRequest*,
+                          inference::ModelReadyResponse* response) {
+    ++waiting;
+    release.WaitForNotification();
+    response->set_ready(true);
+    return grpc::Status::OK;
+  }
   // The wrong types for ModelReady.
   grpc::Status NotModelReady(grpc::ServerContext*, const inference::ServerLiveRequest*,
                              inference::ServerLiveResponse*) {
@@ -55,6 +66,8 @@ class Methods {
   }
 
   std::atomic<int> calls{0};
+  std::atomic<int> waiting{0};
+  absl::Notification release;
 };
 
 class UnaryCallRouterTest : public ::testing::Test {
@@ -159,6 +172,55 @@ TEST_F(UnaryCallRouterTest, AHandlerThatThrowsIsAnsweredInternalAndTheRouterServ
   }
   ASSERT_TRUE(Metadata("after", &response).ok());
   EXPECT_EQ(response.name(), "after");
+}
+
+// Two loads wait in their lane, one at a time, on a router of one thread:
+// the other methods are answered meanwhile.
+TEST(UnaryCallRouterLanes, HandlersOneAtATimeNeverHoldTheCallThreads) {
+  Methods methods;
+  UnaryCallRouter router(1, kLimit);
+  router.Add(Inference(), "ModelMetadata", &methods, &Methods::ModelMetadata);
+  router.Add(Inference(), "ModelReady", &methods, &Methods::ModelReady,
+             UnaryCallRouter::Lane::kOneAtATime);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterAsyncGenericService(router.generic_service());
+  std::unique_ptr<grpc::ServerCompletionQueue> cq = builder.AddCompletionQueue();
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  router.StartServing(std::move(cq));
+  auto stub = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+
+  std::vector<std::thread> loads;
+  std::atomic<int> loaded{0};
+  for (int i = 0; i < 2; ++i) {
+    loads.emplace_back([&] {
+      grpc::ClientContext context;
+      inference::ModelReadyResponse response;
+      if (stub->ModelReady(&context, inference::ModelReadyRequest(), &response).ok()) ++loaded;
+    });
+  }
+  while (methods.waiting.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext context;
+    // Were the load on the one call thread, this would wait for it.
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    inference::ModelMetadataRequest request;
+    request.set_name("meanwhile");
+    inference::ModelMetadataResponse response;
+    EXPECT_TRUE(stub->ModelMetadata(&context, request, &response).ok());
+    EXPECT_EQ(response.name(), "meanwhile");
+  }
+  // One at a time: the second load has not started.
+  EXPECT_EQ(methods.waiting.load(), 1);
+  methods.release.Notify();
+  for (std::thread& t : loads) t.join();
+  EXPECT_EQ(loaded.load(), 2);
+  EXPECT_EQ(methods.waiting.load(), 2);
+  server->Shutdown();
+  router.StopServing();
 }
 
 TEST(UnaryCallRouterRoutes, CheckRoutesNamesTheMethodsLeftAndTheHandlersOfTheWrongTypes) {
