@@ -60,6 +60,22 @@ def test_bert_called_with_keywords_returns_its_model_output(stub):
     np.testing.assert_allclose(got["pooler_output"], want.pooler_output.numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("model, factory, output", [
+    ("bert", models.make_bert, "last_hidden_state"),
+    ("roberta", models.make_roberta, "logits"),
+    ("opt", models.make_opt, "logits"),
+])
+def test_one_sentence_of_a_new_length_is_served(stub, model, factory, output):
+    # What most of their users send. Export, as Dynamo, specialises size 1, so
+    # the dynamic variant's batch starts at 2; the calls file's one-sentence
+    # call made a variant of its own, with the length dynamic.
+    ids, mask = tokens(1, 19, seed=3)
+    got, parameters = infer(stub, model, {"input_ids": ids, "attention_mask": mask})
+    assert parameters == {"precompile_outcome": "variant", "precompile_variant": "forward#2"}
+    want = eager(factory, input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    np.testing.assert_allclose(got[output], getattr(want, output).numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_bert_sends_only_the_outputs_asked_for(stub):
     ids, mask = tokens(2, 8, seed=1)  # The static variant's shape.
     got, parameters = infer(stub, "bert", {"input_ids": ids, "attention_mask": mask}, ["pooler_output"])
