@@ -104,7 +104,6 @@ ABSL_FLAG(int, eager_threads, 0,
 ABSL_FLAG(int, eager_nice, 10,
           "How much the eager threads' nice value is raised, 0 to 19, so that variant "
           "hits go first on busy cores (0: the priority of requests)");
-ABSL_FLAG(int, grpc_threads, 0, "Threads serving gRPC calls (0: gRPC's default)");
 ABSL_FLAG(int, grpc_window_bytes, 1 << 20,
           "A fixed flow-control window per gRPC stream, so that each connection's share of "
           "--grpc_memory_bytes stays small; a stream's throughput is about window / round "
@@ -246,7 +245,6 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   if (options.max_inference_memory_bytes < 0) {
     return absl::InvalidArgumentError("--max_inference_memory_bytes must be at least 0");
   }
-  options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
   options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);
   if (options.grpc_memory_bytes < 0) return absl::InvalidArgumentError("--grpc_memory_bytes must be at least 0");
   options.grpc_window_bytes = absl::GetFlag(FLAGS_grpc_window_bytes);

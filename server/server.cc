@@ -308,12 +308,9 @@ absl::Status Server::Listen() {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                                options_.grpc_window_bytes);
   }
-  if (options_.grpc_threads > 0 || options_.grpc_memory_bytes > 0) {
+  if (options_.grpc_memory_bytes > 0) {
     grpc::ResourceQuota quota("precompile-serve");
-    if (options_.grpc_threads > 0) quota.SetMaxThreads(options_.grpc_threads);
-    if (options_.grpc_memory_bytes > 0) {
-      quota.Resize(static_cast<size_t>(options_.grpc_memory_bytes));
-    }
+    quota.Resize(static_cast<size_t>(options_.grpc_memory_bytes));
     builder.SetResourceQuota(quota);
   }
   builder.RegisterService(inference_.get());

@@ -84,8 +84,6 @@ struct ServerOptions {
   int eager_threads = 0;
   // 0 to 19; 0 runs eager misses at the priority of the other requests.
   int eager_nice = 10;
-  // Threads serving gRPC calls; 0: gRPC's default.
-  int grpc_threads = 0;
   // Memory gRPC may take for what it is receiving and sending (its
   // ResourceQuota): messages arrive whole before anything here sees them,
   // so without it many connections sending large messages slowly hold
