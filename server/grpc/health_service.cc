@@ -1,12 +1,9 @@
 #include "server/grpc/health_service.h"
 
-#include <grpcpp/impl/codegen/proto_utils.h>
-#include <grpcpp/support/proto_buffer_reader.h>
-#include <grpcpp/support/proto_buffer_writer.h>
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/grpc/message_bytes.h"
 
 namespace precompile::server {
 namespace {
@@ -25,21 +22,13 @@ grpc::Status ParseRequest(const grpc::ByteBuffer& bytes, HealthCheckRequest* req
                         absl::StrCat("a health check request of ", size, " bytes; at most ",
                                      kMaxRequestBytes, " are read"));
   }
-  grpc::ByteBuffer view(bytes);
-  grpc::ProtoBufferReader reader(&view);
-  if (!request->ParseFromZeroCopyStream(&reader)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "the request is not a HealthCheckRequest (it does not parse)");
-  }
-  return grpc::Status::OK;
+  return ParseMessage(bytes, request);
 }
 
 void Serialize(HealthCheckResponse::ServingStatus status, grpc::ByteBuffer* bytes) {
   HealthCheckResponse response;
   response.set_status(status);
-  bool own_buffer = false;
-  grpc::GenericSerialize<grpc::ProtoBufferWriter, HealthCheckResponse>(response, bytes,
-                                                                       &own_buffer);
+  SerializeMessage(response, bytes);
 }
 
 // A call finished as soon as it starts.

@@ -1,7 +1,5 @@
 #include "server/grpc/inference_service.h"
 
-#include <grpcpp/support/proto_buffer_reader.h>
-
 #include <array>
 #include <chrono>
 #include <optional>
@@ -15,6 +13,7 @@
 #include "server/grpc/call_queue.h"
 #include "server/grpc/grpc_status.h"
 #include "server/grpc/infer_response.h"
+#include "server/grpc/message_bytes.h"
 
 namespace precompile::server {
 
@@ -42,16 +41,11 @@ class InferenceService::InferCall final : public InferenceJob {
 
   absl::Status Parse(inference::ModelInferRequest* request) override {
     // The one copy of the input bytes: out of gRPC's buffer into the message.
-    grpc::ProtoBufferReader reader(&raw_request);
-    const bool parsed = request->ParseFromZeroCopyStream(&reader);
+    const grpc::Status parsed = ParseMessage(raw_request, request);
     // The call may live on long after (its answer waiting for its client):
     // it keeps no second copy of its inputs.
     raw_request.Clear();
-    if (!parsed) {
-      return absl::InvalidArgumentError(
-          "the request is not a ModelInferRequest (it does not parse)");
-    }
-    return absl::OkStatus();
+    return parsed.ok() ? absl::OkStatus() : absl::InvalidArgumentError(parsed.error_message());
   }
   // With AsyncNotifyWhenDone this reads a flag.
   bool Cancelled() override { return context.IsCancelled(); }

@@ -2,9 +2,6 @@
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
-#include <grpcpp/impl/codegen/proto_utils.h>
-#include <grpcpp/support/proto_buffer_reader.h>
-#include <grpcpp/support/proto_buffer_writer.h>
 
 #include <algorithm>
 #include <memory>
@@ -13,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/grpc/message_bytes.h"
 
 namespace precompile::server {
 namespace {
@@ -136,20 +134,16 @@ ReflectionService::ReflectionService(std::vector<std::string> services, int max_
       idle_ender_([this] { EndIdleStreams(); }) {}
 
 ReflectionService::~ReflectionService() {
-  {
-    std::lock_guard<std::mutex> lock(streams_mu_);
-    stopping_ = true;
-  }
-  stop_cv_.notify_one();
+  stop_.Notify();
   idle_ender_.join();
 }
 
 void ReflectionService::EndIdleStreams() {
   // Often enough that a stream ends within a quarter of the timeout past it.
-  const auto period = absl::ToChronoMilliseconds(
-      std::clamp(idle_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1)));
-  std::unique_lock<std::mutex> lock(streams_mu_);
-  while (!stop_cv_.wait_for(lock, period, [this] { return stopping_; })) {
+  const absl::Duration period =
+      std::clamp(idle_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
+  while (!stop_.WaitForNotificationWithTimeout(period)) {
+    std::lock_guard<std::mutex> lock(streams_mu_);
     const absl::Time now = absl::Now();
     for (Stream* stream : streams_) stream->EndIfIdle(now, idle_timeout_);
   }
@@ -179,22 +173,17 @@ void ReflectionService::AnswerBytes(const grpc::ByteBuffer& bytes, grpc::ByteBuf
   // Names here are short; a request of any size gRPC takes would otherwise
   // be parsed, held twice, and echoed back.
   ServerReflectionRequest request;
-  grpc::ByteBuffer view(bytes);
-  grpc::ProtoBufferReader reader(&view);
   if (const size_t size = bytes.Length(); size > kMaxRequestBytes) {
     SetError(grpc::StatusCode::INVALID_ARGUMENT,
              "a reflection request of " + std::to_string(size) + " bytes; at most " +
                  std::to_string(kMaxRequestBytes) + " are read",
              &response);
-  } else if (!request.ParseFromZeroCopyStream(&reader)) {
-    SetError(grpc::StatusCode::INVALID_ARGUMENT,
-             "the request is not a ServerReflectionRequest (it does not parse)", &response);
+  } else if (grpc::Status parsed = ParseMessage(bytes, &request); !parsed.ok()) {
+    SetError(parsed.error_code(), parsed.error_message(), &response);
   } else {
     response = Answer(request);
   }
-  bool own_buffer = false;
-  grpc::GenericSerialize<grpc::ProtoBufferWriter, ServerReflectionResponse>(response, answer,
-                                                                            &own_buffer);
+  SerializeMessage(response, answer);
 }
 
 ServerReflectionResponse ReflectionService::Answer(const ServerReflectionRequest& request) const {

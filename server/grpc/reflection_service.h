@@ -23,7 +23,6 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -32,6 +31,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
+#include "base/notification.h"
 
 #include "proto/reflection.grpc.pb.h"
 
@@ -77,9 +77,8 @@ class ReflectionService final : public ReflectionServiceBase {
   const absl::Duration idle_timeout_;
   std::atomic<int> open_streams_{0};
   std::mutex streams_mu_;
-  std::condition_variable stop_cv_;
   std::unordered_set<Stream*> streams_ ABSL_GUARDED_BY(streams_mu_);
-  bool stopping_ ABSL_GUARDED_BY(streams_mu_) = false;
+  Notification stop_;
   std::thread idle_ender_;
 };
 

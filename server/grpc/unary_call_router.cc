@@ -1,9 +1,5 @@
 #include "server/grpc/unary_call_router.h"
 
-#include <grpcpp/impl/codegen/proto_utils.h>
-#include <grpcpp/support/proto_buffer_reader.h>
-#include <grpcpp/support/proto_buffer_writer.h>
-
 #include <algorithm>
 #include <utility>
 
@@ -56,6 +52,8 @@ class UnaryCallRouter::UnaryCall {
   grpc::GenericServerAsyncReaderWriter stream;
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
+  // Its method's, once it has arrived (routes do not change while serving).
+  const Route* route = nullptr;
 
  private:
   Tag tags_[3] = {{this, Event::kRequested}, {this, Event::kRead}, {this, Event::kFinished}};
@@ -102,26 +100,6 @@ absl::Status UnaryCallRouter::CheckRoutes(const google::protobuf::ServiceDescrip
       absl::StrCat("the gRPC methods are wired wrongly: ", absl::StrJoin(wrong, "; ")));
 }
 
-grpc::Status UnaryCallRouter::Parse(const grpc::ByteBuffer& bytes,
-                                    google::protobuf::Message* request) {
-  // ProtoBufferReader reads the buffer's slices without taking them.
-  grpc::ByteBuffer view(bytes);
-  grpc::ProtoBufferReader reader(&view);
-  if (!request->ParseFromZeroCopyStream(&reader)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("the request is not a ", request->GetDescriptor()->name(),
-                                     " (it does not parse)"));
-  }
-  return grpc::Status::OK;
-}
-
-void UnaryCallRouter::Serialize(const google::protobuf::Message& response,
-                                grpc::ByteBuffer* bytes) {
-  bool own_buffer = false;
-  grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::Message>(response, bytes,
-                                                                             &own_buffer);
-}
-
 void UnaryCallRouter::StartServing(std::unique_ptr<grpc::ServerCompletionQueue> cq) {
   one_at_a_time_thread_ = std::thread([this] { RunOneAtATime(); });
   calls_.Start(std::move(cq), threads_count_, [this] { ServeCalls(); });
@@ -151,7 +129,7 @@ void UnaryCallRouter::RunOneAtATime() {
       call = one_at_a_time_.front();
       one_at_a_time_.pop_front();
     }
-    Run(call, routes_.find(call->context.method())->second.handler);
+    Run(call);
     if (call->Unref()) Delete(call);  // The lane's hold.
   }
 }
@@ -184,13 +162,15 @@ void UnaryCallRouter::ServeCalls() {
 }
 
 void UnaryCallRouter::OnRequested(UnaryCall* call) {
-  if (!routes_.contains(call->context.method())) {
+  auto route = routes_.find(call->context.method());
+  if (route == routes_.end()) {
     call->stream.Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                      absl::StrCat("this server has no method '",
                                                   LoggedText(call->context.method(), 256), "'")),
                         call->tag(UnaryCall::Event::kFinished));
     return;
   }
+  call->route = &route->second;
   call->stream.Read(&call->request, call->tag(UnaryCall::Event::kRead));
 }
 
@@ -214,8 +194,7 @@ void UnaryCallRouter::OnRead(UnaryCall* call, bool ok) {
         call->tag(UnaryCall::Event::kFinished));
     return;
   }
-  const Route& route = routes_.find(method)->second;
-  if (route.lane == Lane::kOneAtATime) {
+  if (call->route->lane == Lane::kOneAtATime) {
     call->Hold();  // For the lane, until it has answered.
     {
       std::lock_guard<std::mutex> lock(one_at_a_time_mu_);
@@ -224,14 +203,14 @@ void UnaryCallRouter::OnRead(UnaryCall* call, bool ok) {
     one_at_a_time_cv_.notify_one();
     return;
   }
-  Run(call, route.handler);
+  Run(call);
 }
 
-void UnaryCallRouter::Run(UnaryCall* call, const Handler& handler) {
+void UnaryCallRouter::Run(UnaryCall* call) {
   const std::string& method = call->context.method();
   grpc::Status status;
   try {
-    status = handler(call->context, call->request, &call->response);
+    status = call->route->handler(call->context, call->request, &call->response);
   } catch (...) {
     spdlog::error("event=grpc_method_threw method={} what=\"{}\"", method,
                   DescribeCaughtException().what);

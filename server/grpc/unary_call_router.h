@@ -44,6 +44,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "server/grpc/call_queue.h"
+#include "server/grpc/message_bytes.h"
 
 namespace precompile::server {
 
@@ -78,10 +79,12 @@ class UnaryCallRouter {
                [target, handle](grpc::ServerContext& context, const grpc::ByteBuffer& bytes,
                                 grpc::ByteBuffer* response_bytes) {
                  Request request;
-                 if (grpc::Status parsed = Parse(bytes, &request); !parsed.ok()) return parsed;
+                 if (grpc::Status parsed = ParseMessage(bytes, &request); !parsed.ok()) {
+                   return parsed;
+                 }
                  Response response;
                  grpc::Status status = (target->*handle)(&context, &request, &response);
-                 if (status.ok()) Serialize(response, response_bytes);
+                 if (status.ok()) SerializeMessage(response, response_bytes);
                  return status;
                });
   }
@@ -113,15 +116,13 @@ class UnaryCallRouter {
   void AddHandler(const google::protobuf::ServiceDescriptor& service, absl::string_view method,
                   const google::protobuf::Descriptor& request,
                   const google::protobuf::Descriptor& response, Lane lane, Handler handler);
-  static grpc::Status Parse(const grpc::ByteBuffer& bytes, google::protobuf::Message* request);
-  static void Serialize(const google::protobuf::Message& response, grpc::ByteBuffer* bytes);
 
   void ServeCalls();
   void RequestCall();
   void OnRequested(UnaryCall* call);
   void OnRead(UnaryCall* call, bool ok);
   // Runs the call's handler and answers it.
-  void Run(UnaryCall* call, const Handler& handler);
+  void Run(UnaryCall* call);
   // The one-at-a-time lane's thread.
   void RunOneAtATime();
   void Delete(UnaryCall* call);

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "base/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/inference.grpc.pb.h"
@@ -67,7 +67,7 @@ class Methods {
 
   std::atomic<int> calls{0};
   std::atomic<int> waiting{0};
-  absl::Notification release;
+  Notification release;
 };
 
 class UnaryCallRouterTest : public ::testing::Test {
