@@ -190,14 +190,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   constexpr int kMaxHealthWatches = 1024;
   server->health_ = std::make_unique<HealthService>(kMaxHealthWatches);
   // Reflection is for people exploring the API with a tool; a few streams
-  // at once are plenty. Each is memory its client holds: one that asks
-  // nothing for a minute is ended.
+  // at once are plenty, and each is memory a client holds as long as it likes.
   constexpr int kMaxReflectionStreams = 16;
   server->reflection_ = std::make_unique<ReflectionService>(
       std::vector<std::string>{inference::GRPCInferenceService::service_full_name(),
                                AdminService::Described().full_name(), "grpc.health.v1.Health",
                                grpc::reflection::v1alpha::ServerReflection::service_full_name()},
-      kMaxReflectionStreams, absl::Minutes(1));
+      kMaxReflectionStreams);
 
   RequestScheduler* scheduler = server->scheduler_.get();
   const ServingState* state = &server->state_;

@@ -3,13 +3,11 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
 
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <unordered_set>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "server/grpc/message_bytes.h"
 
 namespace precompile::server {
@@ -42,25 +40,17 @@ void SetError(grpc::StatusCode code, const std::string& message,
 }  // namespace
 
 // One open stream: reads a request, writes its answer, reads the next,
-// until the client closes its side or asks nothing for the idle timeout. A
-// read and a write are never pending at once; mu_ orders the callbacks with
-// the idle ender (gRPC never runs a reaction inline from a Start* or
-// Finish call, so they are made with it held). Each request and answer is
-// freed once done with: an idle stream holds no message.
+// until the client closes its side. A read and a write are never pending at
+// once, so its callbacks never run at the same time. Each request and answer
+// is freed once done with: an idle stream holds no message.
 class ReflectionService::Stream final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit Stream(ReflectionService* service) : service_(service) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ReadNext();
-  }
+  explicit Stream(ReflectionService* service) : service_(service) { StartRead(&request_); }
 
   void OnReadDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    waiting_ = false;
-    if (finished_) return;  // Ended idle.
     if (!ok) {
-      FinishOnce(grpc::Status::OK);
+      Finish(grpc::Status::OK);
       return;
     }
     service_->AnswerBytes(request_, &response_);
@@ -69,49 +59,23 @@ class ReflectionService::Stream final
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
     response_.Clear();
     if (!ok) {
-      FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the answer could not be written"));
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the answer could not be written"));
       return;
     }
-    ReadNext();
-  }
-
-  // Ends the stream if it has waited for a request since `now - timeout`.
-  void EndIfIdle(absl::Time now, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!waiting_ || now - waiting_since_ < timeout) return;
-    FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            absl::StrCat("this reflection stream asked nothing for ",
-                                         absl::FormatDuration(timeout),
-                                         ", so the server ended it; open another to ask again")));
+    StartRead(&request_);
   }
 
   void OnDone() override {
-    service_->Forget(this);
+    service_->open_streams_.fetch_sub(1);
     delete this;
   }
 
  private:
-  void ReadNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    waiting_ = true;
-    waiting_since_ = absl::Now();
-    StartRead(&request_);
-  }
-  void FinishOnce(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_) return;
-    finished_ = true;
-    Finish(std::move(status));
-  }
-
   ReflectionService* const service_;
-  std::mutex mu_;
-  bool waiting_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_);
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::ByteBuffer request_ ABSL_GUARDED_BY(mu_);
-  grpc::ByteBuffer response_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
 };
 
 // A stream opened past the limit: finished at once.
@@ -126,34 +90,8 @@ class ReflectionService::Refusal final
   void OnDone() override { delete this; }
 };
 
-ReflectionService::ReflectionService(std::vector<std::string> services, int max_streams,
-                                     absl::Duration idle_timeout)
-    : services_(std::move(services)),
-      max_streams_(max_streams),
-      idle_timeout_(idle_timeout),
-      idle_ender_([this] { EndIdleStreams(); }) {}
-
-ReflectionService::~ReflectionService() {
-  stop_.Notify();
-  idle_ender_.join();
-}
-
-void ReflectionService::EndIdleStreams() {
-  // Often enough that a stream ends within a quarter of the timeout past it.
-  const absl::Duration period =
-      std::clamp(idle_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
-  while (!stop_.WaitForNotificationWithTimeout(period)) {
-    std::lock_guard<std::mutex> lock(streams_mu_);
-    const absl::Time now = absl::Now();
-    for (Stream* stream : streams_) stream->EndIfIdle(now, idle_timeout_);
-  }
-}
-
-void ReflectionService::Forget(Stream* stream) {
-  std::lock_guard<std::mutex> lock(streams_mu_);
-  streams_.erase(stream);
-  open_streams_.fetch_sub(1);
-}
+ReflectionService::ReflectionService(std::vector<std::string> services, int max_streams)
+    : services_(std::move(services)), max_streams_(max_streams) {}
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ReflectionService::ServerReflectionInfo(grpc::CallbackServerContext*) {
@@ -161,11 +99,7 @@ ReflectionService::ServerReflectionInfo(grpc::CallbackServerContext*) {
     open_streams_.fetch_sub(1);
     return new Refusal(max_streams_);
   }
-  auto* stream = new Stream(this);
-  // Before gRPC binds the stream: none of its reactions can run until then.
-  std::lock_guard<std::mutex> lock(streams_mu_);
-  streams_.insert(stream);
-  return stream;
+  return new Stream(this);
 }
 
 void ReflectionService::AnswerBytes(const grpc::ByteBuffer& bytes, grpc::ByteBuffer* answer) const {

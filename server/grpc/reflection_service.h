@@ -7,31 +7,21 @@
 // thread for each (3000 streams, 3000 threads; enough of them exhaust the
 // process's threads). This one runs on gRPC's callback API: an open stream
 // holds only its memory, and at most `max_streams` are open at once; a
-// stream past that is refused RESOURCE_EXHAUSTED when it opens. A stream
-// that has asked nothing for `idle_timeout` is ended (UNAVAILABLE), so that
-// a client cannot keep every slot for ever. Requests
+// stream past that is refused RESOURCE_EXHAUSTED when it opens. Requests
 // arrive as bytes: one of more than 4 KiB is answered with an error without
 // being parsed (gRPC takes messages up to --max_message_bytes, for
 // ModelInfer's sake).
 //
 // Thread safety: gRPC calls it from its threads; answers read only the
-// generated descriptor pool, which does not change. One thread of its own
-// ends idle streams.
+// generated descriptor pool, which does not change.
 #ifndef PRECOMPILE_SERVER_GRPC_REFLECTION_SERVICE_H_
 #define PRECOMPILE_SERVER_GRPC_REFLECTION_SERVICE_H_
 
 #include <grpcpp/support/byte_buffer.h>
 
 #include <atomic>
-#include <mutex>
 #include <string>
-#include <thread>
-#include <unordered_set>
 #include <vector>
-
-#include "absl/base/thread_annotations.h"
-#include "absl/time/time.h"
-#include "base/notification.h"
 
 #include "proto/reflection.grpc.pb.h"
 
@@ -44,12 +34,8 @@ using ReflectionServiceBase =
 class ReflectionService final : public ReflectionServiceBase {
  public:
   // `services`: the full names of the services the server offers, listed as
-  // given (this one's own included). REQUIRES: max_streams >= 1,
-  // idle_timeout > 0.
-  ReflectionService(std::vector<std::string> services, int max_streams,
-                    absl::Duration idle_timeout);
-  // REQUIRES: no stream is open (the gRPC server has shut down).
-  ~ReflectionService() override;
+  // given (this one's own included). REQUIRES: max_streams >= 1.
+  ReflectionService(std::vector<std::string> services, int max_streams);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ServerReflectionInfo(
       grpc::CallbackServerContext* context) override;
@@ -68,18 +54,9 @@ class ReflectionService final : public ReflectionServiceBase {
   grpc::reflection::v1alpha::ServerReflectionResponse Answer(
       const grpc::reflection::v1alpha::ServerReflectionRequest& request) const;
 
-  // Until stopped: ends the streams idle for idle_timeout_ or longer.
-  void EndIdleStreams() ABSL_LOCKS_EXCLUDED(streams_mu_);
-  void Forget(Stream* stream) ABSL_LOCKS_EXCLUDED(streams_mu_);
-
   const std::vector<std::string> services_;
   const int max_streams_;
-  const absl::Duration idle_timeout_;
   std::atomic<int> open_streams_{0};
-  std::mutex streams_mu_;
-  std::unordered_set<Stream*> streams_ ABSL_GUARDED_BY(streams_mu_);
-  Notification stop_;
-  std::thread idle_ender_;
 };
 
 }  // namespace precompile::server
