@@ -162,20 +162,27 @@ void UnaryCallRouter::ServeCalls() {
 }
 
 void UnaryCallRouter::OnRequested(UnaryCall* call) {
+  // A call to a method this server lacks is read before it is refused, as
+  // every other call is. Refused unread, calls their clients had reset
+  // lingered: under 4 connections resetting such calls as fast as they
+  // could, the calls in progress grew without end (each event of libgrpc's
+  // queue costs time in proportion to them) and the server with them, by
+  // 10 GiB in 20 s; read first, it grew by 120 to 190 MiB.
   auto route = routes_.find(call->context.method());
-  if (route == routes_.end()) {
-    call->stream.Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                     absl::StrCat("this server has no method '",
-                                                  LoggedText(call->context.method(), 256), "'")),
-                        call->tag(UnaryCall::Event::kFinished));
-    return;
-  }
-  call->route = &route->second;
+  if (route != routes_.end()) call->route = &route->second;
   call->stream.Read(&call->request, call->tag(UnaryCall::Event::kRead));
 }
 
 void UnaryCallRouter::OnRead(UnaryCall* call, bool ok) {
   const std::string& method = call->context.method();
+  if (call->route == nullptr) {
+    call->request.Clear();
+    call->stream.Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                     absl::StrCat("this server has no method '",
+                                                  LoggedText(method, 256), "'")),
+                        call->tag(UnaryCall::Event::kFinished));
+    return;
+  }
   if (!ok) {
     // The client ended its side, or the call, without a message.
     call->stream.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

@@ -6,6 +6,10 @@
 - NonReader sends whole calls but grants the server no flow-control window
   (its streams' initial window is 0, never raised): the server's answers
   can never be sent, and it holds them.
+- StreamOpener opens streams and sends nothing more on them.
+- StreamResetter opens streams and resets each at once (HTTP/2's rapid
+  reset), as fast as it can: each costs the server a call, the client next
+  to nothing.
 
 Just enough HTTP/2 for that (RFC 9113): the preface, SETTINGS and their
 acknowledgements, literal headers, DATA within the windows, PING answers.
@@ -210,6 +214,33 @@ class NonReader(Http2Connection):
         if any(f[0] == "headers" and f[1] & END_STREAM for f in frames):
             return "ended"
         return "held" if frames else None
+
+
+class StreamResetter(Http2Connection):
+    def __init__(self, port):
+        super().__init__(port)
+        self.opened = 0
+
+    def _on_frame(self, kind, flags, stream, payload):
+        # What the server sends on the streams is not kept: there are many.
+        if stream == 0:
+            super()._on_frame(kind, flags, stream, payload)
+
+    def reset_for(self, seconds, path, batch=100):
+        """Opens streams calling `path` and resets each (CANCEL) right after
+        its headers, until `seconds` pass or the connection ends."""
+        assert self.settled.wait(10), "the server sent no SETTINGS"
+        headers = call_headers(path)
+        cancel = struct.pack(">I", 8)
+        stream = 1
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.closed and stream < 2**31 - 2 * batch:
+            frames = []
+            for _ in range(batch):
+                frames += [frame(1, END_HEADERS, stream, headers), frame(3, 0, stream, cancel)]
+                stream += 2
+            self._send(b"".join(frames))
+            self.opened += batch
 
 
 class StreamOpener(Http2Connection):

@@ -608,6 +608,41 @@ def test_streams_one_connection_opens_are_bounded(tmp_path):
         assert process.stop() == 0, process.log()
 
 
+def test_calls_their_clients_reset_at_once_do_not_pile_up(tmp_path):
+    # HTTP/2's rapid reset, to a method the server lacks: 4 connections that
+    # opened and reset such calls as fast as they could for 20 s grew the
+    # server by 10 GiB, and it went on spending both cores on them minutes
+    # after they had closed (the calls were refused unread; read first, as
+    # every other call is, it grew by 120 to 190 MiB).
+    from raw_http2_clients import StreamResetter
+
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository", [])
+    resetters = []
+    try:
+        assert_still_serving(process)
+        before = process_status(process, "VmRSS") << 10
+        port = int(process.address.rsplit(":", 1)[1])
+        resetters = [StreamResetter(port) for _ in range(4)]
+        threads = [threading.Thread(target=r.reset_for, args=(8, "/inference.NoSuchService/Call"))
+                   for r in resetters]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in resetters:
+            r.close()
+        growth = (process_status(process, "VmRSS") << 10) - before
+        print(f"\n{sum(r.opened for r in resetters)} calls opened and reset on 4 connections: "
+              f"the server grew by {growth >> 20} MiB")
+        assert growth < 1 << 30, f"the server grew by {growth >> 20} MiB"
+        assert_still_serving(process)
+    finally:
+        for r in resetters:
+            r.close()
+        assert process.stop() == 0, process.log()
+
+
 def test_reflection_streams_left_open_hold_no_threads(tmp_path):
     # gRPC's own reflection service held a thread per open stream: 3000
     # streams that asked nothing made 3000 threads (measured), and enough
