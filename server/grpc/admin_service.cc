@@ -37,11 +37,17 @@ void AdminService::RouteUnaryCalls(UnaryCallRouter& router) {
   router.Add(service, "GetCoverage", this, &AdminService::GetCoverage);
   router.Add(service, "ListWarnings", this, &AdminService::ListWarnings);
   router.Add(service, "Misses", this, &AdminService::Misses);
-  // The repository loads and unloads one model at a time.
+  // The repository loads and unloads one model at a time; a call without
+  // the right to is refused before it waits.
   using Lane = UnaryCallRouter::Lane;
-  router.Add(service, "LoadModel", this, &AdminService::LoadModel, Lane::kOneAtATime);
-  router.Add(service, "UnloadModel", this, &AdminService::UnloadModel, Lane::kOneAtATime);
-  router.Add(service, "Rescan", this, &AdminService::Rescan, Lane::kOneAtATime);
+  auto may_control = [this](const grpc::ServerContext& context) {
+    return access_.CheckControl(context);
+  };
+  router.Add(service, "LoadModel", this, &AdminService::LoadModel, Lane::kOneAtATime,
+             may_control);
+  router.Add(service, "UnloadModel", this, &AdminService::UnloadModel, Lane::kOneAtATime,
+             may_control);
+  router.Add(service, "Rescan", this, &AdminService::Rescan, Lane::kOneAtATime, may_control);
 }
 
 grpc::Status AdminService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest*,

@@ -126,12 +126,16 @@ void InferenceService::RouteUnaryCalls(UnaryCallRouter& router) {
   router.Add(service, "ModelConfig", this, &InferenceService::ModelConfig);
   router.Add(service, "ModelStatistics", this, &InferenceService::ModelStatistics);
   router.Add(service, "RepositoryIndex", this, &InferenceService::RepositoryIndex);
-  // The repository loads and unloads one model at a time.
+  // The repository loads and unloads one model at a time; a call without
+  // the right to is refused before it waits.
   using Lane = UnaryCallRouter::Lane;
+  auto may_control = [this](const grpc::ServerContext& context) {
+    return access_.CheckControl(context);
+  };
   router.Add(service, "RepositoryModelLoad", this, &InferenceService::RepositoryModelLoad,
-             Lane::kOneAtATime);
+             Lane::kOneAtATime, may_control);
   router.Add(service, "RepositoryModelUnload", this, &InferenceService::RepositoryModelUnload,
-             Lane::kOneAtATime);
+             Lane::kOneAtATime, may_control);
   router.Add(service, "TraceSetting", this, &InferenceService::TraceSetting);
 }
 

@@ -69,7 +69,7 @@ void UnaryCallRouter::AddHandler(const google::protobuf::ServiceDescriptor& serv
                                  absl::string_view method,
                                  const google::protobuf::Descriptor& request,
                                  const google::protobuf::Descriptor& response, Lane lane,
-                                 Handler handler) {
+                                 Admission admission, Handler handler) {
   const std::string path = PathOf(service, method);
   const google::protobuf::MethodDescriptor* described =
       service.FindMethodByName(std::string(method));
@@ -82,7 +82,7 @@ void UnaryCallRouter::AddHandler(const google::protobuf::ServiceDescriptor& serv
                                           " (unary): its handler takes ", request.full_name(),
                                           " and returns ", response.full_name()));
   } else {
-    routes_[path] = Route{std::move(handler), lane};
+    routes_[path] = Route{std::move(handler), lane, std::move(admission)};
   }
 }
 
@@ -202,6 +202,14 @@ void UnaryCallRouter::OnRead(UnaryCall* call, bool ok) {
     return;
   }
   if (call->route->lane == Lane::kOneAtATime) {
+    if (call->route->admission) {
+      grpc::Status admitted = call->route->admission(call->context);
+      if (!admitted.ok()) {
+        call->request.Clear();
+        call->stream.Finish(admitted, call->tag(UnaryCall::Event::kFinished));
+        return;
+      }
+    }
     call->Hold();  // For the lane, until it has answered.
     {
       std::lock_guard<std::mutex> lock(one_at_a_time_mu_);

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -59,6 +60,12 @@ class UnaryCallRouter {
   // the thread of its own (see above).
   enum class Lane { kCallThreads, kOneAtATime };
 
+  // Decides, on the threads taking calls, whether a call may wait in the
+  // one-at-a-time lane: a call it refuses is answered with its status at
+  // once, so that calls their callers may not make (a load without the
+  // admin token) never wait behind, or hold up, the loads that are allowed.
+  using Admission = std::function<grpc::Status(const grpc::ServerContext& context)>;
+
   // REQUIRES: threads >= 1.
   UnaryCallRouter(int threads, size_t max_request_bytes);
   // Stops serving (see StopServing): the gRPC server must be shut down first.
@@ -67,15 +74,17 @@ class UnaryCallRouter {
   UnaryCallRouter& operator=(const UnaryCallRouter&) = delete;
 
   // Routes `service`'s method `method` to `handle` of `target`, which must
-  // outlive the router. If the service has no such method, or its types
-  // differ from the handler's (a mistake in the server's own wiring),
-  // nothing is routed and CheckRoutes says why.
+  // outlive the router; `admission`, if any, for Lane::kOneAtATime. If the
+  // service has no such method, or its types differ from the handler's (a
+  // mistake in the server's own wiring), nothing is routed and CheckRoutes
+  // says why.
   template <typename Target, typename Request, typename Response>
   void Add(const google::protobuf::ServiceDescriptor& service, absl::string_view method,
            Target* target,
            grpc::Status (Target::*handle)(grpc::ServerContext*, const Request*, Response*),
-           Lane lane = Lane::kCallThreads) {
+           Lane lane = Lane::kCallThreads, Admission admission = nullptr) {
     AddHandler(service, method, *Request::descriptor(), *Response::descriptor(), lane,
+               std::move(admission),
                [target, handle](grpc::ServerContext& context, const grpc::ByteBuffer& bytes,
                                 grpc::ByteBuffer* response_bytes) {
                  Request request;
@@ -111,11 +120,13 @@ class UnaryCallRouter {
   struct Route {
     Handler handler;
     Lane lane;
+    Admission admission;
   };
 
   void AddHandler(const google::protobuf::ServiceDescriptor& service, absl::string_view method,
                   const google::protobuf::Descriptor& request,
-                  const google::protobuf::Descriptor& response, Lane lane, Handler handler);
+                  const google::protobuf::Descriptor& response, Lane lane, Admission admission,
+                  Handler handler);
 
   void ServeCalls();
   void RequestCall();

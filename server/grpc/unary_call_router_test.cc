@@ -175,13 +175,18 @@ TEST_F(UnaryCallRouterTest, AHandlerThatThrowsIsAnsweredInternalAndTheRouterServ
 }
 
 // Two loads wait in their lane, one at a time, on a router of one thread:
-// the other methods are answered meanwhile.
+// the other methods are answered meanwhile, and so is a load its admission
+// refuses.
 TEST(UnaryCallRouterLanes, HandlersOneAtATimeNeverHoldTheCallThreads) {
   Methods methods;
   UnaryCallRouter router(1, kLimit);
   router.Add(Inference(), "ModelMetadata", &methods, &Methods::ModelMetadata);
   router.Add(Inference(), "ModelReady", &methods, &Methods::ModelReady,
-             UnaryCallRouter::Lane::kOneAtATime);
+             UnaryCallRouter::Lane::kOneAtATime, [](const grpc::ServerContext& context) {
+               return context.client_metadata().count("token") > 0
+                          ? grpc::Status::OK
+                          : grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "no token");
+             });
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -198,6 +203,7 @@ TEST(UnaryCallRouterLanes, HandlersOneAtATimeNeverHoldTheCallThreads) {
   for (int i = 0; i < 2; ++i) {
     loads.emplace_back([&] {
       grpc::ClientContext context;
+      context.AddMetadata("token", "1");
       inference::ModelReadyResponse response;
       if (stub->ModelReady(&context, inference::ModelReadyRequest(), &response).ok()) ++loaded;
     });
@@ -212,6 +218,17 @@ TEST(UnaryCallRouterLanes, HandlersOneAtATimeNeverHoldTheCallThreads) {
     inference::ModelMetadataResponse response;
     EXPECT_TRUE(stub->ModelMetadata(&context, request, &response).ok());
     EXPECT_EQ(response.name(), "meanwhile");
+  }
+  {
+    // A load its admission refuses is answered at once, not behind the
+    // loads waiting in the lane, and never runs.
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    inference::ModelReadyResponse response;
+    const grpc::Status refused =
+        stub->ModelReady(&context, inference::ModelReadyRequest(), &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(refused.error_message(), "no token");
   }
   // One at a time: the second load has not started.
   EXPECT_EQ(methods.waiting.load(), 1);
