@@ -611,7 +611,7 @@ def test_streams_one_connection_opens_are_bounded(tmp_path):
 def test_calls_their_clients_reset_at_once_do_not_pile_up(tmp_path):
     # HTTP/2's rapid reset, to a method the server lacks: 4 connections that
     # opened and reset such calls as fast as they could for 20 s grew the
-    # server by 10 GiB, and it went on spending both cores on them minutes
+    # server by 9.5 GiB, and it went on spending both cores on them minutes
     # after they had closed (the calls were refused unread; read first, as
     # every other call is, it grew by 120 to 190 MiB).
     from raw_http2_clients import StreamResetter
