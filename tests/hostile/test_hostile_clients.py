@@ -609,11 +609,12 @@ def test_streams_one_connection_opens_are_bounded(tmp_path):
 
 
 def test_calls_their_clients_reset_at_once_do_not_pile_up(tmp_path):
-    # HTTP/2's rapid reset, to a method the server lacks: 4 connections that
-    # opened and reset such calls as fast as they could for 20 s grew the
-    # server by 9.5 GiB, and it went on spending both cores on them minutes
-    # after they had closed (the calls were refused unread; read first, as
-    # every other call is, it grew by 120 to 190 MiB).
+    # HTTP/2's rapid reset, to a method the server lacks: 2 connections that
+    # opened and reset such calls as fast as they could for 8 s grew the
+    # server by 1.3 to 1.8 GiB (the calls were refused unread; read first,
+    # as every other call is, by 35 to 73 MiB; 3 and 5 runs). Clients that
+    # take the server's answers slowly still pile them up, even read first
+    # (1 to 2 GiB in 4 of 6 runs): not bounded, see SECURITY.md.
     from raw_http2_clients import StreamResetter
 
     copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
@@ -623,7 +624,7 @@ def test_calls_their_clients_reset_at_once_do_not_pile_up(tmp_path):
         assert_still_serving(process)
         before = process_status(process, "VmRSS") << 10
         port = int(process.address.rsplit(":", 1)[1])
-        resetters = [StreamResetter(port) for _ in range(4)]
+        resetters = [StreamResetter(port) for _ in range(2)]
         threads = [threading.Thread(target=r.reset_for, args=(8, "/inference.NoSuchService/Call"))
                    for r in resetters]
         for t in threads:
@@ -633,9 +634,9 @@ def test_calls_their_clients_reset_at_once_do_not_pile_up(tmp_path):
         for r in resetters:
             r.close()
         growth = (process_status(process, "VmRSS") << 10) - before
-        print(f"\n{sum(r.opened for r in resetters)} calls opened and reset on 4 connections: "
+        print(f"\n{sum(r.opened for r in resetters)} calls opened and reset on 2 connections: "
               f"the server grew by {growth >> 20} MiB")
-        assert growth < 1 << 30, f"the server grew by {growth >> 20} MiB"
+        assert growth < 512 << 20, f"the server grew by {growth >> 20} MiB"
         assert_still_serving(process)
     finally:
         for r in resetters:
