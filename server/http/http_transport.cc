@@ -1,6 +1,5 @@
 #include "server/http/http_transport.h"
 
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/bio.h>
@@ -11,7 +10,6 @@
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,8 +24,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/listen_socket.h"
 #include "base/log_text.h"
 
 namespace precompile::server {
@@ -46,9 +44,6 @@ constexpr absl::Duration kLingerTime = absl::Seconds(2);
 constexpr size_t kLingerBytes = 4 << 20;
 // A body's time to arrive, on top of request_timeout: a second per MiB.
 constexpr size_t kBodyBytesPerSecond = 1 << 20;
-// File descriptors kept for everything but HTTP connections (models, gRPC,
-// logs) when max_connections is held to the process's limit.
-constexpr int kOtherDescriptors = 256;
 // epoll ids that are not connections.
 constexpr uint64_t kListenerId = 0;
 constexpr uint64_t kWakeId = 1;
@@ -77,58 +72,6 @@ const char* ReasonPhrase(int status) {
     case 505: return "HTTP Version Not Supported";
     default: return "Status";
   }
-}
-
-// host:port, or [host]:port for IPv6.
-absl::StatusOr<std::pair<std::string, int>> HostAndPort(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the HTTP address '", address, "' is not host:port"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return std::make_pair(host, port);
-}
-
-// A non-blocking listening socket on `address`, and the port it has.
-absl::StatusOr<std::pair<int, int>> Listen(const std::string& address) {
-  auto host_port = HostAndPort(address);
-  if (!host_port.ok()) return host_port.status();
-  const auto& [host, port] = *host_port;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = absl::StrCat(port);
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resolve the HTTP address ", address));
-  }
-  int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(found);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot listen for HTTP on ", address));
-  sockaddr_storage bound{};
-  socklen_t length = sizeof bound;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
-  const int bound_port = bound.ss_family == AF_INET6
-                             ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                             : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return std::make_pair(fd, bound_port);
 }
 
 struct SslCtxFree {
@@ -171,22 +114,6 @@ absl::StatusOr<std::unique_ptr<SSL_CTX, SslCtxFree>> MakeTlsContext(
     SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
   }
   return ctx;
-}
-
-// How many connections the process's descriptor limit leaves room for,
-// raising the soft limit toward the hard one when `wanted` needs it.
-int ConnectionsWithinDescriptorLimit(int wanted) {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return wanted;
-  const rlim_t needed = static_cast<rlim_t>(wanted) + kOtherDescriptors;
-  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < needed) {
-    rlimit raised = limit;
-    raised.rlim_cur = limit.rlim_max == RLIM_INFINITY ? needed : std::min(needed, limit.rlim_max);
-    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
-  }
-  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= needed) return wanted;
-  const int room = static_cast<int>(limit.rlim_cur) - kOtherDescriptors;
-  return std::max(room, 16);
 }
 
 // Written as gRPC writes its clients' (PEM_write_bio_X509), so that a
@@ -357,13 +284,13 @@ absl::Status HttpTransportLoop::Open() {
   // A client that goes while its answer is written must not end the
   // process: OpenSSL writes to sockets with write(), which raises SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
-  max_connections_ = ConnectionsWithinDescriptorLimit(options_.max_connections);
+  max_connections_ = ConnectionsWithinDescriptorLimit(options_.max_connections, 1);
   if (max_connections_ < options_.max_connections) {
     spdlog::warn("event=http_connections_limited wanted={} allowed={} reason=\"the process's "
                  "descriptor limit (ulimit -n)\"",
                  options_.max_connections, max_connections_);
   }
-  auto listening = Listen(options_.address);
+  auto listening = ListenTcp(options_.address, "HTTP");
   if (!listening.ok()) return listening.status();
   std::tie(listen_fd_, port_) = *listening;
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
