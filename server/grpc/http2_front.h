@@ -1,0 +1,113 @@
+// The gRPC port's front door, for the limits gRPC 1.51 does not keep on its
+// own connections (server/grpc/http2_stream_ledger.h: HTTP/2's rapid reset,
+// streams opened past SETTINGS_MAX_CONCURRENT_STREAMS before the client
+// acknowledges it) nor on their number.
+//
+// The front listens on the gRPC address itself. Each connection it accepts
+// gets a socket pair: gRPC serves one end (handed over by `hand_over`, for
+// gRPC's external connection acceptor) and one thread relays the bytes
+// between the client and the other end, reading each frame's header on the
+// way. A connection that passes a limit is closed at once, which ends its
+// calls in gRPC as a client's hang-up does, and is logged with its peer's
+// address. Past `max_connections` open, a new connection is closed as it
+// is accepted.
+//
+// The relay costs each byte one more copy, each request or answer two more
+// system calls and a wake of the relay thread (bench/RESULTS.md section 22
+// measures it), and each connection up to 2 * `buffer_bytes` while one side
+// does not take what the other sends. gRPC sees
+// every client as the same local peer; nothing in the server asks gRPC who
+// a client is. Plain HTTP/2 only: with TLS gRPC takes the connections
+// itself and these limits need a proxy in front (SECURITY.md).
+//
+// Thread safety: Start, StopAccepting and Stop from one controlling thread.
+#ifndef PRECOMPILE_SERVER_GRPC_HTTP2_FRONT_H_
+#define PRECOMPILE_SERVER_GRPC_HTTP2_FRONT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/grpc/http2_stream_ledger.h"
+
+namespace precompile::server {
+
+struct Http2FrontOptions {
+  // host:port or [host]:port; port 0 picks a free one (Http2Front::port).
+  std::string address = "0.0.0.0:8001";
+  int max_connections = 1024;
+  Http2StreamLimits limits;
+  // What the relay holds of one connection in each direction, while the
+  // side it goes to does not take it.
+  size_t buffer_bytes = 64 << 10;
+};
+
+// What the front refused, counted for /metrics. Any thread.
+struct Http2FrontStats {
+  // Connections closed for passing a limit, and refused for their number.
+  std::atomic<int64_t> closed_for_resets{0};
+  std::atomic<int64_t> closed_for_streams{0};
+  std::atomic<int64_t> refused_connections{0};
+};
+
+class Http2Front {
+ public:
+  // Gives gRPC its end of a new connection; gRPC owns the descriptor after.
+  using HandOver = std::function<void(int fd)>;
+
+  // Listens and relays until Stop, counting into `stats`, which must
+  // outlive the front.
+  static absl::StatusOr<std::unique_ptr<Http2Front>> Start(const Http2FrontOptions& options,
+                                                           HandOver hand_over,
+                                                           Http2FrontStats& stats);
+  ~Http2Front();
+  Http2Front(const Http2Front&) = delete;
+  Http2Front& operator=(const Http2Front&) = delete;
+
+  int port() const { return port_; }
+  // Closes the listening socket: new connections are refused from now on.
+  void StopAccepting();
+  // Stops accepting, waits until `deadline` for the connections gRPC has
+  // ended to be written out to their clients, then closes every connection.
+  // Idempotent.
+  void Stop(absl::Time deadline);
+
+ private:
+  struct Connection;
+  struct Endpoint;
+  struct Loop;
+
+  Http2Front(const Http2FrontOptions& options, HandOver hand_over, Http2FrontStats& stats,
+             int listener, int port);
+  void Run();
+  void Accept();
+  // Moves what it can between the connection's two sockets; closes the
+  // connection once both directions have ended, or at once if it passed a
+  // limit or a socket failed.
+  void Pump(Connection& connection);
+  void Close(Connection& connection);
+  void Wake();
+
+  const Http2FrontOptions options_;
+  const HandOver hand_over_;
+  Http2FrontStats& stats_;
+  Loop* loop_ = nullptr;  // The relay thread's, while it runs.
+  int listener_;
+  const int port_;
+  int epoll_ = -1;
+  int wake_ = -1;
+  std::atomic<bool> stop_accepting_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> stop_deadline_ns_{0};
+  std::thread thread_;
+};
+
+}  // namespace precompile::server
+
+#endif  // PRECOMPILE_SERVER_GRPC_HTTP2_FRONT_H_

@@ -1,0 +1,245 @@
+// The front on loopback, with a test's own socket in gRPC's place: what
+// clients send reaches the server end unchanged and back, and the limits
+// close what passes them on both ends.
+#include "server/grpc/http2_front.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace precompile::server {
+namespace {
+
+constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  std::string frame = {static_cast<char>(n >> 16),
+                       static_cast<char>(n >> 8),
+                       static_cast<char>(n),
+                       static_cast<char>(type),
+                       static_cast<char>(flags),
+                       static_cast<char>(stream >> 24),
+                       static_cast<char>(stream >> 16),
+                       static_cast<char>(stream >> 8),
+                       static_cast<char>(stream)};
+  return frame + payload;
+}
+
+void Blocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK); }
+
+void WriteAll(int fd, const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    sent += static_cast<size_t>(n);
+  }
+}
+
+// Reads until `want` bytes or the end (EOF, reset, or 10 s of nothing).
+std::string Read(int fd, size_t want) {
+  timeval wait{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  std::string got;
+  char buffer[1 << 16];
+  while (got.size() < want) {
+    const ssize_t n = recv(fd, buffer, std::min(sizeof buffer, want - got.size()), 0);
+    if (n <= 0) break;
+    got.append(buffer, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+// Whether the peer has ended: a read returns the end, not data, within 10 s.
+bool Ended(int fd) {
+  timeval wait{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return true;
+    if (n < 0) return false;
+  }
+}
+
+class FrontTest : public ::testing::Test {
+ protected:
+  void StartFront(Http2FrontOptions options) {
+    options.address = "127.0.0.1:0";
+    auto started = Http2Front::Start(
+        options,
+        [this](int fd) {
+          Blocking(fd);
+          std::lock_guard<std::mutex> lock(mu_);
+          handed_.push_back(fd);
+          cv_.notify_all();
+        },
+        stats_);
+    ASSERT_TRUE(started.ok()) << started.status();
+    front_ = *std::move(started);
+  }
+
+  void TearDown() override {
+    front_.reset();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int fd : handed_) {
+      if (fd >= 0) close(fd);
+    }
+  }
+
+  // What gRPC does once it has seen the end of a connection.
+  void CloseHanded(size_t index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    close(handed_[index]);
+    handed_[index] = -1;
+  }
+
+  int Connect() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(front_->port()));
+    inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    return fd;
+  }
+
+  // The server end of the `index`th connection handed over.
+  int Handed(size_t index, absl::Duration wait = absl::Seconds(10)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(wait), [&] { return handed_.size() > index; });
+    return handed_.size() > index ? handed_[index] : -1;
+  }
+
+  Http2FrontStats stats_;
+  std::unique_ptr<Http2Front> front_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<int> handed_;
+};
+
+TEST_F(FrontTest, RelaysBothWaysUnchanged) {
+  StartFront({});
+  const int client = Connect();
+  // More than the relay holds at once, both ways.
+  std::string sent = std::string(kPreface) + Frame(4, 0, 0, "");
+  sent += Frame(1, 4, 1, "headers");
+  for (int i = 0; i < 300; ++i) sent += Frame(0, 0, 1, std::string(16000, static_cast<char>(i)));
+  std::thread writer([&] { WriteAll(client, sent); });
+  const int server = Handed(0);
+  ASSERT_GE(server, 0);
+  EXPECT_EQ(Read(server, sent.size()), sent);
+  writer.join();
+  std::string answer = Frame(4, 0, 0, "");
+  for (int i = 0; i < 300; ++i) answer += Frame(0, 0, 1, std::string(16000, static_cast<char>(i)));
+  answer += Frame(1, 5, 1, "trailers");
+  std::thread answerer([&] { WriteAll(server, answer); });
+  EXPECT_EQ(Read(client, answer.size()), answer);
+  answerer.join();
+  close(client);
+  // The server end learns the client has gone.
+  EXPECT_TRUE(Ended(server));
+}
+
+TEST_F(FrontTest, WhatTheServerSentLastReachesTheClientBeforeItsEnd) {
+  StartFront({});
+  const int client = Connect();
+  WriteAll(client, std::string(kPreface));
+  const int server = Handed(0);
+  ASSERT_GE(server, 0);
+  const std::string goaway = Frame(7, 0, 0, std::string(1 << 20, 'g'));
+  std::thread answerer([&] {
+    WriteAll(server, goaway);
+    CloseHanded(0);
+  });
+  EXPECT_EQ(Read(client, goaway.size() + 1), goaway);
+  answerer.join();
+  close(client);
+}
+
+TEST_F(FrontTest, AConnectionResettingPastItsBudgetIsClosedOnBothEnds) {
+  Http2FrontOptions options;
+  options.limits.resets_per_second = 5;  // A burst of 10.
+  StartFront(options);
+  const int calm = Connect();
+  const int client = Connect();
+  std::string flood = std::string(kPreface) + Frame(4, 0, 0, "");
+  for (uint32_t stream = 1; stream < 200; stream += 2) {
+    flood += Frame(1, 4, stream, "h") + Frame(3, 0, stream, std::string("\0\0\0\x08", 4));
+  }
+  const std::string calm_bytes = std::string(kPreface) + Frame(4, 0, 0, "") + Frame(1, 4, 1, "h");
+  WriteAll(calm, calm_bytes);
+  const int calm_server = Handed(0);
+  ASSERT_GE(calm_server, 0);
+  EXPECT_EQ(Read(calm_server, calm_bytes.size()), calm_bytes);
+  WriteAll(client, flood);
+  EXPECT_TRUE(Ended(client));
+  const int server = Handed(1);
+  ASSERT_GE(server, 0);
+  EXPECT_TRUE(Ended(server));
+  EXPECT_EQ(stats_.closed_for_resets.load(), 1);
+  // The other connection relays on.
+  WriteAll(calm_server, "answer");
+  EXPECT_EQ(Read(calm, 6), "answer");
+  close(calm);
+  close(client);
+}
+
+TEST_F(FrontTest, AConnectionOpeningStreamsPastTheBoundIsClosed) {
+  Http2FrontOptions options;
+  options.limits.max_open_streams = 8;
+  StartFront(options);
+  const int client = Connect();
+  std::string opens = std::string(kPreface) + Frame(4, 0, 0, "");
+  for (uint32_t stream = 1; stream <= 17; stream += 2) opens += Frame(1, 4, stream, "h");
+  WriteAll(client, opens);
+  EXPECT_TRUE(Ended(client));
+  EXPECT_EQ(stats_.closed_for_streams.load(), 1);
+  close(client);
+}
+
+TEST_F(FrontTest, ConnectionsPastTheCapAreClosedAtOnce) {
+  Http2FrontOptions options;
+  options.max_connections = 2;
+  StartFront(options);
+  const int first = Connect();
+  const int second = Connect();
+  ASSERT_GE(Handed(1), 0);
+  const int third = Connect();
+  EXPECT_TRUE(Ended(third));
+  EXPECT_EQ(stats_.refused_connections.load(), 1);
+  close(first);
+  ASSERT_TRUE(Ended(Handed(0)));
+  CloseHanded(0);
+  // Room again once one has gone (as soon as the front has seen it go).
+  int fourth = -1;
+  for (int tries = 0; tries < 100; ++tries) {
+    fourth = Connect();
+    WriteAll(fourth, std::string(kPreface));
+    if (Handed(2, absl::Milliseconds(100)) >= 0) break;
+    close(fourth);
+    fourth = -1;
+  }
+  ASSERT_GE(fourth, 0) << "no connection was taken after one went";
+  EXPECT_EQ(Read(Handed(2), 24), std::string(kPreface));
+  close(second);
+  close(third);
+  close(fourth);
+}
+
+}  // namespace
+}  // namespace precompile::server
