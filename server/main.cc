@@ -121,6 +121,16 @@ ABSL_FLAG(int, grpc_answer_timeout_seconds, 60,
 ABSL_FLAG(int, grpc_max_streams_per_connection, 100,
           "Streams (calls) one gRPC connection may have open at once; clients queue more "
           "(0: no limit)");
+ABSL_FLAG(bool, grpc_front, true,
+          "Relay plain gRPC connections through the server's own front, which keeps the "
+          "limits below that gRPC does not (without it, or with --tls_cert, put an HTTP/2 "
+          "proxy in front: SECURITY.md)");
+ABSL_FLAG(int, grpc_max_connections, 1024,
+          "gRPC connections open at once (through the front); past it a new one is closed");
+ABSL_FLAG(int, grpc_max_resets_per_second, 100,
+          "Calls one gRPC connection may cancel before their answers each second, with a "
+          "burst of twice as many (HTTP/2's rapid reset); past it the connection is closed "
+          "(0: no limit; through the front)");
 ABSL_FLAG(int, grpc_unary_threads, 4,
           "Threads serving the gRPC methods other than ModelInfer, health and reflection "
           "(metadata, readiness, statistics, repository, admin)");
@@ -251,6 +261,15 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   if (options.grpc_window_bytes < 0) return absl::InvalidArgumentError("--grpc_window_bytes must be at least 0");
   options.grpc_max_streams_per_connection = absl::GetFlag(FLAGS_grpc_max_streams_per_connection);
   if (options.grpc_max_streams_per_connection < 0) return absl::InvalidArgumentError("--grpc_max_streams_per_connection must be at least 0");
+  options.grpc_front = absl::GetFlag(FLAGS_grpc_front);
+  options.grpc_max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
+  if (options.grpc_max_connections < 1) {
+    return absl::InvalidArgumentError("--grpc_max_connections must be at least 1");
+  }
+  options.grpc_max_resets_per_second = absl::GetFlag(FLAGS_grpc_max_resets_per_second);
+  if (options.grpc_max_resets_per_second < 0) {
+    return absl::InvalidArgumentError("--grpc_max_resets_per_second must be at least 0");
+  }
   options.grpc_unary_threads = absl::GetFlag(FLAGS_grpc_unary_threads);
   if (options.grpc_unary_threads < 1) {
     return absl::InvalidArgumentError("--grpc_unary_threads must be at least 1");

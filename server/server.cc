@@ -72,6 +72,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// How long the front may take to write out what gRPC sent last, once gRPC
+// has shut down: clients that do not read it lose it.
+constexpr absl::Duration kFrontFlushTime = absl::Seconds(1);
+// The front closes a connection with this many times more streams open
+// than gRPC allows (clients may open streams before they learn the limit).
+constexpr int kFrontStreamsPerLimit = 4;
+
 }  // namespace
 
 Server::Server(ServerOptions options)
@@ -92,7 +99,9 @@ Server::~Server() {
   if (watchdog_.joinable()) watchdog_.join();
   if (http_) http_->Stop();
   if (health_) health_->Shutdown();
+  if (front_) front_->StopAccepting();
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now());
+  if (front_) front_->Stop(absl::Now() + kFrontFlushTime);
   // After gRPC's shutdown, so that no call arrives any more.
   if (inference_) inference_->StopServing();
   if (unary_calls_) unary_calls_->StopServing();
@@ -202,7 +211,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   const ServingState* state = &server->state_;
   const InferenceService* grpc_inference = server->inference_.get();
   SequenceStore* sequence_store = server->sequences_.get();
-  server->metrics_->ExportServerLoad([scheduler, state, grpc_inference, sequence_store] {
+  const Http2FrontStats* front = &server->front_stats_;
+  server->metrics_->ExportServerLoad([scheduler, state, grpc_inference, sequence_store, front] {
     ServerLoad load;
     load.draining = state->draining();
     load.in_flight = scheduler->in_flight();
@@ -222,6 +232,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     load.inference_memory_bytes = InferenceMemoryHeld();
     load.max_inference_memory_bytes = InferenceMemoryLimit();
     load.inference_memory_refusals = InferenceMemoryRefusals();
+    load.grpc_closed_for_resets = front->closed_for_resets.load();
+    load.grpc_closed_for_streams = front->closed_for_streams.load();
+    load.grpc_refused_connections = front->refused_connections.load();
     return load;
   });
   if (!o.metrics_address.empty()) {
@@ -287,7 +300,13 @@ absl::Status Server::Listen() {
   // The server's own health service (server/grpc/health_service.h).
   grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
+  const bool front = options_.grpc_front && options_.tls_cert_file.empty();
+  if (front) {
+    grpc_acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, *credentials);
+  } else {
+    builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
+  }
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   if (options_.max_connection_age > absl::ZeroDuration()) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
@@ -320,6 +339,27 @@ absl::Status Server::Listen() {
   std::unique_ptr<grpc::ServerCompletionQueue> inference_queue = builder.AddCompletionQueue();
   std::unique_ptr<grpc::ServerCompletionQueue> unary_queue = builder.AddCompletionQueue();
   grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ && front) {
+    Http2FrontOptions front_options;
+    front_options.address = options_.grpc_address;
+    front_options.max_connections = options_.grpc_max_connections;
+    // Past the limit gRPC refuses streams itself once the client has
+    // acknowledged it; the front's bound is for clients that never do.
+    front_options.limits.max_open_streams =
+        options_.grpc_max_streams_per_connection > 0
+            ? kFrontStreamsPerLimit * options_.grpc_max_streams_per_connection
+            : 0;
+    front_options.limits.resets_per_second = options_.grpc_max_resets_per_second;
+    std::shared_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor = grpc_acceptor_;
+    auto started = Http2Front::Start(front_options, [acceptor](int fd) {
+      grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters connection;
+      connection.fd = fd;
+      acceptor->HandleNewConnection(&connection);
+    }, front_stats_);
+    if (!started.ok()) return started.status();
+    front_ = *std::move(started);
+    grpc_port_ = front_->port();
+  }
   if (!grpc_server_ || grpc_port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen for gRPC on ", options_.grpc_address));
@@ -407,6 +447,8 @@ absl::Status Server::Stop() {
   auto grpc_shut_down = std::make_shared<Notification>();
   // Watch streams end once told NOT_SERVING, rather than at the deadline.
   health_->Shutdown();
+  // New connections are refused, as gRPC's own listener refuses them.
+  if (front_) front_->StopAccepting();
   std::thread shutdown([this, deadline, grpc_shut_down] {
     grpc_server_->Shutdown(absl::ToChronoTime(deadline));
     grpc_shut_down->Notify();
@@ -438,6 +480,8 @@ absl::Status Server::Stop() {
     inference_->DropUntakenAnswers(absl::Now());
   }
   shutdown.join();
+  // gRPC has closed its ends; the front writes out what it relays.
+  if (front_) front_->Stop(absl::Now() + kFrontFlushTime);
   http_shutdown.join();
   inference_->StopServing();
   unary_calls_->StopServing();

@@ -28,6 +28,7 @@
 #include "server/grpc/admin_service.h"
 #include "server/grpc/inference_service.h"
 #include "server/grpc/health_service.h"
+#include "server/grpc/http2_front.h"
 #include "server/grpc/reflection_service.h"
 #include "server/grpc/unary_call_router.h"
 #include "server/http/http_service.h"
@@ -113,6 +114,17 @@ struct ServerOptions {
   // opening 50000 grew the server by 880 MiB (tests/hostile). 0: gRPC's
   // default. Default: 100, as HTTP/2 suggests at the least.
   int grpc_max_streams_per_connection = 100;
+  // Plain gRPC connections go through the server's own front
+  // (server/grpc/http2_front.h), which keeps the limits gRPC 1.51 does not:
+  // rapid resets, streams past the limit before the client acknowledges
+  // it, connections. With TLS, gRPC takes its connections itself.
+  bool grpc_front = true;
+  // gRPC connections open at once, through the front. Default: 1024.
+  int grpc_max_connections = 1024;
+  // Calls one gRPC connection may cancel before their answers each second,
+  // with a burst of twice as many; past it the front closes the
+  // connection. 0: no limit. Default: 100.
+  int grpc_max_resets_per_second = 100;
   // Threads serving the gRPC methods other than ModelInfer, health and
   // reflection (server/grpc/unary_call_router.h); each runs one call at a
   // time to its end. Default: 4.
@@ -215,6 +227,10 @@ class Server final : public RepositoryListener {
   std::unique_ptr<UnaryCallRouter> unary_calls_;
   std::unique_ptr<HttpService> http_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  // Takes the connections the front relays; outlives the front.
+  std::shared_ptr<grpc::experimental::ExternalConnectionAcceptor> grpc_acceptor_;
+  Http2FrontStats front_stats_;
+  std::unique_ptr<Http2Front> front_;
   int grpc_port_ = 0;
   Notification stop_polling_;
   std::thread poller_;

@@ -138,6 +138,21 @@ class LoadCollectable final : public prometheus::Collectable {
       refused.metric.emplace_back();
       refused.metric.back().counter.value = static_cast<double>(load.inference_memory_refusals);
       families.push_back(std::move(refused));
+      prometheus::MetricFamily closed{
+          "precompile_grpc_connections_closed_total",
+          "gRPC connections the server closed: `resets` for cancelling calls faster than "
+          "--grpc_max_resets_per_second (HTTP/2's rapid reset), `streams` for opening far "
+          "more streams than allowed, `capacity` refused at --grpc_max_connections",
+          prometheus::MetricType::Counter, {}};
+      for (const auto& [reason, count] :
+           {std::pair{"resets", load.grpc_closed_for_resets},
+            std::pair{"streams", load.grpc_closed_for_streams},
+            std::pair{"capacity", load.grpc_refused_connections}}) {
+        closed.metric.emplace_back();
+        closed.metric.back().label.push_back({"reason", reason});
+        closed.metric.back().counter.value = static_cast<double>(count);
+      }
+      families.push_back(std::move(closed));
     }
     // /proc/self/statm: the virtual and the resident size, in pages.
     std::ifstream statm("/proc/self/statm");

@@ -85,6 +85,11 @@ struct ServerLoad {
   uint64_t inference_memory_bytes = 0;
   uint64_t max_inference_memory_bytes = 0;
   uint64_t inference_memory_refusals = 0;
+  // gRPC connections the front (server/grpc/http2_front.h) closed for
+  // passing a limit, or refused for their number.
+  uint64_t grpc_closed_for_resets = 0;
+  uint64_t grpc_closed_for_streams = 0;
+  uint64_t grpc_refused_connections = 0;
 };
 
 class ModelMetrics final : public ModelRecorder {

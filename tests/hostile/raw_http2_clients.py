@@ -8,8 +8,9 @@
   can never be sent, and it holds them.
 - StreamOpener opens streams and sends nothing more on them.
 - StreamResetter opens streams and resets each at once (HTTP/2's rapid
-  reset), as fast as it can: each costs the server a call, the client next
-  to nothing.
+  reset), as fast as it can or at a pace: each costs the server a call,
+  the client next to nothing. It takes the server's answers as fast as
+  they come; SlowStreamResetter parses each, which is slower.
 
 Just enough HTTP/2 for that (RFC 9113): the preface, SETTINGS and their
 acknowledgements, literal headers, DATA within the windows, PING answers.
@@ -235,21 +236,29 @@ class StreamResetter(Http2Connection):
         with self.cv:
             self.closed = self.closed or "eof"
 
-    def reset_for(self, seconds, path, batch=100):
+    def reset_for(self, seconds, path, batch=100, per_second=None):
         """Opens streams calling `path` and resets each (CANCEL) right after
-        its headers, until `seconds` pass or the connection ends."""
+        its headers, `batch` at a time, at most `per_second` (None: as fast
+        as it can), until `seconds` pass or the connection ends."""
         assert self.settled.wait(10), "the server sent no SETTINGS"
         headers = call_headers(path)
         cancel = struct.pack(">I", 8)
         stream = 1
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self.closed and stream < 2**31 - 2 * batch:
+        start = time.monotonic()
+        while (time.monotonic() < start + seconds and not self.closed
+               and stream < 2**31 - 2 * batch):
             frames = []
             for _ in range(batch):
                 frames += [frame(1, END_HEADERS, stream, headers), frame(3, 0, stream, cancel)]
                 stream += 2
             self._send(b"".join(frames))
             self.opened += batch
+            if per_second:
+                time.sleep(max(0.0, start + self.opened / per_second - time.monotonic()))
+
+
+class SlowStreamResetter(StreamResetter):
+    _read = Http2Connection._read
 
 
 class StreamOpener(Http2Connection):
