@@ -19,25 +19,19 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "server/grpc/http2_test_frames.h"
 
 namespace precompile::server {
 namespace {
 
-constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
-  const uint32_t n = static_cast<uint32_t>(payload.size());
-  std::string frame = {static_cast<char>(n >> 16),
-                       static_cast<char>(n >> 8),
-                       static_cast<char>(n),
-                       static_cast<char>(type),
-                       static_cast<char>(flags),
-                       static_cast<char>(stream >> 24),
-                       static_cast<char>(stream >> 16),
-                       static_cast<char>(stream >> 8),
-                       static_cast<char>(stream)};
-  return frame + payload;
-}
+using testing::Frame;
+using testing::kData;
+using testing::kEndHeaders;
+using testing::kEndStream;
+using testing::kGoaway;
+using testing::kHeaders;
+using testing::kPreface;
+using testing::kSettings;
 
 void Blocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK); }
 
@@ -136,17 +130,19 @@ TEST_F(FrontTest, RelaysBothWaysUnchanged) {
   StartFront({});
   const int client = Connect();
   // More than the relay holds at once, both ways.
-  std::string sent = std::string(kPreface) + Frame(4, 0, 0, "");
-  sent += Frame(1, 4, 1, "headers");
-  for (int i = 0; i < 300; ++i) sent += Frame(0, 0, 1, std::string(16000, static_cast<char>(i)));
+  std::string sent = std::string(kPreface) + Frame(kSettings, 0, 0);
+  sent += Frame(kHeaders, kEndHeaders, 1, "headers");
+  for (int i = 0; i < 300; ++i)
+    sent += Frame(kData, 0, 1, std::string(16000, static_cast<char>(i)));
   std::thread writer([&] { WriteAll(client, sent); });
   const int server = Handed(0);
   ASSERT_GE(server, 0);
   EXPECT_EQ(Read(server, sent.size()), sent);
   writer.join();
-  std::string answer = Frame(4, 0, 0, "");
-  for (int i = 0; i < 300; ++i) answer += Frame(0, 0, 1, std::string(16000, static_cast<char>(i)));
-  answer += Frame(1, 5, 1, "trailers");
+  std::string answer = Frame(kSettings, 0, 0);
+  for (int i = 0; i < 300; ++i)
+    answer += Frame(kData, 0, 1, std::string(16000, static_cast<char>(i)));
+  answer += Frame(kHeaders, kEndHeaders | kEndStream, 1, "trailers");
   std::thread answerer([&] { WriteAll(server, answer); });
   EXPECT_EQ(Read(client, answer.size()), answer);
   answerer.join();
@@ -161,7 +157,7 @@ TEST_F(FrontTest, WhatTheServerSentLastReachesTheClientBeforeItsEnd) {
   WriteAll(client, std::string(kPreface));
   const int server = Handed(0);
   ASSERT_GE(server, 0);
-  const std::string goaway = Frame(7, 0, 0, std::string(1 << 20, 'g'));
+  const std::string goaway = Frame(kGoaway, 0, 0, std::string(1 << 20, 'g'));
   std::thread answerer([&] {
     WriteAll(server, goaway);
     CloseHanded(0);
@@ -177,11 +173,12 @@ TEST_F(FrontTest, AConnectionResettingPastItsBudgetIsClosedOnBothEnds) {
   StartFront(options);
   const int calm = Connect();
   const int client = Connect();
-  std::string flood = std::string(kPreface) + Frame(4, 0, 0, "");
+  std::string flood = std::string(kPreface) + Frame(kSettings, 0, 0);
   for (uint32_t stream = 1; stream < 200; stream += 2) {
-    flood += Frame(1, 4, stream, "h") + Frame(3, 0, stream, std::string("\0\0\0\x08", 4));
+    flood += Frame(kHeaders, kEndHeaders, stream, "h") + testing::Reset(stream);
   }
-  const std::string calm_bytes = std::string(kPreface) + Frame(4, 0, 0, "") + Frame(1, 4, 1, "h");
+  const std::string calm_bytes =
+      std::string(kPreface) + Frame(kSettings, 0, 0) + Frame(kHeaders, kEndHeaders, 1, "h");
   WriteAll(calm, calm_bytes);
   const int calm_server = Handed(0);
   ASSERT_GE(calm_server, 0);
@@ -204,8 +201,9 @@ TEST_F(FrontTest, AConnectionOpeningStreamsPastTheBoundIsClosed) {
   options.limits.max_open_streams = 8;
   StartFront(options);
   const int client = Connect();
-  std::string opens = std::string(kPreface) + Frame(4, 0, 0, "");
-  for (uint32_t stream = 1; stream <= 17; stream += 2) opens += Frame(1, 4, stream, "h");
+  std::string opens = std::string(kPreface) + Frame(kSettings, 0, 0);
+  for (uint32_t stream = 1; stream <= 17; stream += 2)
+    opens += Frame(kHeaders, kEndHeaders, stream, "h");
   WriteAll(client, opens);
   EXPECT_TRUE(Ended(client));
   EXPECT_EQ(stats_.closed_for_streams.load(), 1);

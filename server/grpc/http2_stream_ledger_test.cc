@@ -5,31 +5,20 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "server/grpc/http2_test_frames.h"
 
 namespace precompile::server {
 namespace {
 
-constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-constexpr uint8_t kData = 0, kHeaders = 1, kRstStream = 3, kSettings = 4;
-constexpr uint8_t kEndStream = 1, kEndHeaders = 4;
+using testing::Frame;
+using testing::kData;
+using testing::kEndHeaders;
+using testing::kEndStream;
+using testing::kHeaders;
+using testing::kPreface;
+using testing::kSettings;
+using testing::Reset;
 
-std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, std::string payload = "") {
-  const uint32_t n = static_cast<uint32_t>(payload.size());
-  std::string frame = {static_cast<char>(n >> 16),
-                       static_cast<char>(n >> 8),
-                       static_cast<char>(n),
-                       static_cast<char>(type),
-                       static_cast<char>(flags),
-                       static_cast<char>(stream >> 24),
-                       static_cast<char>(stream >> 16),
-                       static_cast<char>(stream >> 8),
-                       static_cast<char>(stream)};
-  return frame + payload;
-}
-
-std::string Reset(uint32_t stream) {
-  return Frame(kRstStream, 0, stream, std::string("\0\0\0\x08", 4));
-}
 // A call's HEADERS, with a payload the ledger must skip unread (it looks
 // like frame headers if misread).
 std::string Open(uint32_t stream) { return Frame(kHeaders, kEndHeaders, stream, Reset(1)); }
