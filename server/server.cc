@@ -300,9 +300,10 @@ absl::Status Server::Listen() {
   // The server's own health service (server/grpc/health_service.h).
   grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
-  const bool front = options_.grpc_front && options_.tls_cert_file.empty();
-  if (front) {
-    grpc_acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+  // Takes the connections the front relays (its hand-over keeps it).
+  std::shared_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor;
+  if (options_.grpc_front && options_.tls_cert_file.empty()) {
+    acceptor = builder.experimental().AddExternalConnectionAcceptor(
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, *credentials);
   } else {
     builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
@@ -339,7 +340,7 @@ absl::Status Server::Listen() {
   std::unique_ptr<grpc::ServerCompletionQueue> inference_queue = builder.AddCompletionQueue();
   std::unique_ptr<grpc::ServerCompletionQueue> unary_queue = builder.AddCompletionQueue();
   grpc_server_ = builder.BuildAndStart();
-  if (grpc_server_ && front) {
+  if (grpc_server_ && acceptor) {
     Http2FrontOptions front_options;
     front_options.address = options_.grpc_address;
     front_options.max_connections = options_.grpc_max_connections;
@@ -350,12 +351,12 @@ absl::Status Server::Listen() {
             ? kFrontStreamsPerLimit * options_.grpc_max_streams_per_connection
             : 0;
     front_options.limits.resets_per_second = options_.grpc_max_resets_per_second;
-    std::shared_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor = grpc_acceptor_;
-    auto started = Http2Front::Start(front_options, [acceptor](int fd) {
+    auto hand_over = [acceptor](int fd) {
       grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters connection;
       connection.fd = fd;
       acceptor->HandleNewConnection(&connection);
-    }, front_stats_);
+    };
+    auto started = Http2Front::Start(front_options, hand_over, front_stats_);
     if (!started.ok()) return started.status();
     front_ = *std::move(started);
     grpc_port_ = front_->port();

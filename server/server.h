@@ -227,8 +227,6 @@ class Server final : public RepositoryListener {
   std::unique_ptr<UnaryCallRouter> unary_calls_;
   std::unique_ptr<HttpService> http_;
   std::unique_ptr<grpc::Server> grpc_server_;
-  // Takes the connections the front relays; outlives the front.
-  std::shared_ptr<grpc::experimental::ExternalConnectionAcceptor> grpc_acceptor_;
   Http2FrontStats front_stats_;
   std::unique_ptr<Http2Front> front_;
   int grpc_port_ = 0;

@@ -152,11 +152,6 @@ Flow MoveOnce(int from, int to, RelayPipe& pipe, char* scratch, size_t& read, Se
 
 }  // namespace
 
-// One side of a connection, as epoll names it.
-struct Http2Front::Endpoint {
-  Connection* connection;
-};
-
 struct Http2Front::Connection {
   Connection(const Http2FrontOptions& options, std::string peer)
       : up(options.buffer_bytes),
@@ -166,7 +161,6 @@ struct Http2Front::Connection {
 
   int client_fd = -1;
   int grpc_fd = -1;
-  Endpoint endpoint{this};
   RelayPipe up;    // client to gRPC
   RelayPipe down;  // gRPC to client
   Http2StreamLedger ledger;
@@ -201,14 +195,10 @@ absl::StatusOr<std::unique_ptr<Http2Front>> Http2Front::Start(const Http2FrontOp
       new Http2Front(options, std::move(hand_over), stats, listening->first, listening->second));
   front->epoll_ = epoll_create1(EPOLL_CLOEXEC);
   front->wake_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  epoll_event listener{};
-  listener.events = EPOLLIN;
-  listener.data.ptr = nullptr;
   epoll_event wake{};
   wake.events = EPOLLIN;
   wake.data.ptr = &front->wake_;
-  if (front->epoll_ < 0 || front->wake_ < 0 ||
-      epoll_ctl(front->epoll_, EPOLL_CTL_ADD, front->listener_, &listener) != 0 ||
+  if (front->epoll_ < 0 || front->wake_ < 0 || !front->WatchListener() ||
       epoll_ctl(front->epoll_, EPOLL_CTL_ADD, front->wake_, &wake) != 0) {
     return absl::InternalError(
         absl::StrCat("cannot make the gRPC front's event loop: ", std::strerror(errno)));
@@ -231,6 +221,14 @@ Http2Front::~Http2Front() {
   if (listener_ >= 0) close(listener_);
   if (wake_ >= 0) close(wake_);
   if (epoll_ >= 0) close(epoll_);
+}
+
+bool Http2Front::WatchListener() {
+  // Level-triggered: a connection left in the backlog is reported again.
+  epoll_event listener{};
+  listener.events = EPOLLIN;
+  listener.data.ptr = nullptr;
+  return epoll_ctl(epoll_, EPOLL_CTL_ADD, listener_, &listener) == 0;
 }
 
 void Http2Front::Wake() {
@@ -272,10 +270,7 @@ void Http2Front::Run() {
       listener_ = -1;
     } else if (listener_ >= 0 && loop.accept_paused_until != absl::InfinitePast() &&
                now >= loop.accept_paused_until) {
-      epoll_event listener{};
-      listener.events = EPOLLIN;
-      listener.data.ptr = nullptr;
-      epoll_ctl(epoll_, EPOLL_CTL_ADD, listener_, &listener);
+      WatchListener();
       loop.accept_paused_until = absl::InfinitePast();
     }
     if (stopping_.load() &&
@@ -297,7 +292,7 @@ void Http2Front::Run() {
         uint64_t count;
         (void)!read(wake_, &count, sizeof count);
       } else {
-        Connection& connection = *static_cast<Endpoint*>(tag)->connection;
+        Connection& connection = *static_cast<Connection*>(tag);
         if (!connection.closed) Pump(connection);
       }
     }
@@ -358,7 +353,7 @@ void Http2Front::Accept() {
     connection.grpc_fd = pair[0];
     epoll_event watch{};
     watch.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-    watch.data.ptr = &connection.endpoint;
+    watch.data.ptr = &connection;
     epoll_ctl(epoll_, EPOLL_CTL_ADD, connection.client_fd, &watch);
     epoll_ctl(epoll_, EPOLL_CTL_ADD, connection.grpc_fd, &watch);
     loop.open.emplace(&connection, std::move(owned));

@@ -80,12 +80,13 @@ class Http2Front {
 
  private:
   struct Connection;
-  struct Endpoint;
   struct Loop;
 
   Http2Front(const Http2FrontOptions& options, HandOver hand_over, Http2FrontStats& stats,
              int listener, int port);
   void Run();
+  // Has epoll report connections waiting on the listener (tagged nullptr).
+  bool WatchListener();
   void Accept();
   // Moves what it can between the connection's two sockets; closes the
   // connection once both directions have ended, or at once if it passed a
