@@ -126,7 +126,8 @@ ABSL_FLAG(bool, grpc_front, true,
           "limits below that gRPC does not (without it, or with --tls_cert, put an HTTP/2 "
           "proxy in front: SECURITY.md)");
 ABSL_FLAG(int, grpc_max_connections, 1024,
-          "gRPC connections open at once (through the front); past it a new one is closed");
+          "gRPC connections open at once (through the front); past it a new one takes the "
+          "place of the one with no call open that was silent longest (with none, it is closed)");
 ABSL_FLAG(int, grpc_max_resets_per_second, 100,
           "Calls one gRPC connection may cancel before their answers each second, with a "
           "burst of twice as many (HTTP/2's rapid reset); past it the connection is closed "

@@ -119,7 +119,9 @@ struct ServerOptions {
   // rapid resets, streams past the limit before the client acknowledges
   // it, connections. With TLS, gRPC takes its connections itself.
   bool grpc_front = true;
-  // gRPC connections open at once, through the front. Default: 1024.
+  // gRPC connections open at once, through the front; past it a new one
+  // takes the place of the one idle longest (none open: it is closed).
+  // Default: 1024.
   int grpc_max_connections = 1024;
   // Calls one gRPC connection may cancel before their answers each second,
   // with a burst of twice as many; past it the front closes the

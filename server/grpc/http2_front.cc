@@ -165,6 +165,8 @@ struct Http2Front::Connection {
   RelayPipe down;  // gRPC to client
   Http2StreamLedger ledger;
   const std::string peer;
+  // When the client last sent anything.
+  absl::Time last_heard = absl::Now();
   bool closed = false;
   bool queued = false;  // Waits in Loop::ready for another turn.
 };
@@ -329,15 +331,30 @@ void Http2Front::Accept() {
       return;
     }
     if (static_cast<int>(loop.open.size()) >= loop.max_connections) {
+      // Room is made as the HTTP transport makes it: the connection with no
+      // call open that has been silent longest goes (its client connects
+      // again when it has a call to make); with none, the new one goes.
+      Connection* idle = nullptr;
+      for (const auto& [connection, owned] : loop.open) {
+        if (connection->ledger.open_streams() == 0 &&
+            (idle == nullptr || connection->last_heard < idle->last_heard)) {
+          idle = connection;
+        }
+      }
       stats_.refused_connections.fetch_add(1);
-      close(fd);
       if (int64_t unlogged = 0; loop.refusals_logged.Take(absl::Now(), unlogged)) {
         spdlog::warn(
             "event=grpc_connection_refused peer={} open={} unlogged_before={} "
-            "reason=\"at most {} gRPC connections are open at once\"",
-            PeerAddress(address), loop.open.size(), unlogged, loop.max_connections);
+            "reason=\"at most {} gRPC connections are open at once: {}\"",
+            idle != nullptr ? idle->peer : PeerAddress(address), loop.open.size(), unlogged,
+            loop.max_connections,
+            idle != nullptr ? "closed the one idle longest" : "none is idle, closed the new one");
       }
-      continue;
+      if (idle == nullptr) {
+        close(fd);
+        continue;
+      }
+      Close(*idle);
     }
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -368,7 +385,8 @@ void Http2Front::Pump(Connection& connection) {
     absl::Status breach;
     const Flow up = MoveOnce(c.client_fd, c.grpc_fd, c.up, loop_->scratch.get(), moved,
                              [&](absl::string_view bytes) {
-                               breach = c.ledger.FromClient(bytes, absl::Now());
+                               c.last_heard = absl::Now();
+                               breach = c.ledger.FromClient(bytes, c.last_heard);
                                return breach.ok();
                              });
     if (!breach.ok()) {

@@ -9,8 +9,9 @@
 // between the client and the other end, reading each frame's header on the
 // way. A connection that passes a limit is closed at once, which ends its
 // calls in gRPC as a client's hang-up does, and is logged with its peer's
-// address. Past `max_connections` open, a new connection is closed as it
-// is accepted.
+// address. Past `max_connections` open, a new connection takes the place of
+// the one with no call open that has been silent longest, or, with none, is
+// closed as it is accepted.
 //
 // The relay costs each byte one more copy, each request or answer two more
 // system calls and a wake of the relay thread (bench/RESULTS.md section 22
@@ -50,7 +51,8 @@ struct Http2FrontOptions {
 
 // What the front refused, counted for /metrics. Any thread.
 struct Http2FrontStats {
-  // Connections closed for passing a limit, and refused for their number.
+  // Connections closed for passing a limit, and closed (the new one or one
+  // idle) for their number.
   std::atomic<int64_t> closed_for_resets{0};
   std::atomic<int64_t> closed_for_streams{0};
   std::atomic<int64_t> refused_connections{0};

@@ -210,33 +210,62 @@ TEST_F(FrontTest, AConnectionOpeningStreamsPastTheBoundIsClosed) {
   close(client);
 }
 
-TEST_F(FrontTest, ConnectionsPastTheCapAreClosedAtOnce) {
+TEST_F(FrontTest, PastTheCapANewConnectionTakesThePlaceOfTheOneIdleLongest) {
+  Http2FrontOptions options;
+  options.max_connections = 3;
+  StartFront(options);
+  const std::string hello = std::string(kPreface) + Frame(kSettings, 0, 0);
+  const int idle_longer = Connect();
+  WriteAll(idle_longer, hello);
+  ASSERT_EQ(Read(Handed(0), hello.size()), hello);
+  const int idle = Connect();
+  WriteAll(idle, hello);
+  ASSERT_EQ(Read(Handed(1), hello.size()), hello);
+  const int calling = Connect();
+  const std::string call = hello + Frame(kHeaders, kEndHeaders, 1, "h");
+  WriteAll(calling, call);
+  ASSERT_EQ(Read(Handed(2), call.size()), call);
+  // The client idle longest goes, on both ends; the others stay.
+  const int next = Connect();
+  WriteAll(next, hello);
+  EXPECT_EQ(Read(Handed(3), hello.size()), hello);
+  EXPECT_TRUE(Ended(idle_longer));
+  EXPECT_TRUE(Ended(Handed(0)));
+  EXPECT_EQ(stats_.refused_connections.load(), 1);
+  WriteAll(Handed(1), "to idle");
+  EXPECT_EQ(Read(idle, 7), "to idle");
+  WriteAll(Handed(2), "to calling");
+  EXPECT_EQ(Read(calling, 10), "to calling");
+  for (int fd : {idle_longer, idle, calling, next}) close(fd);
+}
+
+TEST_F(FrontTest, PastTheCapWithNoneIdleTheNewConnectionIsClosed) {
   Http2FrontOptions options;
   options.max_connections = 2;
   StartFront(options);
+  const std::string call =
+      std::string(kPreface) + Frame(kSettings, 0, 0) + Frame(kHeaders, kEndHeaders, 1, "h");
   const int first = Connect();
+  WriteAll(first, call);
+  ASSERT_EQ(Read(Handed(0), call.size()), call);
   const int second = Connect();
-  ASSERT_GE(Handed(1), 0);
+  WriteAll(second, call);
+  ASSERT_EQ(Read(Handed(1), call.size()), call);
   const int third = Connect();
   EXPECT_TRUE(Ended(third));
   EXPECT_EQ(stats_.refused_connections.load(), 1);
-  close(first);
-  ASSERT_TRUE(Ended(Handed(0)));
-  CloseHanded(0);
-  // Room again once one has gone (as soon as the front has seen it go).
-  int fourth = -1;
-  for (int tries = 0; tries < 100; ++tries) {
-    fourth = Connect();
-    WriteAll(fourth, std::string(kPreface));
-    if (Handed(2, absl::Milliseconds(100)) >= 0) break;
-    close(fourth);
-    fourth = -1;
-  }
-  ASSERT_GE(fourth, 0) << "no connection was taken after one went";
+  // Both calling connections relay on.
+  const std::string answer = Frame(kData, 0, 1, "answer");
+  WriteAll(Handed(0), answer);
+  EXPECT_EQ(Read(first, answer.size()), answer);
+  // Once the server ends the first one's call, it is idle, and makes room.
+  WriteAll(Handed(0), Frame(kHeaders, kEndHeaders | kEndStream, 1, "t"));
+  EXPECT_EQ(Read(first, 10), Frame(kHeaders, kEndHeaders | kEndStream, 1, "t"));
+  const int fourth = Connect();
+  WriteAll(fourth, std::string(kPreface));
   EXPECT_EQ(Read(Handed(2), 24), std::string(kPreface));
-  close(second);
-  close(third);
-  close(fourth);
+  EXPECT_TRUE(Ended(first));
+  for (int fd : {first, second, third, fourth}) close(fd);
 }
 
 }  // namespace

@@ -610,6 +610,30 @@ def test_streams_one_connection_opens_are_bounded(tmp_path):
         assert process.stop() == 0, process.log()
 
 
+def test_grpc_connections_that_say_nothing_keep_no_client_out(tmp_path):
+    # The front keeps at most --grpc_max_connections open: past it, a new
+    # one takes the place of the connection with no call open that has been
+    # silent longest. Connections that connect and go silent must not fill
+    # the server for everyone else.
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            ["--grpc_max_connections=16"])
+    port = int(process.address.rsplit(":", 1)[1])
+    silent = []
+    try:
+        for i in range(32):
+            s = socket.create_connection(("127.0.0.1", port))
+            if i % 2:
+                s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            silent.append(s)
+        assert_still_serving(process)
+        process.await_output(r"event=grpc_connection_refused .*closed the one idle longest")
+    finally:
+        for s in silent:
+            s.close()
+        assert process.stop() == 0, process.log()
+
+
 def test_a_connection_that_resets_calls_faster_than_allowed_is_closed(tmp_path):
     # HTTP/2's rapid reset: each call a client opens and resets at once costs
     # the server a call and the client two frames. gRPC 1.51 has no limit on
