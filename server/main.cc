@@ -127,7 +127,8 @@ ABSL_FLAG(bool, grpc_front, true,
           "proxy in front: SECURITY.md)");
 ABSL_FLAG(int, grpc_max_connections, 1024,
           "gRPC connections open at once (through the front); past it a new one takes the "
-          "place of the one with no call open that was silent longest (with none, it is closed)");
+          "place of the one with no call open that has gone longest without one (with none, "
+          "it is closed)");
 ABSL_FLAG(int, grpc_max_resets_per_second, 100,
           "Calls one gRPC connection may cancel before their answers each second, with a "
           "burst of twice as many (HTTP/2's rapid reset); past it the connection is closed "

@@ -165,8 +165,6 @@ struct Http2Front::Connection {
   RelayPipe down;  // gRPC to client
   Http2StreamLedger ledger;
   const std::string peer;
-  // When the client last sent anything.
-  absl::Time last_heard = absl::Now();
   bool closed = false;
   bool queued = false;  // Waits in Loop::ready for another turn.
 };
@@ -332,12 +330,14 @@ void Http2Front::Accept() {
     }
     if (static_cast<int>(loop.open.size()) >= loop.max_connections) {
       // Room is made as the HTTP transport makes it: the connection with no
-      // call open that has been silent longest goes (its client connects
-      // again when it has a call to make); with none, the new one goes.
+      // call open that has gone longest without starting one goes (its
+      // client connects again when it has a call to make); with none, the
+      // new one goes. Calls, not bytes: pings and settings cost a client
+      // nothing to keep sending.
       Connection* idle = nullptr;
       for (const auto& [connection, owned] : loop.open) {
         if (connection->ledger.open_streams() == 0 &&
-            (idle == nullptr || connection->last_heard < idle->last_heard)) {
+            (idle == nullptr || connection->ledger.last_opened() < idle->ledger.last_opened())) {
           idle = connection;
         }
       }
@@ -385,8 +385,7 @@ void Http2Front::Pump(Connection& connection) {
     absl::Status breach;
     const Flow up = MoveOnce(c.client_fd, c.grpc_fd, c.up, loop_->scratch.get(), moved,
                              [&](absl::string_view bytes) {
-                               c.last_heard = absl::Now();
-                               breach = c.ledger.FromClient(bytes, c.last_heard);
+                               breach = c.ledger.FromClient(bytes, absl::Now());
                                return breach.ok();
                              });
     if (!breach.ok()) {

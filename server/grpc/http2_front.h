@@ -10,7 +10,8 @@
 // way. A connection that passes a limit is closed at once, which ends its
 // calls in gRPC as a client's hang-up does, and is logged with its peer's
 // address. Past `max_connections` open, a new connection takes the place of
-// the one with no call open that has been silent longest, or, with none, is
+// the one with no call open that has gone longest without starting one (what
+// it sends besides calls does not count), or, with none, is
 // closed as it is accepted.
 //
 // The relay costs each byte one more copy, each request or answer two more

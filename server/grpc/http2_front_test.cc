@@ -30,6 +30,7 @@ using testing::kEndHeaders;
 using testing::kEndStream;
 using testing::kGoaway;
 using testing::kHeaders;
+using testing::kPing;
 using testing::kPreface;
 using testing::kSettings;
 
@@ -221,11 +222,16 @@ TEST_F(FrontTest, PastTheCapANewConnectionTakesThePlaceOfTheOneIdleLongest) {
   const int idle = Connect();
   WriteAll(idle, hello);
   ASSERT_EQ(Read(Handed(1), hello.size()), hello);
+  // Pings are not calls: the first stays the one idle longest.
+  const std::string ping = Frame(kPing, 0, 0, "12345678");
+  WriteAll(idle_longer, ping);
+  ASSERT_EQ(Read(Handed(0), ping.size()), ping);
   const int calling = Connect();
   const std::string call = hello + Frame(kHeaders, kEndHeaders, 1, "h");
   WriteAll(calling, call);
   ASSERT_EQ(Read(Handed(2), call.size()), call);
-  // The client idle longest goes, on both ends; the others stay.
+  // The one that has gone longest without a call goes, on both ends; the
+  // others stay.
   const int next = Connect();
   WriteAll(next, hello);
   EXPECT_EQ(Read(Handed(3), hello.size()), hello);

@@ -21,7 +21,8 @@ Http2StreamLedger::Http2StreamLedger(Http2StreamLimits limits, absl::Time now)
     : limits_(limits),
       preface_left_(kPreface.size()),
       reset_tokens_(2.0 * limits.resets_per_second),
-      refilled_at_(now) {}
+      refilled_at_(now),
+      last_opened_(now) {}
 
 template <typename OnHeader>
 void Http2StreamLedger::FrameReader::Read(absl::string_view bytes, OnHeader on_header) {
@@ -77,6 +78,7 @@ absl::Status Http2StreamLedger::OnClientFrame(uint8_t type, uint32_t stream, abs
   if (type == kHeaders && stream % 2 == 1 && stream > last_client_stream_) {
     // A new stream; HEADERS on an older one are its trailers.
     last_client_stream_ = stream;
+    last_opened_ = now;
     open_.insert(stream);
     if (limits_.max_open_streams > 0 && open_streams() > limits_.max_open_streams) {
       breach_ = Breach::kStreams;

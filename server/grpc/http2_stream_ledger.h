@@ -55,6 +55,8 @@ class Http2StreamLedger {
   enum class Breach { kNone, kNotHttp2, kStreams, kResets };
   Breach breach() const { return breach_; }
   int open_streams() const { return static_cast<int>(open_.size()); }
+  // When the client last opened a stream (a call), or the ledger began.
+  absl::Time last_opened() const { return last_opened_; }
   int64_t resets() const { return resets_; }
 
  private:
@@ -78,6 +80,7 @@ class Http2StreamLedger {
   absl::Status closed_;
   Breach breach_ = Breach::kNone;
   uint32_t last_client_stream_ = 0;
+  absl::Time last_opened_;
   absl::flat_hash_set<uint32_t> open_;
   // The reset budget: tokens, refilled at resets_per_second up to twice that.
   double reset_tokens_;

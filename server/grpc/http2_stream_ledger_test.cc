@@ -49,6 +49,22 @@ TEST_F(LedgerTest, StreamsAreOpenUntilTheServerEndsThem) {
   EXPECT_EQ(ledger.open_streams(), 0);
 }
 
+TEST_F(LedgerTest, OnlyANewStreamCountsAsACall) {
+  Http2StreamLedger ledger = Ledger(0, 0);
+  const absl::Time start = now_;
+  EXPECT_EQ(ledger.last_opened(), start);
+  now_ += absl::Seconds(5);
+  // Settings, data and trailers on a stream already open are not calls.
+  ASSERT_TRUE(ledger.FromClient(Frame(kSettings, 0, 0), now_).ok());
+  EXPECT_EQ(ledger.last_opened(), start);
+  ASSERT_TRUE(ledger.FromClient(Open(1), now_).ok());
+  EXPECT_EQ(ledger.last_opened(), now_);
+  const absl::Time opened = now_;
+  now_ += absl::Seconds(5);
+  ASSERT_TRUE(ledger.FromClient(Frame(kData, 0, 1, "x") + Trailers(1), now_).ok());
+  EXPECT_EQ(ledger.last_opened(), opened);
+}
+
 TEST_F(LedgerTest, FramesSplitAnywhereReadTheSame) {
   const std::string client =
       std::string(kPreface) + Frame(kSettings, 0, 0, "123456") + Open(1) + Open(3) + Reset(3);

@@ -9,7 +9,7 @@
 namespace precompile::server::testing {
 
 constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-constexpr uint8_t kData = 0, kHeaders = 1, kRstStream = 3, kSettings = 4, kGoaway = 7;
+constexpr uint8_t kData = 0, kHeaders = 1, kRstStream = 3, kSettings = 4, kPing = 6, kGoaway = 7;
 constexpr uint8_t kEndStream = 1, kEndHeaders = 4;
 
 inline std::string Frame(uint8_t type, uint8_t flags, uint32_t stream,
