@@ -91,8 +91,9 @@ absl::Status Http2StreamLedger::OnClientFrame(uint8_t type, uint32_t stream, abs
     ++resets_;
     if (limits_.resets_per_second > 0) {
       const double rate = limits_.resets_per_second;
-      reset_tokens_ =
-          std::min(2.0 * rate, reset_tokens_ + rate * absl::ToDoubleSeconds(now - refilled_at_));
+      // The wall clock may step back: that refills nothing and takes nothing.
+      const double elapsed = std::max(0.0, absl::ToDoubleSeconds(now - refilled_at_));
+      reset_tokens_ = std::min(2.0 * rate, reset_tokens_ + rate * elapsed);
       refilled_at_ = now;
       if (reset_tokens_ < 1.0) {
         breach_ = Breach::kResets;

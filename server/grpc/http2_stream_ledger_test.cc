@@ -108,6 +108,19 @@ TEST_F(LedgerTest, TheBudgetRefillsWithTime) {
   EXPECT_EQ(ledger.resets(), 100);
 }
 
+// The front reads the wall clock, which may step back (an NTP correction):
+// a client within its budget keeps its connection all the same.
+TEST_F(LedgerTest, AClockThatStepsBackCostsNoBudget) {
+  Http2StreamLedger ledger = Ledger(0, 10);
+  uint32_t stream = 1;
+  now_ -= absl::Seconds(60);
+  for (int i = 0; i < 20; ++i, stream += 2) {
+    ASSERT_TRUE(ledger.FromClient(Open(stream) + Reset(stream), now_).ok()) << i;
+  }
+  // The burst is spent all the same.
+  EXPECT_FALSE(ledger.FromClient(Open(stream) + Reset(stream), now_).ok());
+}
+
 TEST_F(LedgerTest, ResetsOfStreamsTheServerEndedAreFree) {
   Http2StreamLedger ledger = Ledger(0, 1);
   uint32_t stream = 1;
