@@ -96,7 +96,7 @@ echo "[test] ThreadSanitizer: bazel test --config=tsan ${tsan[*]}"
 timed tsan bazel test --config=tsan "${tsan[@]}" --nocache_test_results "${stacks_on_hang[@]}" --keep_going --build_event_json_file="$events/tsan.json"
 summarize tsan --config=tsan "${tsan[@]}"
 
-echo "[test] fuzzing: 4 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
+echo "[test] fuzzing: 5 libFuzzer targets, 20 s each (tests/fuzz/run_fuzzers.sh)"
 timed fuzz tests/fuzz/run_fuzzers.sh 20
 
 # The Python tests run the binaries under bazel-bin, which the sanitizer runs

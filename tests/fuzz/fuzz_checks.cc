@@ -32,6 +32,7 @@
 #include "runtime/frame_dispatcher.h"
 #include "runtime/guard_program.h"
 #include "server/api/tensor_codec.h"
+#include "server/grpc/http2_stream_ledger.h"
 #include "server/grpc/infer_response.h"
 #include "server/http/http_codec.h"
 #include "server/http/http_head.h"
@@ -818,6 +819,99 @@ absl::Status CheckManifest(const uint8_t* data, size_t size) {
   }
   if (entry == nullptr || entry->variantless_entry_fallback()) {
     return Violation(absl::StrCat("accepted entry frame '", m.entry_frame(), "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHttp2Ledger(const uint8_t* data, size_t size) {
+  constexpr absl::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  using Breach = server::Http2StreamLedger::Breach;
+  ByteReader in(data, size);
+  const server::Http2StreamLimits limits{in.U8() % 17, in.U8() % 9};
+  const bool send_preface = (in.U8() & 1) == 0;
+  absl::Time now = absl::FromUnixSeconds(1000);
+  server::Http2StreamLedger ledger(limits, now);
+  server::Http2StreamLedger bytewise(limits, now);
+  absl::Status status;
+  absl::Status bytewise_status;
+  auto from_client = [&](absl::string_view bytes) {
+    status = ledger.FromClient(bytes, now);
+    for (char byte : bytes) bytewise_status = bytewise.FromClient({&byte, 1}, now);
+  };
+  if (send_preface) from_client(kPreface);
+  // How far the clock has moved forward in all: the reset budget's refills.
+  absl::Duration forward = absl::ZeroDuration();
+  const double rate = limits.resets_per_second;
+  for (int chunk = 0; chunk < 4096; ++chunk) {
+    const uint8_t c = in.U8();
+    const absl::string_view bytes = in.Bytes(in.U8());
+    if (bytes.empty() && c == 0) break;
+    const absl::Duration step = absl::Milliseconds(((c >> 1) - 8) * 50);
+    now += step;
+    if (step > absl::ZeroDuration()) forward += step;
+    const absl::Status before = status;
+    const absl::Time opened_before = ledger.last_opened();
+    if (c & 1) {
+      ledger.FromServer(bytes);
+      for (char byte : bytes) bytewise.FromServer({&byte, 1});
+    } else {
+      from_client(bytes);
+    }
+    const std::string at = absl::StrCat(" (after chunk ", chunk, ")");
+    if (!before.ok() && status != before) {
+      return Violation(absl::StrCat("a refusal changed from '", before.ToString(), "' to '",
+                                    status.ToString(), "'", at));
+    }
+    if (status.ok() != (ledger.breach() == Breach::kNone)) {
+      return Violation(absl::StrCat("status '", status.ToString(), "' with breach ",
+                                    static_cast<int>(ledger.breach()), at));
+    }
+    if (!status.ok()) {
+      const absl::StatusCode expected = ledger.breach() == Breach::kNotHttp2
+                                            ? absl::StatusCode::kInvalidArgument
+                                            : absl::StatusCode::kResourceExhausted;
+      if (status.code() != expected || status.message().empty()) {
+        return Violation(absl::StrCat("refusal '", status.ToString(), "' for breach ",
+                                      static_cast<int>(ledger.breach()), at));
+      }
+    }
+    // Once closed, the server's frames may still end streams.
+    const int max_streams = before.ok() ? limits.max_open_streams : 0;
+    if (max_streams > 0 && ledger.open_streams() > max_streams &&
+        !(ledger.breach() == Breach::kStreams && ledger.open_streams() == max_streams + 1)) {
+      return Violation(absl::StrCat(ledger.open_streams(), " streams open against a bound of ",
+                                    max_streams, at));
+    }
+    if (before.ok() && ledger.breach() == Breach::kStreams &&
+        ledger.open_streams() != max_streams + 1) {
+      return Violation(
+          absl::StrCat("closed for streams with ", ledger.open_streams(), " open", at));
+    }
+    if (rate > 0) {
+      const double budget = 2 * rate + rate * absl::ToDoubleSeconds(forward);
+      // The reset that breaches is counted too.
+      const double allowed = ledger.breach() == Breach::kResets ? budget + 1 : budget;
+      if (static_cast<double>(ledger.resets()) > allowed + 1e-6) {
+        return Violation(
+            absl::StrCat(ledger.resets(), " resets allowed within a budget of ", budget, at));
+      }
+      if (ledger.breach() == Breach::kResets && ledger.resets() <= 2 * rate) {
+        return Violation(absl::StrCat("closed for resets after only ", ledger.resets(),
+                                      ", within the burst of ", 2 * rate, at));
+      }
+    }
+    if (ledger.last_opened() != opened_before && ledger.last_opened() != now) {
+      return Violation(absl::StrCat("last_opened moved to another time than the chunk's", at));
+    }
+    if (status.code() != bytewise_status.code() || ledger.breach() != bytewise.breach() ||
+        ledger.open_streams() != bytewise.open_streams() || ledger.resets() != bytewise.resets() ||
+        ledger.last_opened() != bytewise.last_opened()) {
+      return Violation(absl::StrCat(
+          "fed a byte at a time, the ledger reads otherwise: ", bytewise.open_streams(),
+          " streams open against ", ledger.open_streams(), ", ", bytewise.resets(),
+          " resets against ", ledger.resets(), ", breach ", static_cast<int>(bytewise.breach()),
+          " against ", static_cast<int>(ledger.breach()), at));
+    }
   }
   return absl::OkStatus();
 }

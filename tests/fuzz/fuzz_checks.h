@@ -1,6 +1,6 @@
 // The checks behind the fuzz targets, shared by the libFuzzer entry points
 // (request_decoding_fuzzer.cc, guard_fuzzer.cc, manifest_fuzzer.cc,
-// http_request_fuzzer.cc, built by
+// http_request_fuzzer.cc, http2_ledger_fuzzer.cc, built by
 // run_fuzzers.sh with clang) and by fuzz_regression_test.cc, which replays
 // the committed corpus and every saved crash with the ordinary Bazel build.
 //
@@ -80,6 +80,23 @@ absl::Status CheckGuards(const uint8_t* data, size_t size);
 // INVALID_ARGUMENT when the frame does not parse. For the differential test
 // against the capture's Python evaluator (tests/guards).
 absl::StatusOr<std::vector<int>> EvaluateGuards(const uint8_t* data, size_t size);
+
+// The gRPC front's HTTP/2 ledger (server/grpc/http2_stream_ledger.h) on one
+// connection's bytes. `data`: byte 0 sets max_open_streams (mod 17, 0: no
+// limit), byte 1 resets_per_second (mod 9, 0: no limit), byte 2 bit 0 set:
+// the client's bytes start without HTTP/2's preface (otherwise the check sends
+// it first); then chunks: u8 c, u8 length, that many bytes. Bit 0 of c says
+// who sent the chunk (0: the client, 1: the server); the clock moves by
+// ((c >> 1) - 8) * 50 ms before it, back as well as forward. Checks, after
+// every chunk: while the client is within the limits, at most
+// max_open_streams streams are open and breach() is kNone; a refusal names
+// its breach (INVALID_ARGUMENT for kNotHttp2, RESOURCE_EXHAUSTED otherwise)
+// and stays; kStreams means one stream past the bound; the resets counted
+// stay within the budget (twice the rate, plus the rate times the time the
+// clock moved forward) and kResets comes only past the burst; last_opened()
+// moves only to the chunk's time; and a second ledger fed the same chunks a
+// byte at a time agrees on all of it.
+absl::Status CheckHttp2Ledger(const uint8_t* data, size_t size);
 
 // Writes `data` as MANIFEST.pb into the fixture artifact directory (created
 // once per process, see ManifestFixtureFiles()) and calls ReadArtifact with

@@ -107,7 +107,8 @@ INSTANTIATE_TEST_SUITE_P(Fuzzers, FuzzRegressionTest,
                          ::testing::Values(Target{"request_decoding_fuzzer", CheckRequestDecoding},
                                            Target{"guard_fuzzer", CheckGuards},
                                            Target{"manifest_fuzzer", CheckManifest},
-                                           Target{"http_request_fuzzer", CheckHttpRequest}),
+                                           Target{"http_request_fuzzer", CheckHttpRequest},
+                                           Target{"http2_ledger_fuzzer", CheckHttp2Ledger}),
                          [](const ::testing::TestParamInfo<Target>& info) {
                            return std::string(info.param.fuzzer);
                          });

@@ -27,7 +27,8 @@ if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: $0 [seconds_per_fuzzer]" >&2
   exit 2
 fi
-fuzzers=(${FUZZERS:-request_decoding_fuzzer guard_fuzzer manifest_fuzzer http_request_fuzzer})
+fuzzers=(${FUZZERS:-request_decoding_fuzzer guard_fuzzer manifest_fuzzer http_request_fuzzer
+          http2_ledger_fuzzer})
 say() { echo "[fuzz] $*"; }
 give_up() {
   say "$*"
@@ -62,7 +63,8 @@ cxxflags=(-std=c++20 -g1 -O1 -fno-omit-frame-pointer
           -fsanitize=address,undefined -fno-sanitize-recover=all
           -I. -I"$build/gen" "${pkg_cflags[@]}")
 sources=(
-  server/api/tensor_codec.cc server/grpc/infer_response.cc server/http/http_codec.cc server/http/http_head.cc server/http/http_routes.cc
+  server/api/tensor_codec.cc server/grpc/infer_response.cc server/grpc/http2_stream_ledger.cc
+  server/http/http_codec.cc server/http/http_head.cc server/http/http_routes.cc
   base/json_text.cc base/half_float.cc base/log_text.cc
   runtime/guard_program.cc runtime/frame_dispatcher.cc
   runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc
