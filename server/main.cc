@@ -129,6 +129,10 @@ ABSL_FLAG(int, grpc_max_connections, 1024,
           "gRPC connections open at once (through the front); past it a new one takes the "
           "place of the one with no call open that has gone longest without one (with none, "
           "it is closed)");
+ABSL_FLAG(int, grpc_max_open_streams, 4096,
+          "Streams (calls) open on all gRPC connections together, each about 13-18 KiB that "
+          "no other limit counts; past it the connection holding the most is closed (0: no "
+          "limit; through the front)");
 ABSL_FLAG(int, grpc_max_resets_per_second, 100,
           "Calls one gRPC connection may cancel before their answers each second, with a "
           "burst of twice as many (HTTP/2's rapid reset); past it the connection is closed "
@@ -267,6 +271,10 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   options.grpc_max_connections = absl::GetFlag(FLAGS_grpc_max_connections);
   if (options.grpc_max_connections < 1) {
     return absl::InvalidArgumentError("--grpc_max_connections must be at least 1");
+  }
+  options.grpc_max_open_streams = absl::GetFlag(FLAGS_grpc_max_open_streams);
+  if (options.grpc_max_open_streams < 0) {
+    return absl::InvalidArgumentError("--grpc_max_open_streams must be at least 0");
   }
   options.grpc_max_resets_per_second = absl::GetFlag(FLAGS_grpc_max_resets_per_second);
   if (options.grpc_max_resets_per_second < 0) {

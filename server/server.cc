@@ -344,6 +344,7 @@ absl::Status Server::Listen() {
     Http2FrontOptions front_options;
     front_options.address = options_.grpc_address;
     front_options.max_connections = options_.grpc_max_connections;
+    front_options.max_open_streams = options_.grpc_max_open_streams;
     // Past the limit gRPC refuses streams itself once the client has
     // acknowledged it; the front's bound is for clients that never do.
     front_options.limits.max_open_streams =

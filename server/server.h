@@ -123,6 +123,12 @@ struct ServerOptions {
   // takes the place of the one idle longest (none open: it is closed).
   // Default: 1024.
   int grpc_max_connections = 1024;
+  // Streams open on all gRPC connections together, through the front; past
+  // it the connection holding the most is closed. Each connection within
+  // its own limits can still hold hundreds of streams: 200 connections
+  // holding 400 each grew the server by 982 MiB. 0: no limit. Default:
+  // 4096, 32 times the default --max_concurrent_requests.
+  int grpc_max_open_streams = 4096;
   // Calls one gRPC connection may cancel before their answers each second,
   // with a burst of twice as many; past it the front closes the
   // connection. 0: no limit. Default: 100.

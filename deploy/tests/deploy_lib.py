@@ -154,21 +154,29 @@ def quantity(value) -> float:
     return float(m.group(1)) * (units[m.group(2)] if m.group(2) else 1)
 
 
+# What gRPC keeps of one open stream, outside every quota: 50000 streams
+# opened on one connection grew the server by 880 MiB (SECURITY.md).
+GRPC_STREAM_BYTES = 18 << 10
+
+
 def requests_may_hold(values: dict):
     """What requests may hold in the server's memory at once under the flags
     `values` (name -> parsed value; the server's defaults for those left
     out): HTTP bodies arriving or answered, gRPC messages being received,
-    admitted requests, a response for each, gRPC answers not taken yet, and
-    the state stateful models keep for their sequences.
+    admitted requests, a response for each, gRPC answers not taken yet, the
+    state stateful models keep for their sequences, and what gRPC keeps of
+    the streams open on all connections (--grpc_max_open_streams of about
+    18 KiB each, kept by the front of plain gRPC ports).
     Returns (bytes, a description of the parts); ValueError for flags that
     leave memory unbounded."""
     default = {name: flag.default_value() for name, flag in server_flags().items()
                if name in ("max_in_flight_request_bytes", "grpc_memory_bytes",
                            "grpc_unsent_answer_bytes", "http_max_body_buffer_bytes",
                            "max_concurrent_requests", "max_message_bytes",
-                           "sequence_state_bytes")}
+                           "sequence_state_bytes", "grpc_max_open_streams")}
     v = {**default, **values}
-    for name in ("grpc_memory_bytes", "grpc_unsent_answer_bytes", "max_concurrent_requests"):
+    for name in ("grpc_memory_bytes", "grpc_unsent_answer_bytes", "max_concurrent_requests",
+                 "grpc_max_open_streams"):
         if v[name] <= 0:
             raise ValueError(f"--{name}={v[name]} leaves what requests hold without a bound")
     message = v["max_message_bytes"]
@@ -178,13 +186,15 @@ def requests_may_hold(values: dict):
     if v["max_in_flight_request_bytes"] > 0:
         requests = min(requests, v["max_in_flight_request_bytes"])
     responses = v["max_concurrent_requests"] * message
+    streams = v["grpc_max_open_streams"] * GRPC_STREAM_BYTES
     held = (v["http_max_body_buffer_bytes"] + v["grpc_memory_bytes"] + requests + responses
-            + v["grpc_unsent_answer_bytes"] + v["sequence_state_bytes"])
+            + v["grpc_unsent_answer_bytes"] + v["sequence_state_bytes"] + streams)
     parts = (f"HTTP bodies ({v['http_max_body_buffer_bytes']}), gRPC messages being received "
              f"({v['grpc_memory_bytes']}), admitted requests ({requests}), "
              f"{v['max_concurrent_requests']} responses of {message} bytes and gRPC answers not "
              f"taken yet ({v['grpc_unsent_answer_bytes']}), sequences' state "
-             f"({v['sequence_state_bytes']})")
+             f"({v['sequence_state_bytes']}), {v['grpc_max_open_streams']} gRPC streams "
+             f"({streams})")
     return held, parts
 
 

@@ -177,6 +177,8 @@ struct Http2Front::Loop {
   std::vector<std::unique_ptr<Connection>> closed;
   absl::Time accept_paused_until = absl::InfinitePast();
   int max_connections = 0;
+  // The streams open on all connections in `open`.
+  int64_t open_streams = 0;
   // What a read lands in before it is written on (Http2FrontOptions::
   // buffer_bytes).
   std::unique_ptr<char[]> scratch;
@@ -383,31 +385,24 @@ void Http2Front::Pump(Connection& connection) {
   size_t moved = 0;
   for (;;) {
     absl::Status breach;
-    const Flow up = MoveOnce(c.client_fd, c.grpc_fd, c.up, loop_->scratch.get(), moved,
-                             [&](absl::string_view bytes) {
-                               breach = c.ledger.FromClient(bytes, absl::Now());
-                               return breach.ok();
-                             });
+    const Flow up = MoveOnce(
+        c.client_fd, c.grpc_fd, c.up, loop_->scratch.get(), moved, [&](absl::string_view bytes) {
+          return CountStreams(c, [&] { breach = c.ledger.FromClient(bytes, absl::Now()); }) &&
+                 breach.ok();
+        });
+    if (c.closed) return;  // The most streams of all connections were its.
     if (!breach.ok()) {
       if (c.ledger.breach() == Http2StreamLedger::Breach::kResets)
         stats_.closed_for_resets.fetch_add(1);
       if (c.ledger.breach() == Http2StreamLedger::Breach::kStreams) {
         stats_.closed_for_streams.fetch_add(1);
       }
-      if (int64_t unlogged = 0; loop_->closures_logged.Take(absl::Now(), unlogged)) {
-        spdlog::warn(
-            "event=grpc_connection_closed peer={} open_streams={} resets={} "
-            "unlogged_before={} reason=\"{}\"",
-            c.peer, c.ledger.open_streams(), c.ledger.resets(), unlogged,
-            std::string(breach.message()));
-      }
-      Close(c);
+      CloseFor(c, breach.message());
       return;
     }
     const Flow down = MoveOnce(c.grpc_fd, c.client_fd, c.down, loop_->scratch.get(), moved,
                                [&](absl::string_view bytes) {
-                                 c.ledger.FromServer(bytes);
-                                 return true;
+                                 return CountStreams(c, [&] { c.ledger.FromServer(bytes); });
                                });
     if (up == Flow::kFailed || down == Flow::kFailed) {
       Close(c);
@@ -431,9 +426,42 @@ void Http2Front::Pump(Connection& connection) {
   }
 }
 
+template <typename Read>
+bool Http2Front::CountStreams(Connection& connection, Read read) {
+  Loop& loop = *loop_;
+  const int before = connection.ledger.open_streams();
+  read();
+  loop.open_streams += connection.ledger.open_streams() - before;
+  const int max = options_.max_open_streams;
+  while (max > 0 && loop.open_streams > max) {
+    // The connection holding the most, so that a client with a few calls
+    // open keeps them while one holding hundreds is cut.
+    Connection* most = &connection;
+    for (const auto& [other, owned] : loop.open) {
+      if (other->ledger.open_streams() > most->ledger.open_streams()) most = other;
+    }
+    stats_.closed_for_streams.fetch_add(1);
+    CloseFor(*most, absl::StrCat("all gRPC connections together held more than ", max,
+                                 " streams (--grpc_max_open_streams); this one held the most"));
+    if (most == &connection) return false;
+  }
+  return true;
+}
+
+void Http2Front::CloseFor(Connection& c, absl::string_view reason) {
+  if (int64_t unlogged = 0; loop_->closures_logged.Take(absl::Now(), unlogged)) {
+    spdlog::warn(
+        "event=grpc_connection_closed peer={} open_streams={} resets={} "
+        "unlogged_before={} reason=\"{}\"",
+        c.peer, c.ledger.open_streams(), c.ledger.resets(), unlogged, std::string(reason));
+  }
+  Close(c);
+}
+
 void Http2Front::Close(Connection& connection) {
   if (connection.closed) return;
   connection.closed = true;
+  loop_->open_streams -= connection.ledger.open_streams();
   // Closing our end of the pair tells gRPC the client has gone: it ends the
   // connection's calls.
   close(connection.client_fd);

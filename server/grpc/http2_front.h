@@ -9,10 +9,10 @@
 // between the client and the other end, reading each frame's header on the
 // way. A connection that passes a limit is closed at once, which ends its
 // calls in gRPC as a client's hang-up does, and is logged with its peer's
-// address. Past `max_connections` open, a new connection takes the place of
-// the one with no call open that has gone longest without starting one (what
-// it sends besides calls does not count), or, with none, is
-// closed as it is accepted.
+// address; so is the connection holding the most streams when all together
+// hold more than `max_open_streams`. Past `max_connections` open, a new connection takes the place
+// of the one with no call open that has gone longest without starting one (what it sends besides
+// calls does not count), or, with none, is closed as it is accepted.
 //
 // The relay costs each byte one more copy, each request or answer two more
 // system calls and a wake of the relay thread (bench/RESULTS.md section 22
@@ -35,6 +35,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/grpc/http2_stream_ledger.h"
 
@@ -44,6 +45,11 @@ struct Http2FrontOptions {
   // host:port or [host]:port; port 0 picks a free one (Http2Front::port).
   std::string address = "0.0.0.0:8001";
   int max_connections = 1024;
+  // Streams open on all connections together: each costs gRPC about
+  // 13-18 KiB that no quota counts, so 1024 connections each within
+  // `limits` could still hold GiBs. Past it, the connection holding the most
+  // is closed. 0: no limit.
+  int max_open_streams = 4096;
   Http2StreamLimits limits;
   // What the relay holds of one connection in each direction, while the
   // side it goes to does not take it.
@@ -95,6 +101,13 @@ class Http2Front {
   // connection once both directions have ended, or at once if it passed a
   // limit or a socket failed.
   void Pump(Connection& connection);
+  // Counts `connection`'s streams in the total after `read` fed its ledger;
+  // past max_open_streams, closes the connections holding the most until it
+  // is within. False if `connection` itself was the one to go.
+  template <typename Read>
+  bool CountStreams(Connection& connection, Read read);
+  // Logs (within the log budget) why `connection` is closed, and closes it.
+  void CloseFor(Connection& connection, absl::string_view reason);
   void Close(Connection& connection);
   void Wake();
 

@@ -211,6 +211,45 @@ TEST_F(FrontTest, AConnectionOpeningStreamsPastTheBoundIsClosed) {
   close(client);
 }
 
+// Connections each within their own bound can hold, together, more streams
+// than the server can keep: past the total, the one holding the most goes.
+TEST_F(FrontTest, PastTheStreamsOfAllConnectionsTheOneHoldingTheMostIsClosed) {
+  Http2FrontOptions options;
+  options.max_open_streams = 6;
+  StartFront(options);
+  const std::string hello = std::string(kPreface) + Frame(kSettings, 0, 0);
+  auto opening = [](uint32_t first, uint32_t last) {
+    std::string frames;
+    for (uint32_t stream = first; stream <= last; stream += 2)
+      frames += Frame(kHeaders, kEndHeaders, stream, "h");
+    return frames;
+  };
+  const int holder = Connect();
+  WriteAll(holder, hello + opening(1, 7));
+  ASSERT_EQ(Read(Handed(0), hello.size() + 4 * 10), hello + opening(1, 7));
+  const int few = Connect();
+  WriteAll(few, hello + opening(1, 3));
+  ASSERT_EQ(Read(Handed(1), hello.size() + 2 * 10), hello + opening(1, 3));
+  // Its seventh stream of all: the holder of four goes, and the call that
+  // passed the total is relayed.
+  WriteAll(few, opening(5, 5));
+  EXPECT_EQ(Read(Handed(1), 10), opening(5, 5));
+  EXPECT_TRUE(Ended(holder));
+  EXPECT_TRUE(Ended(Handed(0)));
+  EXPECT_EQ(stats_.closed_for_streams.load(), 1);
+  // Three are open now; one connection opening five holds the most itself.
+  const int greedy = Connect();
+  WriteAll(greedy, hello + opening(1, 9));
+  EXPECT_TRUE(Ended(greedy));
+  EXPECT_EQ(stats_.closed_for_streams.load(), 2);
+  // The connection with a few calls relays on, both ways.
+  WriteAll(few, opening(7, 7));
+  EXPECT_EQ(Read(Handed(1), 10), opening(7, 7));
+  WriteAll(Handed(1), "answer");
+  EXPECT_EQ(Read(few, 6), "answer");
+  for (int fd : {holder, few, greedy}) close(fd);
+}
+
 TEST_F(FrontTest, PastTheCapANewConnectionTakesThePlaceOfTheOneIdleLongest) {
   Http2FrontOptions options;
   options.max_connections = 3;

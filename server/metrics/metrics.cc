@@ -142,7 +142,8 @@ class LoadCollectable final : public prometheus::Collectable {
           "precompile_grpc_connections_closed_total",
           "gRPC connections the server closed: `resets` for cancelling calls faster than "
           "--grpc_max_resets_per_second (HTTP/2's rapid reset), `streams` for opening far "
-          "more streams than allowed, `capacity` the new one or the one idle longest at "
+          "more streams than allowed or holding the most past --grpc_max_open_streams, "
+          "`capacity` the new one or the one idle longest at "
           "--grpc_max_connections",
           prometheus::MetricType::Counter, {}};
       for (const auto& [reason, count] :

@@ -610,6 +610,48 @@ def test_streams_one_connection_opens_are_bounded(tmp_path):
         assert process.stop() == 0, process.log()
 
 
+def test_streams_held_across_many_connections_are_bounded(tmp_path):
+    # Connections each within their own limits (100 calls open, the
+    # settings acknowledged) still hold, together, streams that no quota
+    # counts: 200 connections holding 400 each grew the server by 982 MiB
+    # (bench/RESULTS.md section 23). Past --grpc_max_open_streams the front
+    # closes the connection holding the most.
+    from raw_http2_clients import StreamOpener
+
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            ["--grpc_max_open_streams=1024", "--metrics_port=0"])
+    metrics_port = int(process.await_output(r"event=listening .*metrics_port=(\d+)"))
+    port = int(process.address.rsplit(":", 1)[1])
+    openers = []
+    try:
+        assert_still_serving(process)
+        before = process_status(process, "VmRSS") << 10
+        for _ in range(128):
+            openers.append(StreamOpener(port))
+            openers[-1].open(100)
+        # At most 1024 of the 12800 stay open: 10 connections' worth.
+        deadline = time.monotonic() + 30
+        while sum(1 for o in openers if o.closed) < 128 - 11 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        closed = sum(1 for o in openers if o.closed)
+        growth = (process_status(process, "VmRSS") << 10) - before
+        print(f"\n128 connections opening 100 streams each: {closed} closed, "
+              f"the server grew by {growth >> 20} MiB")
+        assert closed >= 128 - 11, closed
+        assert growth < 48 << 20, f"the server grew by {growth >> 20} MiB"
+        process.await_output(r"event=grpc_connection_closed .*--grpc_max_open_streams")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+        counted = re.search(rb'precompile_grpc_connections_closed_total\{reason="streams"\} (\d+)',
+                            text)
+        assert counted and int(counted.group(1)) == closed, text
+        assert_still_serving(process)
+    finally:
+        for o in openers:
+            o.close()
+        assert process.stop() == 0, process.log()
+
+
 def test_grpc_connections_that_say_nothing_keep_no_client_out(tmp_path):
     # The front keeps at most --grpc_max_connections open: past it, a new
     # one takes the place of the connection with no call open that has been
