@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/base/thread_annotations.h"
 
 namespace precompile {
 namespace {
@@ -20,6 +22,11 @@ namespace {
 // Descriptors kept for everything but connections (models, gRPC, logs)
 // when connections are held to the process's limit.
 constexpr int kOtherDescriptors = 256;
+
+// What the DescriptorShares alive have been promised, in descriptors.
+// std::mutex, not absl::Mutex: see base/notification.h.
+std::mutex promised_mu;
+long long promised ABSL_GUARDED_BY(promised_mu) = 0;
 
 // host:port, or [host]:port for IPv6.
 absl::StatusOr<std::pair<std::string, int>> HostAndPort(const std::string& address,
@@ -77,18 +84,48 @@ absl::StatusOr<std::pair<int, int>> ListenTcp(const std::string& address, const 
   return std::make_pair(fd, bound_port);
 }
 
-int ConnectionsWithinDescriptorLimit(int wanted, int descriptors_each) {
+DescriptorShare DescriptorShare::Reserve(int wanted, int descriptors_each) {
+  std::lock_guard<std::mutex> lock(promised_mu);
+  DescriptorShare share;
   rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return wanted;
-  const rlim_t needed = static_cast<rlim_t>(wanted) * descriptors_each + kOtherDescriptors;
-  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < needed) {
+  const long long asked = static_cast<long long>(wanted) * descriptors_each;
+  const long long needed = promised + asked + kOtherDescriptors;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = limit.rlim_max = RLIM_INFINITY;
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(needed)) {
     rlimit raised = limit;
-    raised.rlim_cur = limit.rlim_max == RLIM_INFINITY ? needed : std::min(needed, limit.rlim_max);
+    raised.rlim_cur = limit.rlim_max == RLIM_INFINITY
+                          ? static_cast<rlim_t>(needed)
+                          : std::min(static_cast<rlim_t>(needed), limit.rlim_max);
     if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
   }
-  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= needed) return wanted;
-  const int room = (static_cast<int>(limit.rlim_cur) - kOtherDescriptors) / descriptors_each;
-  return std::max(room, 16);
+  share.connections_ = wanted;
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(needed)) {
+    const long long room =
+        (static_cast<long long>(limit.rlim_cur) - kOtherDescriptors - promised) / descriptors_each;
+    share.connections_ = static_cast<int>(std::min<long long>(wanted, std::max(room, 16LL)));
+  }
+  share.descriptors_ = static_cast<long long>(share.connections_) * descriptors_each;
+  promised += share.descriptors_;
+  return share;
+}
+
+DescriptorShare::DescriptorShare(DescriptorShare&& other) noexcept
+    : connections_(std::exchange(other.connections_, 0)),
+      descriptors_(std::exchange(other.descriptors_, 0)) {}
+
+DescriptorShare& DescriptorShare::operator=(DescriptorShare&& other) noexcept {
+  if (this != &other) {
+    DescriptorShare released(std::move(*this));
+    connections_ = std::exchange(other.connections_, 0);
+    descriptors_ = std::exchange(other.descriptors_, 0);
+  }
+  return *this;
+}
+
+DescriptorShare::~DescriptorShare() {
+  if (descriptors_ == 0) return;
+  std::lock_guard<std::mutex> lock(promised_mu);
+  promised -= descriptors_;
 }
 
 }  // namespace precompile

@@ -15,10 +15,32 @@ namespace precompile {
 // transport in errors ("HTTP").
 absl::StatusOr<std::pair<int, int>> ListenTcp(const std::string& address, const char* what);
 
-// How many connections of `descriptors_each` descriptors the process's
-// limit leaves room for, beside a reserve for everything else (models,
-// logs), raising the soft limit toward the hard one when `wanted` needs it.
-int ConnectionsWithinDescriptorLimit(int wanted, int descriptors_each);
+// Descriptors promised to one transport's connections out of the process's
+// limit (ulimit -n). The shares of all transports are counted together, so
+// that every transport full at once still leaves a reserve for everything
+// else (models, logs, gRPC's own): counted one by one, the HTTP port and the
+// gRPC front would each fit, and together run the process out of
+// descriptors. A share is given back when it is destroyed.
+//
+// Thread safety: Reserve and the destructor from any thread.
+class DescriptorShare {
+ public:
+  DescriptorShare() = default;
+  // Room for up to `wanted` connections of `descriptors_each` descriptors
+  // beside the other shares and the reserve, raising the soft limit toward
+  // the hard one as far as they need; at least 16 connections however
+  // little is left.
+  static DescriptorShare Reserve(int wanted, int descriptors_each);
+  DescriptorShare(DescriptorShare&& other) noexcept;
+  DescriptorShare& operator=(DescriptorShare&& other) noexcept;
+  ~DescriptorShare();
+
+  int connections() const { return connections_; }
+
+ private:
+  int connections_ = 0;
+  long long descriptors_ = 0;
+};
 
 }  // namespace precompile
 

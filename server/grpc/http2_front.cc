@@ -176,6 +176,7 @@ struct Http2Front::Loop {
   // Freed once the events that may name them are handled.
   std::vector<std::unique_ptr<Connection>> closed;
   absl::Time accept_paused_until = absl::InfinitePast();
+  DescriptorShare descriptors;
   int max_connections = 0;
   // The streams open on all connections in `open`.
   int64_t open_streams = 0;
@@ -255,7 +256,9 @@ void Http2Front::Stop(absl::Time deadline) {
 void Http2Front::Run() {
   Loop loop;
   loop.scratch.reset(new char[options_.buffer_bytes]);
-  loop.max_connections = ConnectionsWithinDescriptorLimit(options_.max_connections, 3);
+  // A connection's descriptors: the client's, and both ends of its pair.
+  loop.descriptors = DescriptorShare::Reserve(options_.max_connections, 3);
+  loop.max_connections = loop.descriptors.connections();
   if (loop.max_connections < options_.max_connections) {
     spdlog::warn(
         "event=grpc_connections_limited wanted={} allowed={} reason=\"the process's "

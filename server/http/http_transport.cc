@@ -235,6 +235,7 @@ class HttpTransportLoop {
   const HttpTransportOptions options_;
   HttpHandler& handler_;
   std::unique_ptr<SSL_CTX, SslCtxFree> tls_;
+  DescriptorShare descriptors_;
   int max_connections_ = 0;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
@@ -284,7 +285,8 @@ absl::Status HttpTransportLoop::Open() {
   // A client that goes while its answer is written must not end the
   // process: OpenSSL writes to sockets with write(), which raises SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
-  max_connections_ = ConnectionsWithinDescriptorLimit(options_.max_connections, 1);
+  descriptors_ = DescriptorShare::Reserve(options_.max_connections, 1);
+  max_connections_ = descriptors_.connections();
   if (max_connections_ < options_.max_connections) {
     spdlog::warn("event=http_connections_limited wanted={} allowed={} reason=\"the process's "
                  "descriptor limit (ulimit -n)\"",
