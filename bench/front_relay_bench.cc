@@ -1,0 +1,233 @@
+// What the gRPC front's one relay thread can move (server/grpc/http2_front.h),
+// against loopback TCP without it: HTTP/2 DATA frames of 16 KiB (gRPC's
+// frame size) written as fast as a client can, to a sink in gRPC's place that
+// reads and drops them, or from such a source to a client that does. Each
+// line: direction, connections, route, GB/s over `--seconds`.
+//
+//   bazel build --config=opt //bench:front_relay_bench
+//   bazel-bin/bench/front_relay_bench [--seconds=3] [--connections=1,4,16]
+//
+// The client threads, the sink threads and the relay share the machine's
+// cores: on 2 cores it gives a lower bound on the relay's ceiling.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "server/grpc/http2_front.h"
+
+ABSL_FLAG(int, seconds, 3, "Seconds per measurement");
+ABSL_FLAG(std::vector<std::string>, connections, std::vector<std::string>({"1", "4", "16"}),
+          "Connections moving bytes at once, one measurement each");
+
+namespace {
+
+constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  const uint32_t n = static_cast<uint32_t>(payload.size());
+  std::string frame = {static_cast<char>(n >> 16),
+                       static_cast<char>(n >> 8),
+                       static_cast<char>(n),
+                       static_cast<char>(type),
+                       static_cast<char>(flags),
+                       static_cast<char>(stream >> 24),
+                       static_cast<char>(stream >> 16),
+                       static_cast<char>(stream >> 8),
+                       static_cast<char>(stream)};
+  return frame + payload;
+}
+
+// 64 DATA frames of 16 KiB on stream 1: what a large ModelInfer request or
+// answer looks like on the wire, 1 MiB a write.
+const std::string& DataFrames() {
+  static const std::string* frames = [] {
+    auto* s = new std::string;
+    for (int i = 0; i < 64; ++i) *s += Frame(0, 0, 1, std::string(16384, 'x'));
+    return s;
+  }();
+  return *frames;
+}
+
+bool WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Writes frames until `stop`.
+void Source(int fd, const std::atomic<bool>& stop) {
+  while (!stop.load(std::memory_order_relaxed)) {
+    if (!WriteAll(fd, DataFrames().data(), DataFrames().size())) return;
+  }
+}
+
+// Reads and drops until the end, counting into `bytes`.
+void Sink(int fd, std::atomic<int64_t>& bytes) {
+  std::unique_ptr<char[]> buffer(new char[1 << 20]);
+  for (;;) {
+    const ssize_t n = recv(fd, buffer.get(), 1 << 20, 0);
+    if (n <= 0) return;
+    bytes.fetch_add(n, std::memory_order_relaxed);
+  }
+}
+
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) return -1;
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+// The server ends of the connections: handed over by the front, or accepted
+// from a plain listener.
+class ServerEnds {
+ public:
+  void Add(int fd) {
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    std::lock_guard<std::mutex> lock(mu_);
+    fds_.push_back(fd);
+  }
+  std::vector<int> Wait(size_t count) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (fds_.size() >= count || absl::Now() > deadline) {
+          std::vector<int> taken;
+          taken.swap(fds_);
+          return taken;
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int> fds_;
+};
+
+// Moves bytes over `count` connections to `port` for `seconds`, upward
+// (client to server end) or downward; returns GB/s.
+double Measure(int port, ServerEnds& ends, int count, bool upward, absl::Duration seconds) {
+  std::vector<int> clients;
+  const std::string hello = std::string(kPreface) + Frame(4, 0, 0, "") + Frame(1, 4, 1, "h");
+  for (int i = 0; i < count; ++i) {
+    clients.push_back(Connect(port));
+    WriteAll(clients.back(), hello.data(), hello.size());
+  }
+  std::vector<int> servers = ends.Wait(clients.size());
+  if (servers.size() != clients.size()) return -1;
+  for (int fd : servers) {  // The hello, which a sink below would count.
+    std::string got(hello.size(), '\0');
+    recv(fd, got.data(), got.size(), MSG_WAITALL);
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> bytes{0};
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < clients.size(); ++i) {
+    const int from = upward ? clients[i] : servers[i];
+    const int to = upward ? servers[i] : clients[i];
+    threads.emplace_back([from, &stop] { Source(from, stop); });
+    threads.emplace_back([to, &bytes] { Sink(to, bytes); });
+  }
+  absl::SleepFor(absl::Milliseconds(200));  // Under way.
+  const int64_t start_bytes = bytes.load();
+  const absl::Time start = absl::Now();
+  absl::SleepFor(seconds);
+  const double gb_per_s = static_cast<double>(bytes.load() - start_bytes) / 1e9 /
+                          absl::ToDoubleSeconds(absl::Now() - start);
+  stop.store(true);
+  for (size_t i = 0; i < clients.size(); ++i) {
+    shutdown(clients[i], SHUT_RDWR);
+    shutdown(servers[i], SHUT_RDWR);
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < clients.size(); ++i) {
+    close(clients[i]);
+    close(servers[i]);
+  }
+  return gb_per_s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Duration seconds = absl::Seconds(absl::GetFlag(FLAGS_seconds));
+
+  ServerEnds through_front;
+  precompile::server::Http2FrontStats stats;
+  precompile::server::Http2FrontOptions options;
+  options.address = "127.0.0.1:0";
+  auto front = precompile::server::Http2Front::Start(
+      options, [&](int fd) { through_front.Add(fd); }, stats);
+  if (!front.ok()) {
+    std::fprintf(stderr, "%s\n", front.status().ToString().c_str());
+    return 1;
+  }
+
+  // Plain loopback TCP: a listener whose accepted connections are the
+  // server ends.
+  ServerEnds direct;
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  socklen_t length = sizeof address;
+  if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      listen(listener, 128) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    std::perror("listen");
+    return 1;
+  }
+  std::thread acceptor([&] {
+    for (;;) {
+      const int fd = accept(listener, nullptr, nullptr);
+      if (fd < 0) return;
+      direct.Add(fd);
+    }
+  });
+
+  std::printf("direction connections route GB/s\n");
+  for (const std::string& count_text : absl::GetFlag(FLAGS_connections)) {
+    const int count = std::stoi(count_text);
+    for (bool upward : {true, false}) {
+      const char* direction = upward ? "up" : "down";
+      const double plain = Measure(ntohs(address.sin_port), direct, count, upward, seconds);
+      const double relayed = Measure((*front)->port(), through_front, count, upward, seconds);
+      std::printf("%s %d loopback %.2f\n%s %d front %.2f\n", direction, count, plain, direction,
+                  count, relayed);
+      std::fflush(stdout);
+    }
+  }
+  shutdown(listener, SHUT_RDWR);
+  close(listener);
+  acceptor.join();
+  return 0;
+}
