@@ -42,6 +42,8 @@
 #      --cuda_stream_per_call=false (every call on the default stream, as
 #      before streams per call), side by side; and
 #      aoti_direct_bench --device=cuda on medium (the in-process limit);
+#      and front_relay_bench, what the gRPC front's relay thread moves on
+#      this machine's cores (bench/RESULTS.md section 24);
 #   6. prints one summary and writes gpu_summary.json.
 #
 # DEVICE=cpu runs the same steps with CPU artifacts and --device=cpu: a dry
@@ -62,13 +64,15 @@ if [[ "$cmd" == stage ]]; then
   BIN=${BIN:-"$ROOT/bazel-out/k8-opt/bin"}
   if [[ "${BUILD:-0}" == 1 ]]; then
     ${BAZEL:-bazel} build --config=opt --symlink_prefix=/ //server:precompile_server \
-      //client:precompile_load //client:precompile_client //bench:aoti_direct_bench //proto:python \
+      //client:precompile_load //client:precompile_client //bench:aoti_direct_bench \
+      //bench:front_relay_bench //proto:python \
       //runtime:cuda_support_test //runtime:call_binding_test
   fi
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/python/proto"
   for b in server/precompile_server client/precompile_load client/precompile_client \
-           bench/aoti_direct_bench runtime/cuda_support_test runtime/call_binding_test; do
+           bench/aoti_direct_bench bench/front_relay_bench runtime/cuda_support_test \
+           runtime/call_binding_test; do
     [[ -x "$BIN/$b" ]] || { log "no $BIN/$b: build with --config=opt first (or BUILD=1)"; exit 1; }
     cp "$BIN/$b" "$BUNDLE/bin/"
   done
@@ -441,6 +445,8 @@ for mode in loader model; do
     --threads=1,8,64 --duration=3 --label="${mode}_medium_$DEVICE" --json_out="$OUT/direct.jsonl" \
     >> "$OUT/direct.txt" 2>&1 || log "aoti_direct_bench --mode=$mode failed (see direct.txt)"
 done
+"$BUNDLE/bin/front_relay_bench" --seconds=2 --connections=1,4,16 > "$OUT/front_relay.txt" 2>&1 ||
+  log "front_relay_bench failed (see front_relay.txt)"
 
 # 6. Summary.
 "$PYTHON" - "$OUT" "$CORRECT" <<'EOF'
@@ -462,6 +468,10 @@ for m in ("mlp", "medium", "bert", "resnet18", "gpt2_decoder_stateful", "medium_
             for ph in json.load(open(p))["phases"]]
 if os.path.exists(f"{out}/direct.jsonl"):
     summary["direct"] = [json.loads(l) for l in open(f"{out}/direct.jsonl")]
+if os.path.exists(f"{out}/front_relay.txt"):
+    summary["front_relay_gb_per_s"] = [
+        dict(zip(("direction", "connections", "route", "gb_per_s"), l.split()))
+        for l in open(f"{out}/front_relay.txt").read().splitlines()[1:] if len(l.split()) == 4]
 if os.path.exists(f"{out}/cuda_unit_tests.txt"):
     summary["unit_tests"] = [l.strip() for l in open(f"{out}/cuda_unit_tests.txt")
                              if l.startswith(("[       OK", "[  FAILED", "[  SKIPPED"))]
@@ -472,6 +482,9 @@ for m, phases in summary["load"].items():
     for ph in phases:
         print(f"gpu_check: served {m:24s} c={ph['concurrency']:<3d} {ph['rps']:9.0f} req/s  "
               f"p50 {ph['p50_ms']:.3f} ms  p99 {ph['p99_ms']:.3f} ms  errors {ph['errors']}")
+for r in summary.get("front_relay_gb_per_s", []):
+    print(f"gpu_check: relay {r['direction']:4s} {r['connections']:>2s} connections "
+          f"{r['route']:8s} {r['gb_per_s']} GB/s")
 for d in summary["direct"]:
     print(f"gpu_check: in process {d['label']:20s} t={d['threads']:<3d} "
           f"{d['throughput_cps']:9.0f} calls/s  p50 {d['p50_us']:.1f} us")
