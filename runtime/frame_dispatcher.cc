@@ -26,13 +26,16 @@ std::optional<FrameDispatcher::Explanation> FrameDispatcher::ExplainMiss(
     absl::Span<const ArgView> args, const GlobalState& state) const {
   // The closest variant is the one whose first failing check comes latest;
   // only its mismatch is put in words (a refusal storm on a frame with many
-  // variants would otherwise build a reason per variant per request).
+  // variants would otherwise build a reason per variant per request). On a
+  // tie, the later one: Dynamo recompiles a frame with the sizes that missed
+  // made dynamic, so later variants are the more general, and their ranges
+  // say what the frame takes.
   int closest = -1;
   int closest_held = -1;
   for (int i = 0; i < static_cast<int>(variants_.size()); ++i) {
     const int held = variants_[i].ChecksHeld(args, state);
     if (held == variants_[i].num_checks()) continue;  // Holds: no mismatch.
-    if (held > closest_held) {
+    if (held >= closest_held) {
       closest_held = held;
       closest = i;
     }

@@ -387,6 +387,49 @@ TEST(FrameDispatcher, PrefersTheMostRecentHitAndExplainsTheClosestVariant) {
   EXPECT_EQ(why->reason, "n: expected 0, got 3");
 }
 
+// Dynamo compiles a frame's first call static and, once a later call
+// misses, recompiles with those sizes dynamic: on a tie the later variant is
+// the more general, and its range is what a client needs to hear (not that
+// the frame takes only the first call's size).
+TEST(FrameDispatcher, OnATieExplainsTheLaterMoreGeneralVariant) {
+  std::vector<GuardProgram> programs;
+  programs.push_back(Compile(R"pb(
+    id: "forward#0"
+    guards {
+      parameter: 0
+      tensor {
+        dtype: DTYPE_FLOAT32
+        device: "cpu"
+        dims { static_size: 2 }
+        dims { static_size: 8 }
+      }
+    }
+  )pb"));
+  programs.push_back(Compile(R"pb(
+    id: "forward#1"
+    symbols { symbol: 1 min: 2 name: "s0" }
+    symbols { symbol: 2 min: 2 max: 128 name: "s1" }
+    guards {
+      parameter: 0
+      tensor {
+        dtype: DTYPE_FLOAT32
+        device: "cpu"
+        dims { symbol: 1 }
+        dims { symbol: 2 }
+      }
+    }
+  )pb"));
+  FrameDispatcher dispatcher(std::move(programs));
+  Call call;
+  call.x_shape = {2, 129};
+  std::vector<ArgView> views = call.Views();
+  ASSERT_EQ(dispatcher.Match(views, GlobalState{}), -1);
+  auto why = dispatcher.ExplainMiss(views, GlobalState{});
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(why->variant, 1);
+  EXPECT_THAT(why->reason, HasSubstr("[2, 128], got 129"));
+}
+
 TEST(FrameDispatcher, AFrameWithoutVariantsMatchesNothing) {
   FrameDispatcher dispatcher({});
   Call call;
