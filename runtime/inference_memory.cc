@@ -119,6 +119,13 @@ ChargedCall::~ChargedCall() {
 absl::Status ChargedCall::Explain(absl::Status failure, absl::string_view what) const {
   if (failure.ok() || !record_->refused) return failure;
   const Record& r = *record_;
+  if (r.asked > r.limit) {
+    // Never fits, however idle the server: a retry would only fail again.
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": this call asked for a tensor of ", r.asked, " bytes, more than the ", r.limit,
+        " bytes all model calls may hold at once (--max_inference_memory_bytes); send smaller "
+        "inputs"));
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
       what, ": this call asked for a tensor of ", r.asked, " bytes when the model calls running "
       "held ", r.held, ", past the ", r.limit,

@@ -17,6 +17,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr uint64_t kLimit = 1 << 20;
 
@@ -69,6 +70,21 @@ TEST_F(InferenceMemoryTest, AnAllocationPastTheLimitIsRefusedAndTheCallSaysWhy) 
   EXPECT_TRUE(call.Explain(absl::OkStatus(), "model 'm'").ok());
 }
 
+// A tensor larger than the whole limit fits at no time: the client is told
+// to send smaller inputs, not to retry (GPT-NeoX asked 1x40000 tokens for
+// one 6.4 GB tensor past a 4 GiB limit, and was answered 429).
+TEST_F(InferenceMemoryTest, ATensorLargerThanTheWholeLimitIsNotWorthARetry) {
+  const ChargedCall call;
+  EXPECT_THROW(Bytes(kLimit + 1), c10::OutOfMemoryError);
+  const absl::Status explained =
+      call.Explain(absl::InternalError("running variant forward#0: run_impl failed"), "model 'm'");
+  EXPECT_EQ(explained.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(explained.message(),
+              AllOf(HasSubstr("model 'm': this call asked for a tensor of 1048577 bytes, more "
+                              "than the 1048576 bytes"),
+                    HasSubstr("send smaller inputs"), Not(HasSubstr("retry"))));
+}
+
 TEST_F(InferenceMemoryTest, AFailureWithoutARefusalIsLeftAsItIs) {
   const ChargedCall call;
   const at::Tensor fits = Bytes(kLimit);
@@ -83,7 +99,7 @@ TEST_F(InferenceMemoryTest, SizesNearTwoToTheSixtyFourAreRefusedUncharged) {
   EXPECT_THROW(allocator->allocate(size_t{1} << 63), c10::OutOfMemoryError);
   EXPECT_EQ(InferenceMemoryHeld(), 0u);
   EXPECT_EQ(call.Explain(absl::InternalError("x"), "m").code(),
-            absl::StatusCode::kResourceExhausted);
+            absl::StatusCode::kInvalidArgument);  // It never fits.
 }
 
 TEST_F(InferenceMemoryTest, ANestedCallReportsToTheOutermost) {
@@ -93,7 +109,7 @@ TEST_F(InferenceMemoryTest, ANestedCallReportsToTheOutermost) {
     EXPECT_THROW(Bytes(2 * kLimit), c10::OutOfMemoryError);
   }
   EXPECT_EQ(outer.Explain(absl::InternalError("x"), "m").code(),
-            absl::StatusCode::kResourceExhausted);
+            absl::StatusCode::kInvalidArgument);
   // The outermost call still charges after the nested one ended.
   const at::Tensor after = Bytes(10);
   EXPECT_EQ(InferenceMemoryHeld(), 10u);
