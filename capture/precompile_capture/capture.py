@@ -384,7 +384,9 @@ class Capture:
             if not self.suppress_errors:
                 raise PrecompileError(
                     f"frame '{frame.name}': {e} (capturing {_describe_call(values, frame)}; "
-                    "pass suppress_errors=True to run such calls eagerly and leave the frame uncovered)"
+                    "pass suppress_errors=True (command line: --suppress-errors --allow-incomplete) "
+                    "to run such calls eagerly and leave the frame uncovered; a compile that fails "
+                    "only for dynamic sizes may pass with dynamic=False (--static-shapes))"
                 ) from e.error
             frame.compile_error = str(e)
             warnings.warn(

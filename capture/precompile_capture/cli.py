@@ -3,7 +3,7 @@ recapture a served model from the calls its server missed.
 
     python -m precompile_capture --model pkg.module:factory --calls calls.json \\
         --name NAME --out DIR [--device cpu] [--frames a,b] [--eager auto|torchscript|python]
-        [--allow-incomplete]
+        [--static-shapes] [--suppress-errors] [--allow-incomplete]
 
     python -m precompile_capture --model pkg.module:factory \\
         --recapture REPOSITORY/MODEL --misses misses.json [--int-range NAME=LO:HI ...] \\
@@ -220,6 +220,7 @@ def _capture(args: argparse.Namespace) -> int:
             recompile_limit=args.recompile_limit,
             eager=args.eager,
             dynamic=False if args.static_shapes else None,
+            suppress_errors=args.suppress_errors,
         )
         results: List[Any] = []
         for call_args, call_kwargs in calls:
@@ -306,6 +307,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--static-shapes", action="store_true",
                         help="never a dynamic dimension: each new shape compiles a static variant "
                         "(torch.compile's dynamic=False); default: Dynamo's automatic dynamic shapes")
+    parser.add_argument("--suppress-errors", action="store_true",
+                        help="a call whose compile fails (an Inductor error) runs eagerly and leaves "
+                        "its frame uncovered, instead of ending the capture; with --allow-incomplete")
     parser.add_argument("--allow-incomplete", action="store_true", help="save even if not complete")
     parser.add_argument("--recapture", metavar="REPOSITORY/MODEL",
                         help="write the next version of this served model from --misses")

@@ -128,6 +128,43 @@ def test_cli_refuses_an_entry_that_falls_back_on_its_first_call(tmp_path):
     assert not out.exists()
 
 
+def test_cli_suppresses_compile_errors_when_asked(tmp_path, monkeypatch, capsys):
+    # BLOOM's dynamic variant fails in Inductor's C++ (torch 2.11): the error
+    # said to pass suppress_errors=True, which the command line had no way
+    # to. Here the backend fails from the second compile on (the dynamic
+    # recompile), as that did.
+    import precompile_capture.cli as cli
+
+    real_capture = cli.capture
+
+    def failing_after_first(*args, **kwargs):
+        compiles = []
+
+        def decline(ep):
+            compiles.append(ep)
+            if len(compiles) > 1:
+                raise RuntimeError("the C++ of the dynamic variant does not compile")
+
+        return real_capture(*args, decline=decline, **kwargs)
+
+    monkeypatch.setattr(cli, "capture", failing_after_first)
+    calls = tmp_path / "calls.json"
+    calls.write_text(json.dumps([{"args": [{"tensor": {"shape": [8, 4]}}]},
+                                 {"args": [{"tensor": {"shape": [4, 4]}}]}]))
+    argv = ["--model", "models_for_tests:Plain", "--calls", str(calls), "--name", "plain"]
+    assert cli.main(argv + ["--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert "does not compile" in err and "--suppress-errors --allow-incomplete" in err, err
+    assert "--static-shapes" in err
+    assert not (tmp_path / "refused").exists()
+    out = tmp_path / "suppressed"
+    assert cli.main(argv + ["--out", str(out), "--suppress-errors", "--allow-incomplete"]) == 0
+    printed = capsys.readouterr().out
+    # The first call's variant is kept; the second's call ran eagerly.
+    assert "variants: {'forward': 1}" in printed, printed
+    assert (out / "MANIFEST.pb").exists()
+
+
 def test_a_cpp_compile_error_names_the_compilers_errors_not_its_command_line():
     # torchvision's swin_t failed in Inductor's C++ (torch 2.11): the capture
     # said "C++ compile error", the compiler's command line of several
