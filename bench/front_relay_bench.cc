@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/grpc/http2_front.h"
+#include "server/grpc/http2_test_frames.h"
 
 ABSL_FLAG(int, seconds, 3, "Seconds per measurement");
 ABSL_FLAG(std::vector<std::string>, connections, std::vector<std::string>({"1", "4", "16"}),
@@ -37,21 +38,8 @@ ABSL_FLAG(std::vector<std::string>, connections, std::vector<std::string>({"1", 
 
 namespace {
 
-constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
-  const uint32_t n = static_cast<uint32_t>(payload.size());
-  std::string frame = {static_cast<char>(n >> 16),
-                       static_cast<char>(n >> 8),
-                       static_cast<char>(n),
-                       static_cast<char>(type),
-                       static_cast<char>(flags),
-                       static_cast<char>(stream >> 24),
-                       static_cast<char>(stream >> 16),
-                       static_cast<char>(stream >> 8),
-                       static_cast<char>(stream)};
-  return frame + payload;
-}
+using precompile::server::testing::Frame;
+using precompile::server::testing::kPreface;
 
 // 64 DATA frames of 16 KiB on stream 1: what a large ModelInfer request or
 // answer looks like on the wire, 1 MiB a write.

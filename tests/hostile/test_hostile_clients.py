@@ -610,6 +610,25 @@ def test_streams_one_connection_opens_are_bounded(tmp_path):
         assert process.stop() == 0, process.log()
 
 
+def mlp_behind_the_front(tmp_path, *flags):
+    """A server of the mlp example, with `flags`: the process, its gRPC port
+    and its metrics port."""
+    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
+    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
+                            [*flags, "--metrics_port=0"])
+    metrics_port = int(process.await_output(r"event=listening .*metrics_port=(\d+)"))
+    return process, int(process.address.rsplit(":", 1)[1]), metrics_port
+
+
+def connections_closed(metrics_port, reason):
+    """precompile_grpc_connections_closed_total{reason}, scraped."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+    counted = re.search(rb'precompile_grpc_connections_closed_total\{reason="%s"\} (\d+)'
+                        % reason.encode(), text)
+    assert counted, text
+    return int(counted.group(1))
+
+
 def test_streams_held_across_many_connections_are_bounded(tmp_path):
     # Connections each within their own limits (100 calls open, the
     # settings acknowledged) still hold, together, streams that no quota
@@ -618,11 +637,7 @@ def test_streams_held_across_many_connections_are_bounded(tmp_path):
     # closes the connection holding the most.
     from raw_http2_clients import StreamOpener
 
-    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
-    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
-                            ["--grpc_max_open_streams=1024", "--metrics_port=0"])
-    metrics_port = int(process.await_output(r"event=listening .*metrics_port=(\d+)"))
-    port = int(process.address.rsplit(":", 1)[1])
+    process, port, metrics_port = mlp_behind_the_front(tmp_path, "--grpc_max_open_streams=1024")
     openers = []
     try:
         assert_still_serving(process)
@@ -641,10 +656,7 @@ def test_streams_held_across_many_connections_are_bounded(tmp_path):
         assert closed >= 128 - 11, closed
         assert growth < 48 << 20, f"the server grew by {growth >> 20} MiB"
         process.await_output(r"event=grpc_connection_closed .*--grpc_max_open_streams")
-        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
-        counted = re.search(rb'precompile_grpc_connections_closed_total\{reason="streams"\} (\d+)',
-                            text)
-        assert counted and int(counted.group(1)) == closed, text
+        assert connections_closed(metrics_port, "streams") == closed
         assert_still_serving(process)
     finally:
         for o in openers:
@@ -683,11 +695,7 @@ def test_a_connection_that_resets_calls_faster_than_allowed_is_closed(tmp_path):
     # --grpc_max_resets_per_second (here 50, a burst of 100).
     from raw_http2_clients import INFER_PATH, StreamResetter
 
-    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
-    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
-                            ["--grpc_max_resets_per_second=50", "--metrics_port=0"])
-    metrics_port = int(process.await_output(r"event=listening .*metrics_port=(\d+)"))
-    port = int(process.address.rsplit(":", 1)[1])
+    process, port, metrics_port = mlp_behind_the_front(tmp_path, "--grpc_max_resets_per_second=50")
     paced = flood = None
     try:
         # Within the limit: 40 a second for 3 s, twice the burst, in
@@ -703,10 +711,7 @@ def test_a_connection_that_resets_calls_faster_than_allowed_is_closed(tmp_path):
         assert flood.opened < 100000, flood.opened
         assert not paced.closed
         process.await_output(r"event=grpc_connection_closed .*rapid reset")
-        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
-        closed = re.search(rb'precompile_grpc_connections_closed_total\{reason="resets"\} (\d+)',
-                           text)
-        assert closed and int(closed.group(1)) == 1, text
+        assert connections_closed(metrics_port, "resets") == 1
         assert_still_serving(process)
     finally:
         for client in (paced, flood):
