@@ -395,12 +395,7 @@ void Http2Front::Pump(Connection& connection) {
         });
     if (c.closed) return;  // The most streams of all connections were its.
     if (!breach.ok()) {
-      if (c.ledger.breach() == Http2StreamLedger::Breach::kResets)
-        stats_.closed_for_resets.fetch_add(1);
-      if (c.ledger.breach() == Http2StreamLedger::Breach::kStreams) {
-        stats_.closed_for_streams.fetch_add(1);
-      }
-      CloseFor(c, breach.message());
+      CloseFor(c, c.ledger.breach(), breach.message());
       return;
     }
     const Flow down = MoveOnce(c.grpc_fd, c.client_fd, c.down, loop_->scratch.get(), moved,
@@ -443,15 +438,17 @@ bool Http2Front::CountStreams(Connection& connection, Read read) {
     for (const auto& [other, owned] : loop.open) {
       if (other->ledger.open_streams() > most->ledger.open_streams()) most = other;
     }
-    stats_.closed_for_streams.fetch_add(1);
-    CloseFor(*most, absl::StrCat("all gRPC connections together held more than ", max,
-                                 " streams (--grpc_max_open_streams); this one held the most"));
+    CloseFor(*most, Http2StreamLedger::Breach::kStreams,
+             absl::StrCat("all gRPC connections together held more than ", max,
+                          " streams (--grpc_max_open_streams); this one held the most"));
     if (most == &connection) return false;
   }
   return true;
 }
 
-void Http2Front::CloseFor(Connection& c, absl::string_view reason) {
+void Http2Front::CloseFor(Connection& c, Http2StreamLedger::Breach why, absl::string_view reason) {
+  if (why == Http2StreamLedger::Breach::kResets) stats_.closed_for_resets.fetch_add(1);
+  if (why == Http2StreamLedger::Breach::kStreams) stats_.closed_for_streams.fetch_add(1);
   if (int64_t unlogged = 0; loop_->closures_logged.Take(absl::Now(), unlogged)) {
     spdlog::warn(
         "event=grpc_connection_closed peer={} open_streams={} resets={} "

@@ -106,8 +106,9 @@ class Http2Front {
   // is within. False if `connection` itself was the one to go.
   template <typename Read>
   bool CountStreams(Connection& connection, Read read);
-  // Logs (within the log budget) why `connection` is closed, and closes it.
-  void CloseFor(Connection& connection, absl::string_view reason);
+  // Counts `connection`'s closure by the limit it passed (`why`), logs
+  // `reason` (within the log budget), and closes it.
+  void CloseFor(Connection& connection, Http2StreamLedger::Breach why, absl::string_view reason);
   void Close(Connection& connection);
   void Wake();
 

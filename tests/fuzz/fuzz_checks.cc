@@ -33,6 +33,7 @@
 #include "runtime/guard_program.h"
 #include "server/api/tensor_codec.h"
 #include "server/grpc/http2_stream_ledger.h"
+#include "server/grpc/http2_test_frames.h"
 #include "server/grpc/infer_response.h"
 #include "server/http/http_codec.h"
 #include "server/http/http_head.h"
@@ -824,7 +825,6 @@ absl::Status CheckManifest(const uint8_t* data, size_t size) {
 }
 
 absl::Status CheckHttp2Ledger(const uint8_t* data, size_t size) {
-  constexpr absl::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
   using Breach = server::Http2StreamLedger::Breach;
   ByteReader in(data, size);
   const server::Http2StreamLimits limits{in.U8() % 17, in.U8() % 9};
@@ -838,7 +838,7 @@ absl::Status CheckHttp2Ledger(const uint8_t* data, size_t size) {
     status = ledger.FromClient(bytes, now);
     for (char byte : bytes) bytewise_status = bytewise.FromClient({&byte, 1}, now);
   };
-  if (send_preface) from_client(kPreface);
+  if (send_preface) from_client(server::testing::kPreface);
   // How far the clock has moved forward in all: the reset budget's refills.
   absl::Duration forward = absl::ZeroDuration();
   const double rate = limits.resets_per_second;
