@@ -578,38 +578,6 @@ def test_messages_many_connections_never_finish_sending_hold_bounded_memory(tmp_
         assert process.stop() == 0, process.log()
 
 
-def test_streams_one_connection_opens_are_bounded(tmp_path):
-    # gRPC keeps every stream a client opens, even one whose call never
-    # sends its message, at about 17 KiB that no quota counts: one
-    # connection opening 50000 grew the server by 880 MiB (measured with no
-    # limit). gRPC refuses those past --grpc_max_streams_per_connection (100)
-    # once the client has acknowledged it; streams sent before, as these
-    # are, the server's front counts, and closes the connection past 400.
-    from raw_http2_clients import StreamOpener
-
-    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
-    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository", [])
-    opener = None
-    try:
-        assert_still_serving(process)
-        before = process_status(process, "VmRSS") << 10
-        opener = StreamOpener(int(process.address.rsplit(":", 1)[1]))
-        opener.open(50000)
-        deadline = time.monotonic() + 30
-        while opener.ended() < 50000 - 100 and not opener.closed and time.monotonic() < deadline:
-            time.sleep(0.1)
-        growth = (process_status(process, "VmRSS") << 10) - before
-        print(f"\n50000 streams opened on one connection: {opener.ended()} refused, "
-              f"the server grew by {growth >> 20} MiB")
-        assert opener.ended() >= 50000 - 100 or opener.closed, opener.ended()
-        assert growth < 64 << 20, f"the server grew by {growth >> 20} MiB"
-        assert_still_serving(process)
-    finally:
-        if opener is not None:
-            opener.close()
-        assert process.stop() == 0, process.log()
-
-
 def mlp_behind_the_front(tmp_path, *flags):
     """A server of the mlp example, with `flags`: the process, its gRPC port
     and its metrics port."""
@@ -627,6 +595,37 @@ def connections_closed(metrics_port, reason):
                         % reason.encode(), text)
     assert counted, text
     return int(counted.group(1))
+
+
+def test_streams_one_connection_opens_are_bounded(tmp_path):
+    # gRPC keeps every stream a client opens, even one whose call never
+    # sends its message, at about 17 KiB that no quota counts: one
+    # connection opening 50000 grew the server by 880 MiB (measured with no
+    # limit). gRPC refuses those past --grpc_max_streams_per_connection (100)
+    # once the client has acknowledged it; streams sent before, as these
+    # are, the server's front counts, and closes the connection past 400.
+    from raw_http2_clients import StreamOpener
+
+    process, port, _ = mlp_behind_the_front(tmp_path)
+    opener = None
+    try:
+        assert_still_serving(process)
+        before = process_status(process, "VmRSS") << 10
+        opener = StreamOpener(port)
+        opener.open(50000)
+        deadline = time.monotonic() + 30
+        while opener.ended() < 50000 - 100 and not opener.closed and time.monotonic() < deadline:
+            time.sleep(0.1)
+        growth = (process_status(process, "VmRSS") << 10) - before
+        print(f"\n50000 streams opened on one connection: {opener.ended()} refused, "
+              f"the server grew by {growth >> 20} MiB")
+        assert opener.ended() >= 50000 - 100 or opener.closed, opener.ended()
+        assert growth < 64 << 20, f"the server grew by {growth >> 20} MiB"
+        assert_still_serving(process)
+    finally:
+        if opener is not None:
+            opener.close()
+        assert process.stop() == 0, process.log()
 
 
 def test_streams_held_across_many_connections_are_bounded(tmp_path):
@@ -669,10 +668,7 @@ def test_grpc_connections_that_say_nothing_keep_no_client_out(tmp_path):
     # one takes the place of the connection with no call open that has been
     # silent longest. Connections that connect and go silent must not fill
     # the server for everyone else.
-    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
-    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository",
-                            ["--grpc_max_connections=16"])
-    port = int(process.address.rsplit(":", 1)[1])
+    process, port, _ = mlp_behind_the_front(tmp_path, "--grpc_max_connections=16")
     silent = []
     try:
         for i in range(32):
@@ -728,9 +724,7 @@ def test_reset_floods_from_many_connections_hold_bounded_memory(tmp_path):
     # in 15 s (section 22).
     from raw_http2_clients import INFER_PATH, SlowStreamResetter
 
-    copy_tree(built(BIN / "examples" / "mlp"), tmp_path / "repository" / "mlp" / "1")
-    process = ServerProcess(built(BIN / "server" / "precompile_server"), tmp_path / "repository", [])
-    port = int(process.address.rsplit(":", 1)[1])
+    process, port, _ = mlp_behind_the_front(tmp_path)
     connections = []
     lock = threading.Lock()
 
