@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "base/rate_limited_lines.h"
 #include "base/usable_cores.h"
+#include "runtime/device_health.h"
 #include "runtime/torch_threads.h"
 #include "server/api/control_access.h"
 #include "server/server.h"
@@ -422,6 +423,15 @@ int main(int argc, char** argv) {
     spdlog::error("event=drain_incomplete reason=\"{}\"", std::string(stopped.message()));
     spdlog::shutdown();
     std::_Exit(1);
+  }
+  // With its CUDA context poisoned, tearing down a model on it throws from
+  // AOTInductor's destructors, which would end the drained process with
+  // SIGABRT. Nothing is left to run: leave without unloading, saying why.
+  if (precompile::DeviceLostReason()) {
+    spdlog::error("event=exit_device_lost message=\"drained; the models are left loaded, as "
+                  "the device they are on is lost\"");
+    spdlog::shutdown();
+    std::_Exit(3);
   }
   return 0;
 }
