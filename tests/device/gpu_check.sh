@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CUDA check and benchmark, for a machine with an NVIDIA GPU and torch 2.11
-# but no Bazel. Its runs on an H200 are in bench/RESULTS.md ("CUDA").
+# but no Bazel. Its runs (H200, H100) are in bench/RESULTS.md ("CUDA").
 #
 # Two steps:
 #
@@ -24,10 +24,15 @@
 #      binaries at that torch with LD_LIBRARY_PATH (their run paths name this
 #      build machine's paths; LD_LIBRARY_PATH comes first for RUNPATH);
 #   2. captures CUDA variants of the bundled examples (mlp, loop, branch,
-#      nested), bench's medium MLP and the gallery's BERT, GPT-2, resnet18 and
-#      GPT-2 with its cache (which need transformers and torchvision) with
-#      `python -m precompile_capture --device cuda`, all at once;
-#   3. serves them with the carried precompile_server --device=cuda;
+#      nested), bench's medium MLP and the gallery's BERT, GPT-2, resnet18,
+#      and GPT-2 and Llama with their caches (which need transformers and
+#      torchvision) with `python -m precompile_capture --device cuda`, all at
+#      once; then serves a model whose call can poison the CUDA context
+#      (device_lost_model.py) from a server of its own, poisons it, and
+#      checks that the server stops calling itself live and, on SIGTERM,
+#      drains and exits 3 (the device lost);
+#   3. serves them with the carried precompile_server --device=cuda, BERT
+#      and resnet18 also with dynamic batching, the decoders also stateful;
 #   4. checks each example call's outputs (served with precompile_client
 #      infer; BERT with keyword inputs, by output name) against the same
 #      model run eagerly on the CPU in that Python, and how each call was
@@ -36,14 +41,18 @@
 #      and GPT-2 generating 12 tokens for two prompts, its cache sent back
 #      and forth and kept by the server (in device memory), against
 #      model.generate() on the CPU;
-#   5. runs precompile_load at concurrency 1, 8, 64 on mlp, medium, BERT,
-#      resnet18 and sequences of the stateful GPT-2 (requests per second are
-#      its tokens per second); again on all but mlp with
+#   5. runs precompile_load at concurrency 1, 8, 64 on mlp, medium, BERT and
+#      resnet18 (each unbatched and batched), and sequences of the stateful
+#      GPT-2 (requests per second are its tokens per second);
+#      bench/generation.py (tokens per second three ways: the cache kept by
+#      the server, sent back and forth, the prefix recomputed); the loads
+#      again on medium, BERT, resnet18 and GPT-2 with
 #      --cuda_stream_per_call=false (every call on the default stream, as
-#      before streams per call), side by side; and
-#      aoti_direct_bench --device=cuda on medium (the in-process limit);
+#      before streams per call), side by side; aoti_direct_bench
+#      --device=cuda on medium, BERT and resnet18 (the in-process limit);
 #      and front_relay_bench, what the gRPC front's relay thread moves on
-#      this machine's cores (bench/RESULTS.md section 24);
+#      this machine's cores (bench/RESULTS.md section 24). Each of these
+#      steps runs within what is left of BUDGET_S (540) seconds;
 #   6. prints one summary and writes gpu_summary.json.
 #
 # DEVICE=cpu runs the same steps with CPU artifacts and --device=cpu: a dry
@@ -76,8 +85,18 @@ if [[ "$cmd" == stage ]]; then
     [[ -x "$BIN/$b" ]] || { log "no $BIN/$b: build with --config=opt first (or BUILD=1)"; exit 1; }
     cp "$BIN/$b" "$BUNDLE/bin/"
   done
+  chmod u+w "$BUNDLE"/bin/*
+  strip --strip-unneeded "$BUNDLE"/bin/*  # the bundle travels under a size limit
   cp "$BIN"/proto/*_pb2*.py "$BUNDLE/python/proto/"
   touch "$BUNDLE/python/proto/__init__.py"
+  # bench/generation.py drives the server with tritonclient (pure Python),
+  # whose generated protos need a protobuf at least as new as the venv's:
+  # both travel, the protobuf used only where the machine's is older.
+  SITE=$("$ROOT/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  cp -r "$SITE/tritonclient" "$BUNDLE/python/"
+  mkdir -p "$BUNDLE/protobuf/google"
+  cp -r "$SITE/google/protobuf" "$SITE/google/_upb" "$BUNDLE/protobuf/google/"
+  find "$BUNDLE" -name __pycache__ -prune -exec rm -rf {} +
   # Debian's libraries (gRPC, protobuf, abseil, ...), in case the GPU machine
   # lacks the packages; not glibc, libstdc++ or anything of torch's wheel.
   for b in "$BUNDLE"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
@@ -113,6 +132,18 @@ finish() {
   rm -rf "$W"
 }
 trap finish EXIT
+trap 'exit 143' TERM INT  # so that a timeout's signal still packs the results
+# A lent machine's call has a time limit: the steps after the correctness
+# checks each run within what is left of BUDGET_S seconds, and are skipped,
+# saying so, once it is spent, so that the results come back whatever happens.
+BUDGET_S=${BUDGET_S:-540}
+within() {  # seconds step command...: runs it for at most its seconds, or what is left
+  local cap=$1 step=$2 left=$((BUDGET_S - SECONDS))
+  shift 2
+  if ((left < 15)); then log "skipped, out of time: $step"; return 1; fi
+  ((cap < left)) || cap=$left
+  timeout -k 5 "$cap" "$@"
+}
 [[ -x "$BUNDLE/bin/precompile_server" ]] || { log "no bundle at $BUNDLE: run '$0 stage' on the build machine"; exit 2; }
 
 # 1. Python, torch, CUDA.
@@ -143,7 +174,7 @@ for b in "$BUNDLE"/bin/*; do
     log "$b: $(ldd "$b" | grep "not found" | tr '\n' ' ')"; exit 2
   fi
 done
-export PYTHONPATH="$ROOT:$ROOT/capture:$BUNDLE/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT:$ROOT/capture:$ROOT/tests/device:$BUNDLE/python${PYTHONPATH:+:$PYTHONPATH}"
 export TORCHINDUCTOR_CACHE_DIR="$W/inductor"
 
 # The runtime's CUDA unit tests that need no artifacts: a call's device and
@@ -158,12 +189,12 @@ log "CUDA unit tests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_unit_
 REPO="$W/repo"
 # The captures run at once: each is mostly AOTInductor compiling, and a GPU
 # machine has the cores for them (one after another took 280 s on an H200 host).
-capture() {  # name model calls [frames]
+capture() {  # name model calls [frames [repository]]
   log "capturing $1 for $DEVICE"
   local frames=()
   [[ -n "${4:-}" ]] && frames=(--frames "$4")
   "$PYTHON" -m precompile_capture --model "$2" --calls "$3" --name "$1" \
-    --out "$REPO/$1/1" --device "$DEVICE" "${frames[@]}" > "$OUT/capture_$1.log" 2>&1
+    --out "${5:-$REPO}/$1/1" --device "$DEVICE" "${frames[@]}" > "$OUT/capture_$1.log" 2>&1
 }
 captures=()
 capture mlp examples.models:make_mlp examples/mlp.calls.json & captures+=("mlp:$!")
@@ -177,15 +208,124 @@ capture gpt2 gallery.models:make_gpt2 gallery/gpt2.calls.json & captures+=("gpt2
 capture resnet18 gallery.models:make_resnet18 gallery/resnet18.calls.json & captures+=("resnet18:$!")
 capture gpt2_decoder gallery.models:make_gpt2_decoder gallery/gpt2_decoder.calls.json &
 captures+=("gpt2_decoder:$!")
+capture llama_decoder gallery.models:make_llama_decoder gallery/gpt2_decoder.calls.json &
+captures+=("llama_decoder:$!")
+# Served by a server of its own, whose device it poisons.
+LOST_REPO="$W/repo_lost"
+capture device_lost device_lost_model:make_model tests/device/device_lost.calls.json "" "$LOST_REPO" &
+captures+=("device_lost:$!")
+CAPTURED=0  # a model that fails to capture is left out, and the check fails
 for c in "${captures[@]}"; do
-  wait "${c#*:}" || { log "capture of ${c%%:*} failed: $(tail -3 "$OUT/capture_${c%%:*}.log")"; exit 1; }
+  wait "${c#*:}" || { log "capture of ${c%%:*} failed: $(tail -n 1 "$OUT/capture_${c%%:*}.log")"; CAPTURED=1; }
 done
 
-# The same decoder served stateful: the server keeps each sequence's cache,
+# The decoders served stateful too: the server keeps each sequence's cache,
 # on CUDA in device memory.
-mkdir -p "$REPO/gpt2_decoder_stateful"
-cp -r "$REPO/gpt2_decoder/1" "$REPO/gpt2_decoder_stateful/1"
-cp gallery/decoder_stateful.config.pbtxt "$REPO/gpt2_decoder_stateful/config.pbtxt"
+for m in gpt2_decoder llama_decoder; do
+  [[ -d "$REPO/$m/1" ]] || continue
+  mkdir -p "$REPO/${m}_stateful"
+  cp -r "$REPO/$m/1" "$REPO/${m}_stateful/1"
+  cp gallery/decoder_stateful.config.pbtxt "$REPO/${m}_stateful/config.pbtxt"
+done
+# BERT and resnet18 with dynamic batching as well (bench/batching.sh's config).
+for m in bert resnet18; do
+  mkdir -p "$REPO/${m}_batched"
+  cp -r "$REPO/$m/1" "$REPO/${m}_batched/1"
+  printf 'max_batch_size: 64\ndynamic_batching { max_queue_delay_microseconds: %s }\n' \
+    "${BATCH_DELAY_US:-1000}" > "$REPO/${m}_batched/config.pbtxt"
+done
+
+# 2b. A call that poisons the device: a server of its own serves a model
+# indexing a table with indices computed from a float input's values (which
+# the capture cannot fence); a call with large values makes the kernel read
+# far outside the table (Inductor's device-side assert fails). On CUDA the
+# server must stop calling itself live, so that the orchestrator restarts
+# it, and on SIGTERM drain and exit 3. (On the CPU the same call ends the
+# process: the dry run only exercises the steps.)
+DEVICE_LOST=0
+within 150 "the device-lost probe" "$PYTHON" - "$BUNDLE/bin" "$LOST_REPO" "$DEVICE" \
+  "$((${PORT:-28501} + 10))" "$OUT" "$W" <<'EOF' || DEVICE_LOST=1
+import json, signal, subprocess, sys, time, urllib.error, urllib.request
+import numpy as np
+import torch
+from device_lost_model import make_model
+
+bin_dir, repo, device, port, out, work = sys.argv[1:7]
+port = int(port)
+server_log = f"{out}/server_device_lost.log"
+server = subprocess.Popen(
+    [f"{bin_dir}/precompile_server", f"--model_repository={repo}", f"--device={device}",
+     "--listen_address=127.0.0.1", f"--grpc_port={port}", f"--metrics_port={port + 1}",
+     f"--http_port={port + 2}"], stdout=open(server_log, "w"), stderr=subprocess.STDOUT)
+
+
+def http_status(path):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port + 2}{path}", timeout=2) as answer:
+            return answer.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError as e:
+        return f"no answer: {e}"
+
+
+def infer(x, tag):
+    np.save(f"{work}/lost.{tag}.npy", x)
+    start = time.monotonic()
+    p = subprocess.run([f"{bin_dir}/precompile_client", f"--address=127.0.0.1:{port}", "--json",
+                        "infer", "device_lost", "--input", f"x={work}/lost.{tag}.npy",
+                        "--output_dir", f"{work}/lost.{tag}.out"],
+                       capture_output=True, text=True, timeout=60)
+    return {"exit": p.returncode, "seconds": round(time.monotonic() - start, 3),
+            "detail": (p.stdout + p.stderr).strip()[-400:]}
+
+
+r = {"case": "device_lost", "device": device}
+deadline = time.monotonic() + 120
+while http_status("/v2/health/ready") != 200 and server.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.5)
+r["ready_before"] = http_status("/v2/health/ready")
+x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    want = make_model()(x).numpy()
+r["in_range"] = infer(x.numpy(), "in_range")
+try:
+    r["in_range"]["correct"] = bool(np.allclose(np.load(f"{work}/lost.in_range.out/output0.npy"), want))
+except OSError:
+    r["in_range"]["correct"] = False
+r["out_of_range"] = infer(np.full((8, 4), 1e12, dtype=np.float32), "out_of_range")
+start = time.monotonic()
+for _ in range(60):
+    r["live_after"] = http_status("/v2/health/live")
+    if r["live_after"] != 200:
+        break
+    time.sleep(0.25)
+r["live_turned_after_s"] = round(time.monotonic() - start, 2)
+r["ready_after"] = http_status("/v2/health/ready")
+r["in_range_after"] = infer(x.numpy(), "after")
+r["server_running_after"] = server.poll() is None
+if server.poll() is None:
+    start = time.monotonic()
+    server.send_signal(signal.SIGTERM)
+    try:
+        r["exit"] = server.wait(60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        r["exit"] = "killed: no exit within 60 s of SIGTERM"
+    r["exit_after_s"] = round(time.monotonic() - start, 2)
+else:
+    r["exit"] = server.returncode
+logged = [line for line in open(server_log) if "event=device_lost" in line]
+r["device_lost_logged"] = logged[0].strip()[-600:] if logged else None
+# Drained, it leaves with 3 (the device lost) rather than unloading models
+# on a poisoned context, whose destructors throw.
+r["ok"] = bool(r["in_range"]["correct"] and r["out_of_range"]["exit"] != 0 and r["live_after"] != 200
+               and logged and r["exit"] == 3)
+json.dump(r, open(f"{out}/device_lost.json", "w"), indent=1)
+for key, value in r.items():
+    print(f"gpu_check: device lost: {key}: {value}", file=sys.stderr)
+sys.exit(0 if r["ok"] or device != "cuda" else 1)
+EOF
 
 # 3. Serve them.
 PORT=${PORT:-28501}
@@ -386,6 +526,7 @@ json.dump(results, open(f"{out}/generation.json", "w"), indent=1)
 sys.exit(0 if all(r["ok"] for r in results) else 1)
 EOF
 then CORRECT=1; fi
+((DEVICE_LOST == 0 && CAPTURED == 0)) || CORRECT=1
 
 # 5. Load, and the in-process limit.
 mix() {
@@ -409,15 +550,54 @@ cat > "$W/mix_gpt2_decoder_stateful.json" <<'EOF'
                                "position_ids": {"shape": [1, 1], "datatype": "INT64", "fill": "zeros"}},
                "grow": {"attention_mask": 1}}}]
 EOF
-for m in mlp medium bert resnet18 gpt2_decoder_stateful; do
-  log "load: $m at concurrency 1,8,64"
-  "$BUNDLE/bin/precompile_load" --address="127.0.0.1:$PORT" --mix="$W/mix_$m.json" \
-    --concurrency=1,8,64 --warmup=2 --duration=5 --quiet --json_out="$OUT/load_$m.json" \
-    > "$OUT/load_$m.txt" || true
+for m in bert resnet18; do
+  sed "s/\"model\": \"$m\"/\"model\": \"${m}_batched\"/" "$W/mix_$m.json" > "$W/mix_${m}_batched.json"
 done
+load() {  # mix results_name
+  log "load: $2 at concurrency 1,8,64"
+  within 40 "load of $2" "$BUNDLE/bin/precompile_load" --address="127.0.0.1:$PORT" \
+    --mix="$W/mix_$1.json" --concurrency=1,8,64 --warmup=1 --duration=4 --quiet \
+    --json_out="$OUT/load_$2.json" > "$OUT/load_$2.txt" || true
+}
+for m in mlp medium bert bert_batched resnet18 resnet18_batched gpt2_decoder_stateful; do
+  load "$m" "$m"
+done
+# Generation three ways (the cache kept by the server, sent back and forth,
+# the prefix recomputed), per token and at 1, 8, 64 sequences (bench/generation.py).
+GEN_PYTHONPATH=$PYTHONPATH
+PYTHONPATH=$GEN_PYTHONPATH "$PYTHON" -c 'import tritonclient.grpc' 2> /dev/null ||
+  GEN_PYTHONPATH="$BUNDLE/protobuf:$GEN_PYTHONPATH"
+log "generation bench"
+PYTHONPATH=$GEN_PYTHONPATH within 150 "generation bench" "$PYTHON" bench/generation.py \
+  "127.0.0.1:$PORT" "$OUT/generation_bench.json" client/python \
+  > "$OUT/generation_bench.md" 2> "$OUT/generation_bench.log" ||
+  log "generation bench failed or ran out of time: $(tail -3 "$OUT/generation_bench.log")"
 curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt" 2>/dev/null || true
 kill -TERM "$SERVER"; wait "$SERVER" || true
 SERVER=
+rm -f "$OUT/direct.jsonl"
+direct() {  # label threads args...: the in-process limit
+  local label=$1 threads=$2
+  shift 2
+  within 40 "in process $label" "$BUNDLE/bin/aoti_direct_bench" --device="$DEVICE" "$@" \
+    --threads="$threads" --warmup=0.5 --duration=2 --label="${label}_$DEVICE" \
+    --json_out="$OUT/direct.jsonl" >> "$OUT/direct.txt" 2>&1 ||
+    log "aoti_direct_bench $label failed (see direct.txt)"
+}
+direct loader_medium 1,8,64 --mode=loader --package="$REPO/medium/1/frames/forward/0.pt2" --shape=32,256
+direct model_medium 1,8,64 --mode=model --artifact="$REPO/medium/1" --shape=32,256
+# BERT and resnet18 as the load above sends them (3 rows), and at 48 rows
+# (what batching makes of 16 such requests).
+for rows in 3 48; do
+  threads=1,8,64
+  ((rows == 3)) || threads=1,8
+  direct "model_bert_${rows}x11" "$threads" --mode=model --artifact="$REPO/bert/1" \
+    --inputs="input_ids:int64:${rows}x11;attention_mask:int64:${rows}x11"
+  direct "model_resnet18_${rows}" "$threads" --mode=model --artifact="$REPO/resnet18/1" \
+    --shape="$rows,3,224,224"
+done
+within 30 "front relay bench" "$BUNDLE/bin/front_relay_bench" --seconds=2 --connections=1,16 \
+  > "$OUT/front_relay.txt" 2>&1 || log "front_relay_bench failed (see front_relay.txt)"
 # The same load with every call on the device's default stream, as before
 # calls had streams of their own: the two side by side, on one machine.
 "$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" --cuda_stream_per_call=false \
@@ -426,39 +606,31 @@ SERVER=
 SERVER=$!
 for _ in $(seq 300); do
   "${CLIENT[@]}" health > /dev/null 2>&1 && break
-  kill -0 "$SERVER" 2>/dev/null || break
+  kill -0 "$SERVER" 2>/dev/null && ((SECONDS < BUDGET_S)) || break
   sleep 1
 done
 for m in medium bert resnet18 gpt2_decoder_stateful; do
-  log "load on the default stream: $m at concurrency 1,8,64"
-  "$BUNDLE/bin/precompile_load" --address="127.0.0.1:$PORT" --mix="$W/mix_$m.json" \
-    --concurrency=1,8,64 --warmup=2 --duration=5 --quiet --json_out="$OUT/load_${m}_default_stream.json" \
-    > "$OUT/load_${m}_default_stream.txt" || true
+  load "$m" "${m}_default_stream"
 done
 kill -TERM "$SERVER"; wait "$SERVER" || true
 SERVER=
-rm -f "$OUT/direct.jsonl"
-for mode in loader model; do
-  args=(--package="$REPO/medium/1/frames/forward/0.pt2")
-  [[ $mode == model ]] && args=(--artifact="$REPO/medium/1")
-  "$BUNDLE/bin/aoti_direct_bench" --device="$DEVICE" --mode=$mode "${args[@]}" --shape=32,256 \
-    --threads=1,8,64 --duration=3 --label="${mode}_medium_$DEVICE" --json_out="$OUT/direct.jsonl" \
-    >> "$OUT/direct.txt" 2>&1 || log "aoti_direct_bench --mode=$mode failed (see direct.txt)"
-done
-"$BUNDLE/bin/front_relay_bench" --seconds=2 --connections=1,4,16 > "$OUT/front_relay.txt" 2>&1 ||
-  log "front_relay_bench failed (see front_relay.txt)"
 
 # 6. Summary.
 "$PYTHON" - "$OUT" "$CORRECT" <<'EOF'
-import json, os, sys
+import json, os, re, sys
 out, correct = sys.argv[1], sys.argv[2] == "0"
 correctness = json.load(open(f"{out}/correctness.json"))
 if os.path.exists(f"{out}/generation.json"):
     correctness += json.load(open(f"{out}/generation.json"))
+if os.path.exists(f"{out}/device_lost.json"):
+    correctness.append(json.load(open(f"{out}/device_lost.json")))
 summary = {"correct": correct, "correctness": correctness,
            "load": {}, "direct": []}
-for m in ("mlp", "medium", "bert", "resnet18", "gpt2_decoder_stateful", "medium_default_stream",
-          "bert_default_stream", "resnet18_default_stream", "gpt2_decoder_stateful_default_stream"):
+if os.path.exists(f"{out}/generation_bench.json"):
+    summary["generation_bench"] = json.load(open(f"{out}/generation_bench.json"))
+for m in ("mlp", "medium", "bert", "bert_batched", "resnet18", "resnet18_batched",
+          "gpt2_decoder_stateful", "medium_default_stream", "bert_default_stream",
+          "resnet18_default_stream", "gpt2_decoder_stateful_default_stream"):
     p = f"{out}/load_{m}.json"
     if os.path.exists(p):
         summary["load"][m] = [
@@ -466,6 +638,14 @@ for m in ("mlp", "medium", "bert", "resnet18", "gpt2_decoder_stateful", "medium_
              "p50_ms": ph["latency_ms"]["p50"], "p99_ms": ph["latency_ms"]["p99"],
              "errors": ph["errors"], "outcomes": ph["outcomes"]}
             for ph in json.load(open(p))["phases"]]
+if os.path.exists(f"{out}/metrics.txt"):  # rows per execution of the batched models
+    metrics = open(f"{out}/metrics.txt").read()
+    for m in ("bert_batched", "resnet18_batched"):
+        total = {k: sum(float(v) for v in re.findall(
+                     rf'^precompile_batch_rows_{k}{{[^}}]*model="{m}"[^}}]*}} (\S+)$', metrics, re.M))
+                 for k in ("sum", "count")}
+        if total["count"]:
+            summary.setdefault("rows_per_execution", {})[m] = total["sum"] / total["count"]
 if os.path.exists(f"{out}/direct.jsonl"):
     summary["direct"] = [json.loads(l) for l in open(f"{out}/direct.jsonl")]
 if os.path.exists(f"{out}/front_relay.txt"):
@@ -482,6 +662,11 @@ for m, phases in summary["load"].items():
     for ph in phases:
         print(f"gpu_check: served {m:24s} c={ph['concurrency']:<3d} {ph['rps']:9.0f} req/s  "
               f"p50 {ph['p50_ms']:.3f} ms  p99 {ph['p99_ms']:.3f} ms  errors {ph['errors']}")
+if os.path.exists(f"{out}/generation_bench.md"):
+    for line in open(f"{out}/generation_bench.md"):
+        print("gpu_check: generation", line.rstrip())
+for m, rows in summary.get("rows_per_execution", {}).items():
+    print(f"gpu_check: {m} ran {rows:.1f} rows per execution")
 for r in summary.get("front_relay_gb_per_s", []):
     print(f"gpu_check: relay {r['direction']:4s} {r['connections']:>2s} connections "
           f"{r['route']:8s} {r['gb_per_s']} GB/s")
