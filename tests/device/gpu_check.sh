@@ -97,6 +97,11 @@ if [[ "$cmd" == stage ]]; then
   mkdir -p "$BUNDLE/protobuf/google"
   cp -r "$SITE/google/protobuf" "$SITE/google/_upb" "$BUNDLE/protobuf/google/"
   find "$BUNDLE" -name __pycache__ -prune -exec rm -rf {} +
+  # ...and python-rapidjson, built for the GPU machine's Python (3.12).
+  "$ROOT/.venv/bin/python" -m pip download -q --no-deps --only-binary=:all: \
+    --python-version "${GPU_PYTHON_VERSION:-3.12}" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d "$BUNDLE/wheels" \
+    "python-rapidjson==$(grep -oP '^python-rapidjson==\K.*' "$ROOT/requirements.lock")"
   # Debian's libraries (gRPC, protobuf, abseil, ...), in case the GPU machine
   # lacks the packages; not glibc, libstdc++ or anything of torch's wheel.
   for b in "$BUNDLE"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
@@ -565,8 +570,11 @@ done
 # Generation three ways (the cache kept by the server, sent back and forth,
 # the prefix recomputed), per token and at 1, 8, 64 sequences (bench/generation.py).
 GEN_PYTHONPATH=$PYTHONPATH
-PYTHONPATH=$GEN_PYTHONPATH "$PYTHON" -c 'import tritonclient.grpc' 2> /dev/null ||
-  GEN_PYTHONPATH="$BUNDLE/protobuf:$GEN_PYTHONPATH"
+if ! "$PYTHON" -c 'import tritonclient.grpc' 2> /dev/null; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --target "$W/site" "$BUNDLE"/wheels/*.whl ||
+    log "cannot install the carried python-rapidjson"
+  GEN_PYTHONPATH="$W/site:$BUNDLE/protobuf:$GEN_PYTHONPATH"
+fi
 log "generation bench"
 PYTHONPATH=$GEN_PYTHONPATH within 150 "generation bench" "$PYTHON" bench/generation.py \
   "127.0.0.1:$PORT" "$OUT/generation_bench.json" client/python \
