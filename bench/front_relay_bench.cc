@@ -1,11 +1,13 @@
-// What the gRPC front's one relay thread can move (server/grpc/http2_front.h),
+// What the gRPC front's relay threads can move (server/grpc/http2_front.h),
 // against loopback TCP without it: HTTP/2 DATA frames of 16 KiB (gRPC's
 // frame size) written as fast as a client can, to a sink in gRPC's place that
 // reads and drops them, or from such a source to a client that does. Each
-// line: direction, connections, route, GB/s over `--seconds`.
+// line: direction, connections, route (`loopback`, or `frontN` for a front
+// relaying on N threads), GB/s over `--seconds`.
 //
 //   bazel build --config=opt //bench:front_relay_bench
 //   bazel-bin/bench/front_relay_bench [--seconds=3] [--connections=1,4,16]
+//       [--relay_threads=1,4]
 //
 // The client threads, the sink threads and the relay share the machine's
 // cores: on 2 cores it gives a lower bound on the relay's ceiling.
@@ -35,6 +37,8 @@
 ABSL_FLAG(int, seconds, 3, "Seconds per measurement");
 ABSL_FLAG(std::vector<std::string>, connections, std::vector<std::string>({"1", "4", "16"}),
           "Connections moving bytes at once, one measurement each");
+ABSL_FLAG(std::vector<std::string>, relay_threads, std::vector<std::string>({"1"}),
+          "The fronts measured: each relays on this many threads");
 
 namespace {
 
@@ -169,15 +173,26 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const absl::Duration seconds = absl::Seconds(absl::GetFlag(FLAGS_seconds));
 
-  ServerEnds through_front;
-  precompile::server::Http2FrontStats stats;
-  precompile::server::Http2FrontOptions options;
-  options.address = "127.0.0.1:0";
-  auto front = precompile::server::Http2Front::Start(
-      options, [&](int fd) { through_front.Add(fd); }, stats);
-  if (!front.ok()) {
-    std::fprintf(stderr, "%s\n", front.status().ToString().c_str());
-    return 1;
+  struct Front {
+    int threads;
+    ServerEnds ends;
+    precompile::server::Http2FrontStats stats;
+    std::unique_ptr<precompile::server::Http2Front> front;
+  };
+  std::vector<std::unique_ptr<Front>> fronts;
+  for (const std::string& threads_text : absl::GetFlag(FLAGS_relay_threads)) {
+    auto& f = *fronts.emplace_back(std::make_unique<Front>());
+    f.threads = std::stoi(threads_text);
+    precompile::server::Http2FrontOptions options;
+    options.address = "127.0.0.1:0";
+    options.relay_threads = f.threads;
+    auto started = precompile::server::Http2Front::Start(
+        options, [ends = &f.ends](int fd) { ends->Add(fd); }, f.stats);
+    if (!started.ok()) {
+      std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    f.front = *std::move(started);
   }
 
   // Plain loopback TCP: a listener whose accepted connections are the
@@ -208,9 +223,11 @@ int main(int argc, char** argv) {
     for (bool upward : {true, false}) {
       const char* direction = upward ? "up" : "down";
       const double plain = Measure(ntohs(address.sin_port), direct, count, upward, seconds);
-      const double relayed = Measure((*front)->port(), through_front, count, upward, seconds);
-      std::printf("%s %d loopback %.2f\n%s %d front %.2f\n", direction, count, plain, direction,
-                  count, relayed);
+      std::printf("%s %d loopback %.2f\n", direction, count, plain);
+      for (auto& f : fronts) {
+        const double relayed = Measure(f->front->port(), f->ends, count, upward, seconds);
+        std::printf("%s %d front%d %.2f\n", direction, count, f->threads, relayed);
+      }
       std::fflush(stdout);
     }
   }

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
@@ -134,6 +135,9 @@ ABSL_FLAG(int, grpc_max_open_streams, 4096,
           "Streams (calls) open on all gRPC connections together, each about 13-18 KiB that "
           "no other limit counts; past it the connection holding the most is closed (0: no "
           "limit; through the front)");
+ABSL_FLAG(int, grpc_relay_threads, 0,
+          "Threads relaying gRPC connections through the front, each moving about 3 GB/s "
+          "(0: one per usable core, at most 4)");
 ABSL_FLAG(int, grpc_max_resets_per_second, 100,
           "Calls one gRPC connection may cancel before their answers each second, with a "
           "burst of twice as many (HTTP/2's rapid reset); past it the connection is closed "
@@ -276,6 +280,13 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   options.grpc_max_open_streams = absl::GetFlag(FLAGS_grpc_max_open_streams);
   if (options.grpc_max_open_streams < 0) {
     return absl::InvalidArgumentError("--grpc_max_open_streams must be at least 0");
+  }
+  options.grpc_relay_threads = absl::GetFlag(FLAGS_grpc_relay_threads);
+  if (options.grpc_relay_threads < 0) {
+    return absl::InvalidArgumentError("--grpc_relay_threads must be at least 0");
+  }
+  if (options.grpc_relay_threads == 0) {
+    options.grpc_relay_threads = std::min(precompile::UsableCores(), 4);
   }
   options.grpc_max_resets_per_second = absl::GetFlag(FLAGS_grpc_max_resets_per_second);
   if (options.grpc_max_resets_per_second < 0) {

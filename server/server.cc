@@ -345,6 +345,7 @@ absl::Status Server::Listen() {
     front_options.address = options_.grpc_address;
     front_options.max_connections = options_.grpc_max_connections;
     front_options.max_open_streams = options_.grpc_max_open_streams;
+    front_options.relay_threads = options_.grpc_relay_threads;
     // Past the limit gRPC refuses streams itself once the client has
     // acknowledged it; the front's bound is for clients that never do.
     front_options.limits.max_open_streams =

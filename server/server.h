@@ -129,6 +129,9 @@ struct ServerOptions {
   // holding 400 each grew the server by 982 MiB. 0: no limit. Default:
   // 4096, 32 times the default --max_concurrent_requests.
   int grpc_max_open_streams = 4096;
+  // Threads relaying gRPC connections through the front (one moves about
+  // 3 GB/s: large requests on a many-core machine need several).
+  int grpc_relay_threads = 1;
   // Calls one gRPC connection may cancel before their answers each second,
   // with a burst of twice as many; past it the front closes the
   // connection. 0: no limit. Default: 100.

@@ -14,10 +14,12 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/listen_socket.h"
@@ -153,38 +155,83 @@ Flow MoveOnce(int from, int to, RelayPipe& pipe, char* scratch, size_t& read, Se
 }  // namespace
 
 struct Http2Front::Connection {
-  Connection(const Http2FrontOptions& options, std::string peer)
+  Connection(const Http2FrontOptions& options, std::string peer, Shard& shard)
       : up(options.buffer_bytes),
         down(options.buffer_bytes),
         ledger(options.limits, absl::Now()),
-        peer(std::move(peer)) {}
+        peer(std::move(peer)),
+        shard(shard),
+        counted_last_opened(ledger.last_opened()) {}
 
+  // The shard's thread's alone.
   int client_fd = -1;
   int grpc_fd = -1;
   RelayPipe up;    // client to gRPC
   RelayPipe down;  // gRPC to client
   Http2StreamLedger ledger;
   const std::string peer;
+  Shard& shard;
   bool closed = false;
-  bool queued = false;  // Waits in Loop::ready for another turn.
+  bool queued = false;  // Waits in Shard::ready for another turn.
+
+  // Guarded by Shared::mu: what the bounds over all connections see of it.
+  int counted_streams = 0;
+  absl::Time counted_last_opened;
+  // Asked to close: it no longer counts, and its shard closes it next.
+  bool doomed = false;
 };
 
-// The relay thread's state.
-struct Http2Front::Loop {
+// A relay thread and the connections it was given.
+struct Http2Front::Shard {
+  int epoll = -1;
+  int wake = -1;
+  std::thread thread;
+
+  // The thread's alone.
   absl::flat_hash_map<Connection*, std::unique_ptr<Connection>> open;
   std::deque<Connection*> ready;
   // Freed once the events that may name them are handled.
   std::vector<std::unique_ptr<Connection>> closed;
-  absl::Time accept_paused_until = absl::InfinitePast();
-  DescriptorShare descriptors;
-  int max_connections = 0;
-  // The streams open on all connections in `open`.
-  int64_t open_streams = 0;
   // What a read lands in before it is written on (Http2FrontOptions::
   // buffer_bytes).
   std::unique_ptr<char[]> scratch;
+  absl::Time accept_paused_until = absl::InfinitePast();  // The accepting shard's.
+
+  // Guarded by Shared::mu: connections given to it, and those it is asked
+  // to close.
+  std::vector<std::unique_ptr<Connection>> arriving;
+  std::vector<Connection*> doomed;
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(wake, &one, sizeof one);
+  }
+};
+
+// What the bounds over all connections keep.
+struct Http2Front::Shared {
+  std::mutex mu;
+  // Every connection not yet closed by its shard, doomed ones included.
+  absl::flat_hash_set<Connection*> connections;
+  // Of those not doomed: how many, and their streams together.
+  int counted_connections = 0;
+  int64_t open_streams = 0;
+  size_t next_shard = 0;
   LogBudget closures_logged;
   LogBudget refusals_logged;
+  // Set before the threads start.
+  DescriptorShare descriptors;
+  int max_connections = 0;
+
+  // Stops counting `victim` and asks its shard to close it. Under mu.
+  void Doom(Connection& victim) {
+    victim.doomed = true;
+    open_streams -= victim.counted_streams;
+    victim.counted_streams = 0;
+    --counted_connections;
+    victim.shard.doomed.push_back(&victim);
+    victim.shard.Wake();
+  }
 };
 
 absl::StatusOr<std::unique_ptr<Http2Front>> Http2Front::Start(const Http2FrontOptions& options,
@@ -196,18 +243,42 @@ absl::StatusOr<std::unique_ptr<Http2Front>> Http2Front::Start(const Http2FrontOp
   if (!listening.ok()) return listening.status();
   std::unique_ptr<Http2Front> front(
       new Http2Front(options, std::move(hand_over), stats, listening->first, listening->second));
-  front->epoll_ = epoll_create1(EPOLL_CLOEXEC);
-  front->wake_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  epoll_event wake{};
-  wake.events = EPOLLIN;
-  wake.data.ptr = &front->wake_;
-  if (front->epoll_ < 0 || front->wake_ < 0 || !front->WatchListener() ||
-      epoll_ctl(front->epoll_, EPOLL_CTL_ADD, front->wake_, &wake) != 0) {
+  front->shared_ = std::make_unique<Shared>();
+  Shared& shared = *front->shared_;
+  // A connection's descriptors: the client's, and both ends of its pair.
+  shared.descriptors = DescriptorShare::Reserve(options.max_connections, 3);
+  shared.max_connections = shared.descriptors.connections();
+  if (shared.max_connections < options.max_connections) {
+    spdlog::warn(
+        "event=grpc_connections_limited wanted={} allowed={} reason=\"the process's "
+        "descriptor limit (ulimit -n)\"",
+        options.max_connections, shared.max_connections);
+  }
+  for (int i = 0; i < std::max(1, options.relay_threads); ++i) {
+    auto shard = std::make_unique<Shard>();
+    shard->epoll = epoll_create1(EPOLL_CLOEXEC);
+    shard->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    shard->scratch.reset(new char[options.buffer_bytes]);
+    epoll_event wake{};
+    wake.events = EPOLLIN;
+    wake.data.ptr = &shard->wake;
+    const bool made = shard->epoll >= 0 && shard->wake >= 0 &&
+                      epoll_ctl(shard->epoll, EPOLL_CTL_ADD, shard->wake, &wake) == 0;
+    front->shards_.push_back(std::move(shard));
+    if (!made) {
+      return absl::InternalError(
+          absl::StrCat("cannot make the gRPC front's event loop: ", std::strerror(errno)));
+    }
+  }
+  if (!front->WatchListener()) {
     return absl::InternalError(
         absl::StrCat("cannot make the gRPC front's event loop: ", std::strerror(errno)));
   }
   Http2Front* raw = front.get();
-  front->thread_ = std::thread([raw] { raw->Run(); });
+  for (auto& shard : front->shards_) {
+    Shard* s = shard.get();
+    shard->thread = std::thread([raw, s] { raw->Run(*s); });
+  }
   return front;
 }
 
@@ -222,102 +293,116 @@ Http2Front::Http2Front(const Http2FrontOptions& options, HandOver hand_over, Htt
 Http2Front::~Http2Front() {
   Stop(absl::Now());
   if (listener_ >= 0) close(listener_);
-  if (wake_ >= 0) close(wake_);
-  if (epoll_ >= 0) close(epoll_);
+  for (auto& shard : shards_) {
+    if (shard->wake >= 0) close(shard->wake);
+    if (shard->epoll >= 0) close(shard->epoll);
+  }
 }
 
 bool Http2Front::WatchListener() {
-  // Level-triggered: a connection left in the backlog is reported again.
+  // Level-triggered: a connection left in the backlog is reported again. The
+  // last shard accepts, so that with several the first connections relay on
+  // others.
   epoll_event listener{};
   listener.events = EPOLLIN;
   listener.data.ptr = nullptr;
-  return epoll_ctl(epoll_, EPOLL_CTL_ADD, listener_, &listener) == 0;
-}
-
-void Http2Front::Wake() {
-  const uint64_t one = 1;
-  (void)!write(wake_, &one, sizeof one);
+  return epoll_ctl(shards_.back()->epoll, EPOLL_CTL_ADD, listener_, &listener) == 0;
 }
 
 void Http2Front::StopAccepting() {
   stop_accepting_.store(true);
-  Wake();
+  if (!shards_.empty()) shards_.back()->Wake();
 }
 
 void Http2Front::Stop(absl::Time deadline) {
-  if (!thread_.joinable()) return;
   stop_deadline_ns_.store(absl::ToUnixNanos(deadline));
   stop_accepting_.store(true);
   stopping_.store(true);
-  Wake();
-  thread_.join();
+  for (auto& shard : shards_) shard->Wake();
+  for (auto& shard : shards_) {
+    if (shard->thread.joinable()) shard->thread.join();
+  }
 }
 
-void Http2Front::Run() {
-  Loop loop;
-  loop.scratch.reset(new char[options_.buffer_bytes]);
-  // A connection's descriptors: the client's, and both ends of its pair.
-  loop.descriptors = DescriptorShare::Reserve(options_.max_connections, 3);
-  loop.max_connections = loop.descriptors.connections();
-  if (loop.max_connections < options_.max_connections) {
-    spdlog::warn(
-        "event=grpc_connections_limited wanted={} allowed={} reason=\"the process's "
-        "descriptor limit (ulimit -n)\"",
-        options_.max_connections, loop.max_connections);
-  }
-  loop_ = &loop;
+void Http2Front::Run(Shard& shard) {
+  const bool accepting = &shard == shards_.back().get();
   epoll_event events[256];
   for (;;) {
     const absl::Time now = absl::Now();
-    if (stop_accepting_.load() && listener_ >= 0) {
-      epoll_ctl(epoll_, EPOLL_CTL_DEL, listener_, nullptr);
+    if (accepting && stop_accepting_.load() && listener_ >= 0) {
+      epoll_ctl(shard.epoll, EPOLL_CTL_DEL, listener_, nullptr);
       close(listener_);
       listener_ = -1;
-    } else if (listener_ >= 0 && loop.accept_paused_until != absl::InfinitePast() &&
-               now >= loop.accept_paused_until) {
+    } else if (accepting && listener_ >= 0 &&
+               shard.accept_paused_until != absl::InfinitePast() &&
+               now >= shard.accept_paused_until) {
       WatchListener();
-      loop.accept_paused_until = absl::InfinitePast();
+      shard.accept_paused_until = absl::InfinitePast();
     }
     if (stopping_.load() &&
-        (loop.open.empty() || now >= absl::FromUnixNanos(stop_deadline_ns_.load()))) {
+        (shard.open.empty() || now >= absl::FromUnixNanos(stop_deadline_ns_.load()))) {
       break;
     }
     int timeout_ms = -1;
-    if (!loop.ready.empty()) {
+    if (!shard.ready.empty()) {
       timeout_ms = 0;
-    } else if (stopping_.load() || loop.accept_paused_until != absl::InfinitePast()) {
+    } else if (stopping_.load() || shard.accept_paused_until != absl::InfinitePast()) {
       timeout_ms = kAcceptPauseMs;
     }
-    const int n = epoll_wait(epoll_, events, 256, timeout_ms);
+    const int n = epoll_wait(shard.epoll, events, 256, timeout_ms);
     for (int i = 0; i < n; ++i) {
       void* tag = events[i].data.ptr;
       if (tag == nullptr) {
-        Accept();
-      } else if (tag == &wake_) {
+        Accept(shard);
+      } else if (tag == &shard.wake) {
         uint64_t count;
-        (void)!read(wake_, &count, sizeof count);
+        (void)!read(shard.wake, &count, sizeof count);
       } else {
         Connection& connection = *static_cast<Connection*>(tag);
-        if (!connection.closed) Pump(connection);
+        if (!connection.closed) Pump(shard, connection);
       }
     }
-    for (size_t turns = loop.ready.size(); turns > 0; --turns) {
-      Connection* connection = loop.ready.front();
-      loop.ready.pop_front();
+    TakeArrivals(shard);
+    for (size_t turns = shard.ready.size(); turns > 0; --turns) {
+      Connection* connection = shard.ready.front();
+      shard.ready.pop_front();
       connection->queued = false;
-      if (!connection->closed) Pump(*connection);
+      if (!connection->closed) Pump(shard, *connection);
     }
-    loop.closed.clear();
+    shard.closed.clear();
   }
+  // Connections given to it since are closed with the rest.
+  TakeArrivals(shard);
   std::vector<Connection*> left;
-  for (auto& [connection, owned] : loop.open) left.push_back(connection);
-  for (Connection* connection : left) Close(*connection);
-  loop.closed.clear();
-  loop_ = nullptr;
+  for (auto& [connection, owned] : shard.open) left.push_back(connection);
+  for (Connection* connection : left) Close(shard, *connection);
+  shard.closed.clear();
 }
 
-void Http2Front::Accept() {
-  Loop& loop = *loop_;
+void Http2Front::TakeArrivals(Shard& shard) {
+  std::vector<std::unique_ptr<Connection>> arriving;
+  std::vector<Connection*> doomed;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    arriving.swap(shard.arriving);
+    doomed.swap(shard.doomed);
+  }
+  for (std::unique_ptr<Connection>& owned : arriving) {
+    Connection& connection = *owned;
+    shard.open.emplace(&connection, std::move(owned));
+    // Edge-triggered, reported once now if either socket is ready already.
+    epoll_event watch{};
+    watch.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    watch.data.ptr = &connection;
+    epoll_ctl(shard.epoll, EPOLL_CTL_ADD, connection.client_fd, &watch);
+    epoll_ctl(shard.epoll, EPOLL_CTL_ADD, connection.grpc_fd, &watch);
+  }
+  // Arrivals first: a connection can be doomed before its shard took it.
+  for (Connection* connection : doomed) Close(shard, *connection);
+}
+
+void Http2Front::Accept(Shard& shard) {
+  Shared& shared = *shared_;
   for (;;) {
     sockaddr_storage address{};
     socklen_t length = sizeof address;
@@ -328,38 +413,10 @@ void Http2Front::Accept() {
         // The connection waits in the backlog; the listener would report it
         // again at once.
         spdlog::warn("event=grpc_accept_failed reason=\"{}\"", std::strerror(errno));
-        epoll_ctl(epoll_, EPOLL_CTL_DEL, listener_, nullptr);
-        loop.accept_paused_until = absl::Now() + absl::Milliseconds(kAcceptPauseMs);
+        epoll_ctl(shard.epoll, EPOLL_CTL_DEL, listener_, nullptr);
+        shard.accept_paused_until = absl::Now() + absl::Milliseconds(kAcceptPauseMs);
       }
       return;
-    }
-    if (static_cast<int>(loop.open.size()) >= loop.max_connections) {
-      // Room is made as the HTTP transport makes it: the connection with no
-      // call open that has gone longest without starting one goes (its
-      // client connects again when it has a call to make); with none, the
-      // new one goes. Calls, not bytes: pings and settings cost a client
-      // nothing to keep sending.
-      Connection* idle = nullptr;
-      for (const auto& [connection, owned] : loop.open) {
-        if (connection->ledger.open_streams() == 0 &&
-            (idle == nullptr || connection->ledger.last_opened() < idle->ledger.last_opened())) {
-          idle = connection;
-        }
-      }
-      stats_.refused_connections.fetch_add(1);
-      if (int64_t unlogged = 0; loop.refusals_logged.Take(absl::Now(), unlogged)) {
-        spdlog::warn(
-            "event=grpc_connection_refused peer={} open={} unlogged_before={} "
-            "reason=\"at most {} gRPC connections are open at once: {}\"",
-            idle != nullptr ? idle->peer : PeerAddress(address), loop.open.size(), unlogged,
-            loop.max_connections,
-            idle != nullptr ? "closed the one idle longest" : "none is idle, closed the new one");
-      }
-      if (idle == nullptr) {
-        close(fd);
-        continue;
-      }
-      Close(*idle);
     }
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -369,46 +426,83 @@ void Http2Front::Accept() {
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    auto owned = std::make_unique<Connection>(options_, PeerAddress(address));
-    Connection& connection = *owned;
-    connection.client_fd = fd;
-    connection.grpc_fd = pair[0];
-    epoll_event watch{};
-    watch.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-    watch.data.ptr = &connection;
-    epoll_ctl(epoll_, EPOLL_CTL_ADD, connection.client_fd, &watch);
-    epoll_ctl(epoll_, EPOLL_CTL_ADD, connection.grpc_fd, &watch);
-    loop.open.emplace(&connection, std::move(owned));
+    std::unique_lock<std::mutex> lock(shared.mu);
+    if (shared.counted_connections >= shared.max_connections) {
+      // Room is made as the HTTP transport makes it: the connection with no
+      // call open that has gone longest without starting one goes (its
+      // client connects again when it has a call to make); with none, the
+      // new one goes. Calls, not bytes: pings and settings cost a client
+      // nothing to keep sending.
+      Connection* idle = nullptr;
+      for (Connection* connection : shared.connections) {
+        if (!connection->doomed && connection->counted_streams == 0 &&
+            (idle == nullptr || connection->counted_last_opened < idle->counted_last_opened)) {
+          idle = connection;
+        }
+      }
+      stats_.refused_connections.fetch_add(1);
+      if (int64_t unlogged = 0; shared.refusals_logged.Take(absl::Now(), unlogged)) {
+        spdlog::warn(
+            "event=grpc_connection_refused peer={} open={} unlogged_before={} "
+            "reason=\"at most {} gRPC connections are open at once: {}\"",
+            idle != nullptr ? idle->peer : PeerAddress(address), shared.counted_connections,
+            unlogged, shared.max_connections,
+            idle != nullptr ? "closed the one idle longest" : "none is idle, closed the new one");
+      }
+      if (idle == nullptr) {
+        lock.unlock();
+        close(fd);
+        close(pair[0]);
+        close(pair[1]);
+        continue;
+      }
+      shared.Doom(*idle);
+    }
+    Shard& to = *shards_[shared.next_shard++ % shards_.size()];
+    auto owned = std::make_unique<Connection>(options_, PeerAddress(address), to);
+    owned->client_fd = fd;
+    owned->grpc_fd = pair[0];
+    shared.connections.insert(owned.get());
+    ++shared.counted_connections;
+    to.arriving.push_back(std::move(owned));
+    lock.unlock();
+    if (&to == &shard) {
+      TakeArrivals(shard);
+    } else {
+      to.Wake();
+    }
     hand_over_(pair[1]);
   }
 }
 
-void Http2Front::Pump(Connection& connection) {
+void Http2Front::Pump(Shard& shard, Connection& connection) {
   Connection& c = connection;
   size_t moved = 0;
   for (;;) {
     absl::Status breach;
     const Flow up = MoveOnce(
-        c.client_fd, c.grpc_fd, c.up, loop_->scratch.get(), moved, [&](absl::string_view bytes) {
-          return CountStreams(c, [&] { breach = c.ledger.FromClient(bytes, absl::Now()); }) &&
+        c.client_fd, c.grpc_fd, c.up, shard.scratch.get(), moved, [&](absl::string_view bytes) {
+          return CountStreams(shard, c,
+                              [&] { breach = c.ledger.FromClient(bytes, absl::Now()); }) &&
                  breach.ok();
         });
     if (c.closed) return;  // The most streams of all connections were its.
     if (!breach.ok()) {
-      CloseFor(c, c.ledger.breach(), breach.message());
+      CloseFor(shard, c, c.ledger.breach(), breach.message());
       return;
     }
-    const Flow down = MoveOnce(c.grpc_fd, c.client_fd, c.down, loop_->scratch.get(), moved,
+    const Flow down = MoveOnce(c.grpc_fd, c.client_fd, c.down, shard.scratch.get(), moved,
                                [&](absl::string_view bytes) {
-                                 return CountStreams(c, [&] { c.ledger.FromServer(bytes); });
+                                 return CountStreams(shard, c, [&] { c.ledger.FromServer(bytes); });
                                });
+    if (c.closed) return;
     if (up == Flow::kFailed || down == Flow::kFailed) {
-      Close(c);
+      Close(shard, c);
       return;
     }
     // gRPC has ended the connection and all it wrote is with the client.
     if (c.down.told) {
-      Close(c);
+      Close(shard, c);
       return;
     }
     if (up == Flow::kIdle && down == Flow::kIdle) return;
@@ -417,7 +511,7 @@ void Http2Front::Pump(Connection& connection) {
       // sockets change, so it waits for its next turn in `ready`.
       if (!c.queued) {
         c.queued = true;
-        loop_->ready.push_back(&c);
+        shard.ready.push_back(&c);
       }
       return;
     }
@@ -425,56 +519,97 @@ void Http2Front::Pump(Connection& connection) {
 }
 
 template <typename Read>
-bool Http2Front::CountStreams(Connection& connection, Read read) {
-  Loop& loop = *loop_;
+bool Http2Front::CountStreams(Shard& shard, Connection& connection, Read read) {
   const int before = connection.ledger.open_streams();
+  const absl::Time opened_before = connection.ledger.last_opened();
   read();
-  loop.open_streams += connection.ledger.open_streams() - before;
+  // Most reads open or end no stream: the lock is taken for those that do.
+  if (connection.ledger.open_streams() == before &&
+      connection.ledger.last_opened() == opened_before) {
+    return true;
+  }
+  Shared& shared = *shared_;
+  std::unique_lock<std::mutex> lock(shared.mu);
+  if (connection.doomed) {
+    // Another thread took it to close for the bounds; it counts no more.
+    lock.unlock();
+    Close(shard, connection);
+    return false;
+  }
+  const int delta = connection.ledger.open_streams() - connection.counted_streams;
+  connection.counted_streams += delta;
+  connection.counted_last_opened = connection.ledger.last_opened();
+  shared.open_streams += delta;
   const int max = options_.max_open_streams;
-  while (max > 0 && loop.open_streams > max) {
+  bool itself = false;
+  while (max > 0 && shared.open_streams > max) {
     // The connection holding the most, so that a client with a few calls
     // open keeps them while one holding hundreds is cut.
     Connection* most = &connection;
-    for (const auto& [other, owned] : loop.open) {
-      if (other->ledger.open_streams() > most->ledger.open_streams()) most = other;
+    for (Connection* other : shared.connections) {
+      if (!other->doomed && other->counted_streams > most->counted_streams) most = other;
     }
-    CloseFor(*most, Http2StreamLedger::Breach::kStreams,
-             absl::StrCat("all gRPC connections together held more than ", max,
-                          " streams (--grpc_max_open_streams); this one held the most"));
-    if (most == &connection) return false;
+    stats_.closed_for_streams.fetch_add(1);
+    if (int64_t unlogged = 0; shared.closures_logged.Take(absl::Now(), unlogged)) {
+      spdlog::warn(
+          "event=grpc_connection_closed peer={} open_streams={} unlogged_before={} "
+          "reason=\"all gRPC connections together held more than {} streams "
+          "(--grpc_max_open_streams); this one held the most\"",
+          most->peer, most->counted_streams, unlogged, max);
+    }
+    itself = itself || most == &connection;
+    shared.Doom(*most);
   }
-  return true;
+  lock.unlock();
+  if (!itself) return true;
+  Close(shard, connection);
+  return false;
 }
 
-void Http2Front::CloseFor(Connection& c, Http2StreamLedger::Breach why, absl::string_view reason) {
+void Http2Front::CloseFor(Shard& shard, Connection& c, Http2StreamLedger::Breach why,
+                          absl::string_view reason) {
   if (why == Http2StreamLedger::Breach::kResets) stats_.closed_for_resets.fetch_add(1);
   if (why == Http2StreamLedger::Breach::kStreams) stats_.closed_for_streams.fetch_add(1);
-  if (int64_t unlogged = 0; loop_->closures_logged.Take(absl::Now(), unlogged)) {
-    spdlog::warn(
-        "event=grpc_connection_closed peer={} open_streams={} resets={} "
-        "unlogged_before={} reason=\"{}\"",
-        c.peer, c.ledger.open_streams(), c.ledger.resets(), unlogged, std::string(reason));
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    if (int64_t unlogged = 0; shared_->closures_logged.Take(absl::Now(), unlogged)) {
+      spdlog::warn(
+          "event=grpc_connection_closed peer={} open_streams={} resets={} "
+          "unlogged_before={} reason=\"{}\"",
+          c.peer, c.ledger.open_streams(), c.ledger.resets(), unlogged, std::string(reason));
+    }
   }
-  Close(c);
+  Close(shard, c);
 }
 
-void Http2Front::Close(Connection& connection) {
+void Http2Front::Close(Shard& shard, Connection& connection) {
   if (connection.closed) return;
   connection.closed = true;
-  loop_->open_streams -= connection.ledger.open_streams();
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->connections.erase(&connection);
+    if (connection.doomed) {
+      // Closed here before its shard read the request: nothing may name it.
+      auto& doomed = shard.doomed;
+      doomed.erase(std::remove(doomed.begin(), doomed.end(), &connection), doomed.end());
+    } else {
+      shared_->open_streams -= connection.counted_streams;
+      --shared_->counted_connections;
+    }
+  }
   // Closing our end of the pair tells gRPC the client has gone: it ends the
   // connection's calls.
   close(connection.client_fd);
   close(connection.grpc_fd);
   if (connection.queued) {
-    auto& ready = loop_->ready;
+    auto& ready = shard.ready;
     ready.erase(std::find(ready.begin(), ready.end(), &connection));
     connection.queued = false;
   }
-  auto found = loop_->open.find(&connection);
-  if (found != loop_->open.end()) {
-    loop_->closed.push_back(std::move(found->second));
-    loop_->open.erase(found);
+  auto found = shard.open.find(&connection);
+  if (found != shard.open.end()) {
+    shard.closed.push_back(std::move(found->second));
+    shard.open.erase(found);
   }
 }
 

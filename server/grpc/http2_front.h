@@ -5,9 +5,10 @@
 //
 // The front listens on the gRPC address itself. Each connection it accepts
 // gets a socket pair: gRPC serves one end (handed over by `hand_over`, for
-// gRPC's external connection acceptor) and one thread relays the bytes
-// between the client and the other end, reading each frame's header on the
-// way. A connection that passes a limit is closed at once, which ends its
+// gRPC's external connection acceptor) and one of `relay_threads` threads
+// relays the bytes between the client and the other end, reading each
+// frame's header on the way (a connection stays on the thread it was given;
+// one thread moves about 3 GB/s, bench/RESULTS.md section 24). A connection that passes a limit is closed at once, which ends its
 // calls in gRPC as a client's hang-up does, and is logged with its peer's
 // address; so is the connection holding the most streams when all together
 // hold more than `max_open_streams`. Past `max_connections` open, a new connection takes the place
@@ -15,12 +16,17 @@
 // calls does not count), or, with none, is closed as it is accepted.
 //
 // The relay costs each byte one more copy, each request or answer two more
-// system calls and a wake of the relay thread (bench/RESULTS.md section 22
+// system calls and a wake of a relay thread (bench/RESULTS.md section 22
 // measures it), and each connection up to 2 * `buffer_bytes` while one side
 // does not take what the other sends. gRPC sees
 // every client as the same local peer; nothing in the server asks gRPC who
 // a client is. Plain HTTP/2 only: with TLS gRPC takes the connections
 // itself and these limits need a proxy in front (SECURITY.md).
+//
+// The bounds over all connections (their number, their streams together)
+// are kept under one lock the relay threads take when a connection's count
+// of streams changes; a thread closes a connection of another by asking it
+// to, and the connection stops counting at once.
 //
 // Thread safety: Start, StopAccepting and Stop from one controlling thread.
 #ifndef PRECOMPILE_SERVER_GRPC_HTTP2_FRONT_H_
@@ -33,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -54,6 +61,9 @@ struct Http2FrontOptions {
   // What the relay holds of one connection in each direction, while the
   // side it goes to does not take it.
   size_t buffer_bytes = 64 << 10;
+  // Threads relaying, each for its share of the connections; one of them
+  // also accepts.
+  int relay_threads = 1;
 };
 
 // What the front refused, counted for /metrics. Any thread.
@@ -80,6 +90,7 @@ class Http2Front {
   Http2Front& operator=(const Http2Front&) = delete;
 
   int port() const { return port_; }
+  int relay_threads() const { return static_cast<int>(shards_.size()); }
   // Closes the listening socket: new connections are refused from now on.
   void StopAccepting();
   // Stops accepting, waits until `deadline` for the connections gRPC has
@@ -89,41 +100,44 @@ class Http2Front {
 
  private:
   struct Connection;
-  struct Loop;
+  struct Shard;
+  struct Shared;
 
   Http2Front(const Http2FrontOptions& options, HandOver hand_over, Http2FrontStats& stats,
              int listener, int port);
-  void Run();
-  // Has epoll report connections waiting on the listener (tagged nullptr).
+  void Run(Shard& shard);
+  // Has the accepting shard's epoll report connections waiting on the
+  // listener (tagged nullptr).
   bool WatchListener();
-  void Accept();
+  void Accept(Shard& shard);
+  // Takes the connections given to `shard` and closes those it was asked to.
+  void TakeArrivals(Shard& shard);
   // Moves what it can between the connection's two sockets; closes the
   // connection once both directions have ended, or at once if it passed a
   // limit or a socket failed.
-  void Pump(Connection& connection);
+  void Pump(Shard& shard, Connection& connection);
   // Counts `connection`'s streams in the total after `read` fed its ledger;
   // past max_open_streams, closes the connections holding the most until it
-  // is within. False if `connection` itself was the one to go.
+  // is within. False if `connection` itself was the one to go (or another
+  // thread had closed it meanwhile).
   template <typename Read>
-  bool CountStreams(Connection& connection, Read read);
+  bool CountStreams(Shard& shard, Connection& connection, Read read);
   // Counts `connection`'s closure by the limit it passed (`why`), logs
   // `reason` (within the log budget), and closes it.
-  void CloseFor(Connection& connection, Http2StreamLedger::Breach why, absl::string_view reason);
-  void Close(Connection& connection);
-  void Wake();
+  void CloseFor(Shard& shard, Connection& connection, Http2StreamLedger::Breach why,
+                absl::string_view reason);
+  void Close(Shard& shard, Connection& connection);
 
   const Http2FrontOptions options_;
   const HandOver hand_over_;
   Http2FrontStats& stats_;
-  Loop* loop_ = nullptr;  // The relay thread's, while it runs.
   int listener_;
   const int port_;
-  int epoll_ = -1;
-  int wake_ = -1;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::unique_ptr<Shared> shared_;
   std::atomic<bool> stop_accepting_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> stop_deadline_ns_{0};
-  std::thread thread_;
 };
 
 }  // namespace precompile::server

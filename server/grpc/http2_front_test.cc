@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -71,10 +72,15 @@ bool Ended(int fd) {
   }
 }
 
-class FrontTest : public ::testing::Test {
+// Each test runs with one relay thread and with three: with three, the
+// connections a test makes relay on different threads (given in turn, the
+// last thread accepting), so the bounds over all connections close a
+// connection of another thread.
+class FrontTest : public ::testing::TestWithParam<int> {
  protected:
   void StartFront(Http2FrontOptions options) {
     options.address = "127.0.0.1:0";
+    options.relay_threads = GetParam();
     auto started = Http2Front::Start(
         options,
         [this](int fd) {
@@ -127,7 +133,7 @@ class FrontTest : public ::testing::Test {
   std::deque<int> handed_;
 };
 
-TEST_F(FrontTest, RelaysBothWaysUnchanged) {
+TEST_P(FrontTest, RelaysBothWaysUnchanged) {
   StartFront({});
   const int client = Connect();
   // More than the relay holds at once, both ways.
@@ -152,7 +158,7 @@ TEST_F(FrontTest, RelaysBothWaysUnchanged) {
   EXPECT_TRUE(Ended(server));
 }
 
-TEST_F(FrontTest, WhatTheServerSentLastReachesTheClientBeforeItsEnd) {
+TEST_P(FrontTest, WhatTheServerSentLastReachesTheClientBeforeItsEnd) {
   StartFront({});
   const int client = Connect();
   WriteAll(client, std::string(kPreface));
@@ -168,7 +174,7 @@ TEST_F(FrontTest, WhatTheServerSentLastReachesTheClientBeforeItsEnd) {
   close(client);
 }
 
-TEST_F(FrontTest, AConnectionResettingPastItsBudgetIsClosedOnBothEnds) {
+TEST_P(FrontTest, AConnectionResettingPastItsBudgetIsClosedOnBothEnds) {
   Http2FrontOptions options;
   options.limits.resets_per_second = 5;  // A burst of 10.
   StartFront(options);
@@ -197,7 +203,7 @@ TEST_F(FrontTest, AConnectionResettingPastItsBudgetIsClosedOnBothEnds) {
   close(client);
 }
 
-TEST_F(FrontTest, AConnectionOpeningStreamsPastTheBoundIsClosed) {
+TEST_P(FrontTest, AConnectionOpeningStreamsPastTheBoundIsClosed) {
   Http2FrontOptions options;
   options.limits.max_open_streams = 8;
   StartFront(options);
@@ -213,7 +219,7 @@ TEST_F(FrontTest, AConnectionOpeningStreamsPastTheBoundIsClosed) {
 
 // Connections each within their own bound can hold, together, more streams
 // than the server can keep: past the total, the one holding the most goes.
-TEST_F(FrontTest, PastTheStreamsOfAllConnectionsTheOneHoldingTheMostIsClosed) {
+TEST_P(FrontTest, PastTheStreamsOfAllConnectionsTheOneHoldingTheMostIsClosed) {
   Http2FrontOptions options;
   options.max_open_streams = 6;
   StartFront(options);
@@ -250,7 +256,7 @@ TEST_F(FrontTest, PastTheStreamsOfAllConnectionsTheOneHoldingTheMostIsClosed) {
   for (int fd : {holder, few, greedy}) close(fd);
 }
 
-TEST_F(FrontTest, PastTheCapANewConnectionTakesThePlaceOfTheOneIdleLongest) {
+TEST_P(FrontTest, PastTheCapANewConnectionTakesThePlaceOfTheOneIdleLongest) {
   Http2FrontOptions options;
   options.max_connections = 3;
   StartFront(options);
@@ -284,7 +290,7 @@ TEST_F(FrontTest, PastTheCapANewConnectionTakesThePlaceOfTheOneIdleLongest) {
   for (int fd : {idle_longer, idle, calling, next}) close(fd);
 }
 
-TEST_F(FrontTest, PastTheCapWithNoneIdleTheNewConnectionIsClosed) {
+TEST_P(FrontTest, PastTheCapWithNoneIdleTheNewConnectionIsClosed) {
   Http2FrontOptions options;
   options.max_connections = 2;
   StartFront(options);
@@ -312,6 +318,11 @@ TEST_F(FrontTest, PastTheCapWithNoneIdleTheNewConnectionIsClosed) {
   EXPECT_TRUE(Ended(first));
   for (int fd : {first, second, third, fourth}) close(fd);
 }
+
+INSTANTIATE_TEST_SUITE_P(RelayThreads, FrontTest, ::testing::Values(1, 3),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat(info.param, "Threads");
+                         });
 
 }  // namespace
 }  // namespace precompile::server

@@ -50,8 +50,8 @@
 #      --cuda_stream_per_call=false (every call on the default stream, as
 #      before streams per call), side by side; aoti_direct_bench
 #      --device=cuda on medium, BERT and resnet18 (the in-process limit);
-#      and front_relay_bench, what the gRPC front's relay thread moves on
-#      this machine's cores (bench/RESULTS.md section 24). Each of these
+#      and front_relay_bench, what the gRPC front moves on one relay
+#      thread and on four (bench/RESULTS.md sections 24, 26). Each of these
 #      steps runs within what is left of BUDGET_S (540) seconds;
 #   6. prints one summary and writes gpu_summary.json.
 #
@@ -604,8 +604,8 @@ for rows in 3 48; do
   direct "model_resnet18_${rows}" "$threads" --mode=model --artifact="$REPO/resnet18/1" \
     --shape="$rows,3,224,224"
 done
-within 30 "front relay bench" "$BUNDLE/bin/front_relay_bench" --seconds=2 --connections=1,16 \
-  > "$OUT/front_relay.txt" 2>&1 || log "front_relay_bench failed (see front_relay.txt)"
+within 40 "front relay bench" "$BUNDLE/bin/front_relay_bench" --seconds=2 --connections=1,16 \
+  --relay_threads=1,4 > "$OUT/front_relay.txt" 2>&1 || log "front_relay_bench failed (see front_relay.txt)"
 # The same load with every call on the device's default stream, as before
 # calls had streams of their own: the two side by side, on one machine.
 "$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" --cuda_stream_per_call=false \
