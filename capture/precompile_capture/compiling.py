@@ -281,15 +281,24 @@ class VariantCompiler:
             )
         dynamic = self._dynamic_dims(frame, values)
         relations = _related_dims(frame, dynamic)
-        for _ in range(4):
+        # Whether the export being tried makes sizes one that the guards
+        # required equal, and whether the program refused that once.
+        merging = merge_refused = False
+        for _ in range(6):
             try:
                 ep = self._export(frame, values, dynamic, relations)
             except dynamo_exc.UserError as e:
                 if relations and e.error_type in (
                     dynamo_exc.UserErrorType.CONSTRAINT_VIOLATION, dynamo_exc.UserErrorType.INVALID_INPUT
                 ):
-                    # The program does not allow the relations the calls showed.
+                    # The program does not allow the relations the calls
+                    # showed, or those the guards asked for: a size made one
+                    # gets guards the solver cannot prove over its whole range
+                    # (on CUDA, scaled_dot_product_attention's padding of a
+                    # mask to a multiple of 8). The sizes stay apart.
                     relations = {}
+                    merge_refused = merge_refused or merging
+                    merging = False
                     continue
                 if e.error_type is dynamo_exc.UserErrorType.INVALID_INPUT:
                     # The inputs or dynamic shapes the capture passed: not the program's doing.
@@ -319,12 +328,14 @@ class VariantCompiler:
             except GuardExtractionError as e:
                 raise CompileError("reading the guards", e) from e
             merged = _merged_symbols(guards, relations)
-            if merged:
+            if merged and not merge_refused:
                 # The guards require sizes equal that the program keeps apart:
                 # export again with them one size, so that the compiled code
                 # assumes what the guards check (and needs no bounds check
-                # between them).
+                # between them). Where the program refuses that, the guards
+                # still check them equal and the compiled code checks bounds.
                 relations.update(merged)
+                merging = True
                 continue
             return ep, guards, tensor_inputs
         raise CompileError("reading the guards", RuntimeError("sizes stayed symbolic expressions after re-exporting static"))

@@ -96,3 +96,36 @@ def test_integer_inputs_that_index_a_table_get_the_tables_range():
     # too, less the constant added.
     assert ranges == {0: (0, 10), 2: (0, 10), 3: (-12, 8), 4: (0, 10)}, ranges
     assert guards.holds(list(args))
+
+
+class MaskPaddedToEight(torch.nn.Module):
+    """A mask indexed by arange of the input's length (the guards require the
+    two lengths equal), and a condition on that length the solver cannot
+    prove over a whole range: the guard scaled_dot_product_attention adds on
+    CUDA, where it pads a mask to a multiple of 8. GPT-2 and Llama prefill
+    calls failed to capture for CUDA so."""
+
+    def forward(self, x, mask):
+        s = x.shape[1]
+        if s * (8 + s - s % 8) > 1:
+            return x * mask[:, torch.arange(s)]
+        return x
+
+
+def test_sizes_the_program_will_not_make_one_stay_apart_but_guarded_equal():
+    import contextlib
+    import tempfile
+
+    from precompile_capture.compiling import VariantCompiler
+    from precompile_capture.frames import Frame
+
+    frame = Frame("forward", is_entry=True, module=MaskPaddedToEight())
+    with tempfile.TemporaryDirectory() as workdir:
+        compiler = VariantCompiler(workdir, None, contextlib.nullcontext)
+        compiler._trace(frame, [torch.randn(1, 7), torch.randn(1, 7)])
+        # The second length makes it dynamic: exporting the two lengths as one
+        # size violates that guard, so they are exported apart.
+        _, guards, _ = compiler._trace(frame, [torch.randn(1, 9), torch.randn(1, 9)])
+    assert guards.holds([torch.randn(1, 30), torch.randn(1, 30)])
+    assert not guards.holds([torch.randn(1, 30), torch.randn(1, 12)])
+    assert guards.describe(["x", "mask"]) == "x: float32[1, s0 in [2, inf)], mask: float32[1, s0]"
