@@ -46,9 +46,9 @@
 #      GPT-2 (requests per second are its tokens per second);
 #      bench/generation.py (tokens per second three ways: the cache kept by
 #      the server, sent back and forth, the prefix recomputed); the loads
-#      again on medium, BERT, resnet18 and GPT-2 with
-#      --cuda_stream_per_call=false (every call on the default stream, as
-#      before streams per call), side by side; aoti_direct_bench
+#      of BERT batched and resnet18 (both ways) again with
+#      --grpc_relay_threads=1 (the front's relay on one thread, as before
+#      it had several), side by side; aoti_direct_bench
 #      --device=cuda on medium, BERT and resnet18 (the in-process limit);
 #      and front_relay_bench, what the gRPC front moves on one relay
 #      thread and on four (bench/RESULTS.md sections 24, 26). Each of these
@@ -583,6 +583,25 @@ PYTHONPATH=$GEN_PYTHONPATH within 150 "generation bench" "$PYTHON" bench/generat
 curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt" 2>/dev/null || true
 kill -TERM "$SERVER"; wait "$SERVER" || true
 SERVER=
+# The large requests again with the front relaying on one thread, as before
+# it had several: the two side by side, on one machine. (Streams per call
+# against the default stream, --cuda_stream_per_call=false, were measured
+# so on an H100: bench/RESULTS.md section 5, fourth run.)
+"$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" --grpc_relay_threads=1 \
+  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) --http_port=$((PORT + 2)) \
+  > "$OUT/server_one_relay_thread.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 300); do
+  "${CLIENT[@]}" health > /dev/null 2>&1 && break
+  kill -0 "$SERVER" 2>/dev/null && ((SECONDS < BUDGET_S)) || break
+  sleep 1
+done
+for m in bert_batched resnet18 resnet18_batched; do
+  load "$m" "${m}_one_relay_thread"
+done
+kill -TERM "$SERVER"; wait "$SERVER" || true
+SERVER=
+
 rm -f "$OUT/direct.jsonl"
 direct() {  # label threads args...: the in-process limit
   local label=$1 threads=$2
@@ -606,22 +625,6 @@ for rows in 3 48; do
 done
 within 40 "front relay bench" "$BUNDLE/bin/front_relay_bench" --seconds=2 --connections=1,16 \
   --relay_threads=1,4 > "$OUT/front_relay.txt" 2>&1 || log "front_relay_bench failed (see front_relay.txt)"
-# The same load with every call on the device's default stream, as before
-# calls had streams of their own: the two side by side, on one machine.
-"$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" --cuda_stream_per_call=false \
-  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) --http_port=$((PORT + 2)) \
-  > "$OUT/server_default_stream.log" 2>&1 &
-SERVER=$!
-for _ in $(seq 300); do
-  "${CLIENT[@]}" health > /dev/null 2>&1 && break
-  kill -0 "$SERVER" 2>/dev/null && ((SECONDS < BUDGET_S)) || break
-  sleep 1
-done
-for m in medium bert resnet18 gpt2_decoder_stateful; do
-  load "$m" "${m}_default_stream"
-done
-kill -TERM "$SERVER"; wait "$SERVER" || true
-SERVER=
 
 # 6. Summary.
 "$PYTHON" - "$OUT" "$CORRECT" <<'EOF'
@@ -637,8 +640,8 @@ summary = {"correct": correct, "correctness": correctness,
 if os.path.exists(f"{out}/generation_bench.json"):
     summary["generation_bench"] = json.load(open(f"{out}/generation_bench.json"))
 for m in ("mlp", "medium", "bert", "bert_batched", "resnet18", "resnet18_batched",
-          "gpt2_decoder_stateful", "medium_default_stream", "bert_default_stream",
-          "resnet18_default_stream", "gpt2_decoder_stateful_default_stream"):
+          "gpt2_decoder_stateful", "bert_batched_one_relay_thread", "resnet18_one_relay_thread",
+          "resnet18_batched_one_relay_thread"):
     p = f"{out}/load_{m}.json"
     if os.path.exists(p):
         summary["load"][m] = [
