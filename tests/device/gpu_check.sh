@@ -578,7 +578,7 @@ fi
 log "generation bench"
 PYTHONPATH=$GEN_PYTHONPATH within 150 "generation bench" "$PYTHON" bench/generation.py \
   "127.0.0.1:$PORT" "$OUT/generation_bench.json" client/python \
-  > "$OUT/generation_bench.md" 2> "$OUT/generation_bench.log" ||
+  > "$OUT/generation_bench.txt" 2> "$OUT/generation_bench.log" ||
   log "generation bench failed or ran out of time: $(tail -3 "$OUT/generation_bench.log")"
 curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt" 2>/dev/null || true
 kill -TERM "$SERVER"; wait "$SERVER" || true
@@ -673,8 +673,8 @@ for m, phases in summary["load"].items():
     for ph in phases:
         print(f"gpu_check: served {m:24s} c={ph['concurrency']:<3d} {ph['rps']:9.0f} req/s  "
               f"p50 {ph['p50_ms']:.3f} ms  p99 {ph['p99_ms']:.3f} ms  errors {ph['errors']}")
-if os.path.exists(f"{out}/generation_bench.md"):
-    for line in open(f"{out}/generation_bench.md"):
+if os.path.exists(f"{out}/generation_bench.txt"):
+    for line in open(f"{out}/generation_bench.txt"):
         print("gpu_check: generation", line.rstrip())
 for m, rows in summary.get("rows_per_execution", {}).items():
     print(f"gpu_check: {m} ran {rows:.1f} rows per execution")
