@@ -5,6 +5,7 @@ document the project does not have.
 
 import pathlib
 import re
+import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAP = ROOT / "docs" / "architecture.md"
@@ -69,12 +70,23 @@ def missing_documents(text: str):
             if pathlib.Path(cited).name not in DOCUMENTS]
 
 
+def project_files(folder: str):
+    """The project's files under `folder`: what git tracks or would (not what
+    it ignores, such as tests/device/gpu_bundle's third-party Python)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", folder],
+                                cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+        return [ROOT / name for name in listed]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout
+        return list((ROOT / folder).rglob("*"))
+
+
 def test_no_source_cites_a_document_the_project_lacks():
     assert missing_documents("see NOWHERE.md section 1") == ["NOWHERE.md"]
     assert missing_documents("see docs/architecture.md and bench/RESULTS.md") == []
     problems = []
     for folder in SOURCE_FOLDERS:
-        for source in (ROOT / folder).rglob("*"):
+        for source in project_files(folder):
             # This file quotes what it catches.
             if source.suffix in SOURCE_SUFFIXES and source.is_file() and source != pathlib.Path(__file__).resolve():
                 for cited in missing_documents(source.read_text(errors="replace")):
