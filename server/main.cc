@@ -124,8 +124,8 @@ ABSL_FLAG(int, grpc_max_streams_per_connection, 100,
           "Streams (calls) one gRPC connection may have open at once; clients queue more "
           "(0: no limit)");
 ABSL_FLAG(bool, grpc_front, true,
-          "Relay plain gRPC connections through the server's own front, which keeps the "
-          "limits below that gRPC does not (without it, or with --tls_cert, put an HTTP/2 "
+          "Relay gRPC connections through the server's own front, which keeps the limits "
+          "below that gRPC does not, and ends TLS with --tls_cert (without it, put an HTTP/2 "
           "proxy in front: SECURITY.md)");
 ABSL_FLAG(int, grpc_max_connections, 1024,
           "gRPC connections open at once (through the front); past it a new one takes the "

@@ -300,11 +300,24 @@ absl::Status Server::Listen() {
   // The server's own health service (server/grpc/health_service.h).
   grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
-  // Takes the connections the front relays (its hand-over keeps it).
+  // Takes the connections the front relays (its hand-over keeps it). The
+  // front ends TLS itself: gRPC serves what it relays as plain HTTP/2.
   std::shared_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor;
-  if (options_.grpc_front && options_.tls_cert_file.empty()) {
+  if (options_.grpc_front) {
+    if (!options_.tls_cert_file.empty()) {
+      // gRPC's clients insist on ALPN's "h2"; with a client CA, a
+      // certificate it signed is required, as gRPC's own TLS requires it.
+      auto tls = MakeTlsServerContext(
+          {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file},
+          "gRPC over TLS", !options_.tls_client_ca_file.empty(), absl::string_view("\x02h2", 3));
+      if (!tls.ok()) return tls.status();
+      // A client that closes without TLS's close_notify has ended, not failed.
+      SSL_CTX_set_options(tls->get(), SSL_OP_IGNORE_UNEXPECTED_EOF);
+      front_tls_ = *std::move(tls);
+    }
     acceptor = builder.experimental().AddExternalConnectionAcceptor(
-        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, *credentials);
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+        grpc::InsecureServerCredentials());
   } else {
     builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
   }
@@ -346,6 +359,9 @@ absl::Status Server::Listen() {
     front_options.max_connections = options_.grpc_max_connections;
     front_options.max_open_streams = options_.grpc_max_open_streams;
     front_options.relay_threads = options_.grpc_relay_threads;
+    front_options.tls = front_tls_.get();
+    // Calls find their clients' certificates by the names of their ends.
+    front_options.name_peers = !options_.tls_client_ca_file.empty();
     // Past the limit gRPC refuses streams itself once the client has
     // acknowledged it; the front's bound is for clients that never do.
     front_options.limits.max_open_streams =
@@ -362,6 +378,11 @@ absl::Status Server::Listen() {
     if (!started.ok()) return started.status();
     front_ = *std::move(started);
     grpc_port_ = front_->port();
+    if (front_options.name_peers) {
+      Http2Front* front = front_.get();
+      inference_->SetClientCertificates(
+          [front](absl::string_view peer) { return front->ClientCertificate(peer); });
+    }
   }
   if (!grpc_server_ || grpc_port_ == 0) {
     return absl::UnavailableError(

@@ -22,13 +22,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/notification.h"
+#include "base/tls_server.h"
 #include "server/api/inference_api.h"
 #include "server/api/request_trace.h"
 #include "server/api/serving_state.h"
 #include "server/grpc/admin_service.h"
-#include "server/grpc/inference_service.h"
 #include "server/grpc/health_service.h"
 #include "server/grpc/http2_front.h"
+#include "server/grpc/inference_service.h"
 #include "server/grpc/reflection_service.h"
 #include "server/grpc/unary_call_router.h"
 #include "server/http/http_service.h"
@@ -239,6 +240,8 @@ class Server final : public RepositoryListener {
   std::unique_ptr<HttpService> http_;
   std::unique_ptr<grpc::Server> grpc_server_;
   Http2FrontStats front_stats_;
+  // The front's TLS, with a certificate: it outlives the front.
+  SslContext front_tls_;
   std::unique_ptr<Http2Front> front_;
   int grpc_port_ = 0;
   Notification stop_polling_;

@@ -166,7 +166,7 @@ def requests_may_hold(values: dict):
     admitted requests, a response for each, gRPC answers not taken yet, the
     state stateful models keep for their sequences, and what gRPC keeps of
     the streams open on all connections (--grpc_max_open_streams of about
-    18 KiB each, kept by the front of plain gRPC ports).
+    18 KiB each, kept by the front of gRPC ports, TLS or not).
     Returns (bytes, a description of the parts); ValueError for flags that
     leave memory unbounded."""
     default = {name: flag.default_value() for name, flag in server_flags().items()

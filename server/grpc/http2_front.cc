@@ -3,11 +3,14 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,9 +23,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/listen_socket.h"
+#include "base/tls_server.h"
 
 namespace precompile::server {
 namespace {
@@ -82,12 +87,57 @@ class LogBudget {
 
 enum class Flow { kIdle, kMoved, kFailed };
 
+// One end of a relayed connection, read and written as a socket is: a
+// count, 0 at the end, or -1 with errno (EAGAIN: not now).
+struct SocketEnd {
+  int fd;
+  ssize_t Read(char* into, size_t room) { return recv(fd, into, room, 0); }
+  ssize_t Write(const char* from, size_t size) { return send(fd, from, size, MSG_NOSIGNAL); }
+  void EndWrites() { shutdown(fd, SHUT_WR); }
+};
+
+// The client's end over TLS. OpenSSL reads and writes whole records: a read
+// may want the socket writable and a write readable, and both are retried
+// on the next event of either kind (edge-triggered on both).
+struct TlsEnd {
+  SSL* ssl;
+  int fd;
+  ssize_t Read(char* into, size_t room) {
+    ERR_clear_error();
+    const int n = SSL_read(ssl, into, static_cast<int>(std::min<size_t>(room, 1 << 30)));
+    return n > 0 ? n : Failed(n, /*end_ok=*/true);
+  }
+  ssize_t Write(const char* from, size_t size) {
+    ERR_clear_error();
+    const int n = SSL_write(ssl, from, static_cast<int>(std::min<size_t>(size, 1 << 30)));
+    return n > 0 ? n : Failed(n, /*end_ok=*/false);
+  }
+  void EndWrites() {
+    SSL_shutdown(ssl);  // close_notify, as far as the socket takes it
+    shutdown(fd, SHUT_WR);
+  }
+  ssize_t Failed(int n, bool end_ok) {
+    switch (SSL_get_error(ssl, n)) {
+      case SSL_ERROR_WANT_READ:
+      case SSL_ERROR_WANT_WRITE:
+        errno = EAGAIN;
+        return -1;
+      case SSL_ERROR_ZERO_RETURN:  // close_notify, or (the context says so) a plain end
+        if (end_ok) return 0;
+        [[fallthrough]];
+      default:
+        errno = EPROTO;
+        return -1;
+    }
+  }
+};
+
 // Reads from `from` and writes to `to` once each, through `pipe` (or, while
 // it is empty, through `scratch` of the pipe's capacity, keeping in the pipe
 // only what `to` did not take), adding what it read to `read`. `seen` is
 // shown what was read; when it says no, the flow fails.
-template <typename Seen>
-Flow MoveOnce(int from, int to, RelayPipe& pipe, char* scratch, size_t& read, Seen seen) {
+template <typename From, typename To, typename Seen>
+Flow MoveOnce(From& from, To& to, RelayPipe& pipe, char* scratch, size_t& read, Seen seen) {
   bool moved = false;
   if (!pipe.ended) {
     char* into = scratch;
@@ -101,7 +151,7 @@ Flow MoveOnce(int from, int to, RelayPipe& pipe, char* scratch, size_t& read, Se
     }
     const size_t room = into == scratch ? pipe.capacity : pipe.capacity - pipe.end;
     if (room > 0) {
-      const ssize_t n = recv(from, into, room, 0);
+      const ssize_t n = from.Read(into, room);
       if (n > 0) {
         const size_t got = static_cast<size_t>(n);
         if (!seen(absl::string_view(into, got))) return Flow::kFailed;
@@ -110,7 +160,7 @@ Flow MoveOnce(int from, int to, RelayPipe& pipe, char* scratch, size_t& read, Se
         if (into != scratch) {
           pipe.end += got;
         } else {
-          ssize_t sent = send(to, scratch, got, MSG_NOSIGNAL);
+          ssize_t sent = to.Write(scratch, got);
           if (sent < 0) {
             if (!WouldBlock()) return Flow::kFailed;
             sent = 0;
@@ -132,7 +182,7 @@ Flow MoveOnce(int from, int to, RelayPipe& pipe, char* scratch, size_t& read, Se
     }
   }
   if (!pipe.empty()) {
-    const ssize_t n = send(to, pipe.data.get() + pipe.begin, pipe.end - pipe.begin, MSG_NOSIGNAL);
+    const ssize_t n = to.Write(pipe.data.get() + pipe.begin, pipe.end - pipe.begin);
     if (n > 0) {
       pipe.begin += static_cast<size_t>(n);
       moved = true;
@@ -145,7 +195,7 @@ Flow MoveOnce(int from, int to, RelayPipe& pipe, char* scratch, size_t& read, Se
     }
   }
   if (pipe.ended && pipe.empty() && !pipe.told) {
-    shutdown(to, SHUT_WR);
+    to.EndWrites();
     pipe.told = true;
     moved = true;
   }
@@ -171,6 +221,9 @@ struct Http2Front::Connection {
   Http2StreamLedger ledger;
   const std::string peer;
   Shard& shard;
+  uint64_t id = 0;
+  SslConnection ssl;  // With TLS.
+  bool handshaken = false;
   bool closed = false;
   bool queued = false;  // Waits in Shard::ready for another turn.
 
@@ -219,6 +272,9 @@ struct Http2Front::Shared {
   size_t next_shard = 0;
   LogBudget closures_logged;
   LogBudget refusals_logged;
+  LogBudget handshakes_logged;
+  // name_peers: each connection's client certificate (PEM), by its id.
+  absl::flat_hash_map<uint64_t, std::string> certificates;
   // Set before the threads start.
   DescriptorShare descriptors;
   int max_connections = 0;
@@ -274,6 +330,25 @@ absl::StatusOr<std::unique_ptr<Http2Front>> Http2Front::Start(const Http2FrontOp
     return absl::InternalError(
         absl::StrCat("cannot make the gRPC front's event loop: ", std::strerror(errno)));
   }
+  if (options.name_peers) {
+    // Abstract names, which no file holds; the random part keeps another
+    // process from guessing the next one before it is bound.
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof nonce, 0) != sizeof nonce) nonce = absl::ToUnixNanos(absl::Now());
+    front->peer_names_ = absl::StrCat("precompile-front-", getpid(), "-", absl::Hex(nonce), "-");
+    front->peer_listener_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    const std::string name = front->peer_names_ + "gRPC";
+    std::memcpy(address.sun_path + 1, name.data(), name.size());
+    const socklen_t length = offsetof(sockaddr_un, sun_path) + 1 + name.size();
+    if (front->peer_listener_ < 0 ||
+        bind(front->peer_listener_, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+        listen(front->peer_listener_, 64) != 0) {
+      return absl::InternalError(
+          absl::StrCat("cannot make the gRPC front's named ends: ", std::strerror(errno)));
+    }
+  }
   Http2Front* raw = front.get();
   for (auto& shard : front->shards_) {
     Shard* s = shard.get();
@@ -293,6 +368,7 @@ Http2Front::Http2Front(const Http2FrontOptions& options, HandOver hand_over, Htt
 Http2Front::~Http2Front() {
   Stop(absl::Now());
   if (listener_ >= 0) close(listener_);
+  if (peer_listener_ >= 0) close(peer_listener_);
   for (auto& shard : shards_) {
     if (shard->wake >= 0) close(shard->wake);
     if (shard->epoll >= 0) close(shard->epoll);
@@ -418,11 +494,22 @@ void Http2Front::Accept(Shard& shard) {
       }
       return;
     }
+    const uint64_t id = next_connection_id_++;
     int pair[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
+    if (!MakeEnds(id, pair)) {
       spdlog::warn("event=grpc_accept_failed reason=\"{}\"", std::strerror(errno));
       close(fd);
       continue;
+    }
+    SslConnection ssl;
+    if (options_.tls != nullptr) {
+      ssl.reset(SSL_new(options_.tls));
+      if (ssl == nullptr || SSL_set_fd(ssl.get(), fd) != 1) {
+        spdlog::warn("event=grpc_accept_failed reason=\"cannot start TLS\"");
+        for (int end : {fd, pair[0], pair[1]}) close(end);
+        continue;
+      }
+      SSL_set_accept_state(ssl.get());
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -462,6 +549,8 @@ void Http2Front::Accept(Shard& shard) {
     auto owned = std::make_unique<Connection>(options_, PeerAddress(address), to);
     owned->client_fd = fd;
     owned->grpc_fd = pair[0];
+    owned->id = id;
+    owned->ssl = std::move(ssl);
     shared.connections.insert(owned.get());
     ++shared.counted_connections;
     to.arriving.push_back(std::move(owned));
@@ -476,12 +565,54 @@ void Http2Front::Accept(Shard& shard) {
 }
 
 void Http2Front::Pump(Shard& shard, Connection& connection) {
+  if (connection.ssl == nullptr) {
+    SocketEnd client{connection.client_fd};
+    Relay(shard, connection, client);
+    return;
+  }
+  if (!connection.handshaken && !Handshake(shard, connection)) return;
+  TlsEnd client{connection.ssl.get(), connection.client_fd};
+  Relay(shard, connection, client);
+}
+
+bool Http2Front::Handshake(Shard& shard, Connection& c) {
+  ERR_clear_error();
+  const int done = SSL_do_handshake(c.ssl.get());
+  if (done == 1) {
+    c.handshaken = true;
+    if (options_.name_peers) {
+      std::string certificate = PeerCertificatePem(c.ssl.get());
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->certificates[c.id] = std::move(certificate);
+    }
+    return true;
+  }
+  const int error = SSL_get_error(c.ssl.get(), done);
+  if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) return false;
+  char reason[256] = "the client ended the connection";
+  if (const unsigned long e = ERR_peek_last_error(); e != 0) {
+    ERR_error_string_n(e, reason, sizeof reason);
+  }
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    if (int64_t unlogged = 0; shared_->handshakes_logged.Take(absl::Now(), unlogged)) {
+      spdlog::warn("event=grpc_tls_handshake_failed peer={} unlogged_before={} reason=\"{}\"",
+                   c.peer, unlogged, reason);
+    }
+  }
+  Close(shard, c);
+  return false;
+}
+
+template <typename ClientEnd>
+void Http2Front::Relay(Shard& shard, Connection& connection, ClientEnd& client) {
   Connection& c = connection;
+  SocketEnd grpc{c.grpc_fd};
   size_t moved = 0;
   for (;;) {
     absl::Status breach;
-    const Flow up = MoveOnce(
-        c.client_fd, c.grpc_fd, c.up, shard.scratch.get(), moved, [&](absl::string_view bytes) {
+    const Flow up =
+        MoveOnce(client, grpc, c.up, shard.scratch.get(), moved, [&](absl::string_view bytes) {
           return CountStreams(shard, c,
                               [&] { breach = c.ledger.FromClient(bytes, absl::Now()); }) &&
                  breach.ok();
@@ -491,10 +622,10 @@ void Http2Front::Pump(Shard& shard, Connection& connection) {
       CloseFor(shard, c, c.ledger.breach(), breach.message());
       return;
     }
-    const Flow down = MoveOnce(c.grpc_fd, c.client_fd, c.down, shard.scratch.get(), moved,
-                               [&](absl::string_view bytes) {
-                                 return CountStreams(shard, c, [&] { c.ledger.FromServer(bytes); });
-                               });
+    const Flow down =
+        MoveOnce(grpc, client, c.down, shard.scratch.get(), moved, [&](absl::string_view bytes) {
+          return CountStreams(shard, c, [&] { c.ledger.FromServer(bytes); });
+        });
     if (c.closed) return;
     if (up == Flow::kFailed || down == Flow::kFailed) {
       Close(shard, c);
@@ -588,6 +719,7 @@ void Http2Front::Close(Shard& shard, Connection& connection) {
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
     shared_->connections.erase(&connection);
+    if (options_.name_peers) shared_->certificates.erase(connection.id);
     if (connection.doomed) {
       // Closed here before its shard read the request: nothing may name it.
       auto& doomed = shard.doomed;
@@ -611,6 +743,58 @@ void Http2Front::Close(Shard& shard, Connection& connection) {
     shard.closed.push_back(std::move(found->second));
     shard.open.erase(found);
   }
+}
+
+bool Http2Front::MakeEnds(uint64_t id, int ends[2]) {
+  if (!options_.name_peers) {
+    return socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, ends) == 0;
+  }
+  const int front = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (front < 0) return false;
+  sockaddr_un named{};
+  named.sun_family = AF_UNIX;
+  const std::string name = absl::StrCat(peer_names_, id);
+  std::memcpy(named.sun_path + 1, name.data(), name.size());
+  const socklen_t length = offsetof(sockaddr_un, sun_path) + 1 + name.size();
+  sockaddr_un listener{};
+  socklen_t listener_length = sizeof listener;
+  if (bind(front, reinterpret_cast<sockaddr*>(&named), length) != 0 ||
+      getsockname(peer_listener_, reinterpret_cast<sockaddr*>(&listener), &listener_length) != 0 ||
+      connect(front, reinterpret_cast<sockaddr*>(&listener), listener_length) != 0) {
+    close(front);
+    return false;
+  }
+  // Another process of the machine may connect too: only the end whose
+  // peer is this name is taken.
+  for (;;) {
+    sockaddr_un peer{};
+    socklen_t peer_length = sizeof peer;
+    const int grpc = accept4(peer_listener_, reinterpret_cast<sockaddr*>(&peer), &peer_length,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (grpc < 0) {
+      close(front);
+      return false;
+    }
+    if (peer_length == length && std::memcmp(&peer, &named, length) == 0) {
+      ends[0] = front;
+      ends[1] = grpc;
+      return true;
+    }
+    close(grpc);
+  }
+}
+
+std::string Http2Front::ClientCertificate(absl::string_view grpc_peer) const {
+  if (!options_.name_peers) return {};
+  const size_t at = grpc_peer.find(peer_names_);
+  uint64_t id = 0;
+  if (at == absl::string_view::npos ||
+      !absl::SimpleAtoi(grpc_peer.substr(at + peer_names_.size()), &id)) {
+    return {};
+  }
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  auto found = shared_->certificates.find(id);
+  return found != shared_->certificates.end() ? found->second : std::string();
 }
 
 }  // namespace precompile::server

@@ -8,29 +8,39 @@
 // gRPC's external connection acceptor) and one of `relay_threads` threads
 // relays the bytes between the client and the other end, reading each
 // frame's header on the way (a connection stays on the thread it was given;
-// one thread moves about 3 GB/s, bench/RESULTS.md section 24). A connection that passes a limit is closed at once, which ends its
-// calls in gRPC as a client's hang-up does, and is logged with its peer's
-// address; so is the connection holding the most streams when all together
-// hold more than `max_open_streams`. Past `max_connections` open, a new connection takes the place
-// of the one with no call open that has gone longest without starting one (what it sends besides
-// calls does not count), or, with none, is closed as it is accepted.
+// one thread moves about 3 GB/s, bench/RESULTS.md section 24). A connection
+// that passes a limit is closed at once, which ends its calls in gRPC as a
+// client's hang-up does, and is logged with its peer's address; so is the
+// connection holding the most streams when all together hold more than
+// `max_open_streams`. Past `max_connections` open, a new connection takes
+// the place of the one with no call open that has gone longest without
+// starting one (what it sends besides calls does not count), or, with none,
+// is closed as it is accepted.
 //
 // The relay costs each byte one more copy, each request or answer two more
 // system calls and a wake of a relay thread (bench/RESULTS.md section 22
 // measures it), and each connection up to 2 * `buffer_bytes` while one side
-// does not take what the other sends. gRPC sees
-// every client as the same local peer; nothing in the server asks gRPC who
-// a client is. Plain HTTP/2 only: with TLS gRPC takes the connections
-// itself and these limits need a proxy in front (SECURITY.md).
+// does not take what the other sends. gRPC sees every client as a local
+// peer; nothing in the server asks gRPC who a client is, except for the
+// certificate a TLS client presented (`ClientCertificate`).
+//
+// With `tls`, the front ends TLS itself (the handshake on the relay thread)
+// and relays what it decrypts: gRPC serves plain HTTP/2 on its ends. With
+// `name_peers`, each gRPC end is a Unix socket with a name of its own, which
+// gRPC gives as the call's peer, so that the server finds which certificate
+// a call's client presented.
 //
 // The bounds over all connections (their number, their streams together)
 // are kept under one lock the relay threads take when a connection's count
 // of streams changes; a thread closes a connection of another by asking it
 // to, and the connection stops counting at once.
 //
-// Thread safety: Start, StopAccepting and Stop from one controlling thread.
+// Thread safety: Start, StopAccepting and Stop from one controlling thread;
+// ClientCertificate from any.
 #ifndef PRECOMPILE_SERVER_GRPC_HTTP2_FRONT_H_
 #define PRECOMPILE_SERVER_GRPC_HTTP2_FRONT_H_
+
+#include <openssl/ssl.h>
 
 #include <atomic>
 #include <cstddef>
@@ -64,6 +74,11 @@ struct Http2FrontOptions {
   // Threads relaying, each for its share of the connections; one of them
   // also accepts.
   int relay_threads = 1;
+  // Ends TLS with this context (base/tls_server.h: ALPN "h2" for gRPC
+  // clients), which must outlive the front; null: plain HTTP/2.
+  SSL_CTX* tls = nullptr;
+  // Gives each connection's gRPC end a name (see above).
+  bool name_peers = false;
 };
 
 // What the front refused, counted for /metrics. Any thread.
@@ -90,6 +105,10 @@ class Http2Front {
   Http2Front& operator=(const Http2Front&) = delete;
 
   int port() const { return port_; }
+  // The certificate (PEM, as base/tls_server.h writes it) that the client
+  // of the connection gRPC names `grpc_peer` presented; empty if none, or
+  // the connection is gone.
+  std::string ClientCertificate(absl::string_view grpc_peer) const;
   int relay_threads() const { return static_cast<int>(shards_.size()); }
   // Closes the listening socket: new connections are refused from now on.
   void StopAccepting();
@@ -116,6 +135,14 @@ class Http2Front {
   // connection once both directions have ended, or at once if it passed a
   // limit or a socket failed.
   void Pump(Shard& shard, Connection& connection);
+  template <typename ClientEnd>
+  void Relay(Shard& shard, Connection& connection, ClientEnd& client);
+  // Takes a TLS connection's handshake as far as its sockets allow; false
+  // if it is not through yet (or failed, and the connection is closed).
+  bool Handshake(Shard& shard, Connection& connection);
+  // The gRPC end of a new connection and the front's, as socket pairs are;
+  // with `name_peers`, named `peer_names_` plus `id`.
+  bool MakeEnds(uint64_t id, int ends[2]);
   // Counts `connection`'s streams in the total after `read` fed its ledger;
   // past max_open_streams, closes the connections holding the most until it
   // is within. False if `connection` itself was the one to go (or another
@@ -133,6 +160,10 @@ class Http2Front {
   Http2FrontStats& stats_;
   int listener_;
   const int port_;
+  // name_peers: what the gRPC ends connect to, and the start of their names.
+  int peer_listener_ = -1;
+  std::string peer_names_;
+  uint64_t next_connection_id_ = 0;  // The accepting thread's.
   std::vector<std::unique_ptr<Shard>> shards_;
   std::unique_ptr<Shared> shared_;
   std::atomic<bool> stop_accepting_{false};

@@ -6,19 +6,25 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <openssl/ssl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/tls_server.h"
 #include "gtest/gtest.h"
 #include "server/grpc/http2_test_frames.h"
 
@@ -127,6 +133,7 @@ class FrontTest : public ::testing::TestWithParam<int> {
   }
 
   Http2FrontStats stats_;
+  SslContext tls_;  // Outlives the front.
   std::unique_ptr<Http2Front> front_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -317,6 +324,179 @@ TEST_P(FrontTest, PastTheCapWithNoneIdleTheNewConnectionIsClosed) {
   EXPECT_EQ(Read(Handed(2), 24), std::string(kPreface));
   EXPECT_TRUE(Ended(first));
   for (int fd : {first, second, third, fourth}) close(fd);
+}
+
+// A CA, a certificate it signed for a client, and the server's own
+// certificate, made with the openssl command line once per test binary.
+std::string TlsFile(const std::string& name) {
+  static const std::string* dir = [] {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    auto* dir = new std::string(std::string(tmp != nullptr ? tmp : "/tmp") + "/front_tls");
+    const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+    const std::string made =
+        "mkdir -p " + *dir + " && cd " + *dir + " && openssl req -x509 " + ec +
+        " -days 2 -subj /CN=ca -keyout ca.key -out ca.crt" + " && openssl req -x509 " + ec +
+        " -days 2 -subj /CN=localhost -keyout server.key -out server.crt" + " && openssl req " +
+        ec + " -subj /CN=client -keyout client.key -out client.csr" +
+        " && openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial" +
+        " -days 2 -out client.crt >/dev/null 2>&1";
+    EXPECT_EQ(std::system(made.c_str()), 0) << made;
+    return dir;
+  }();
+  return *dir + "/" + name;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A gRPC client's TLS on a blocking socket: ALPN's h2 offered, the server's
+// certificate not checked, the client certificate presented if asked for.
+class TlsClient {
+ public:
+  TlsClient(int fd, bool with_certificate) : fd_(fd), ctx_(SSL_CTX_new(TLS_client_method())) {
+    if (with_certificate) {
+      SSL_CTX_use_certificate_file(ctx_, TlsFile("client.crt").c_str(), SSL_FILETYPE_PEM);
+      SSL_CTX_use_PrivateKey_file(ctx_, TlsFile("client.key").c_str(), SSL_FILETYPE_PEM);
+    }
+    static const unsigned char kH2[] = {2, 'h', '2'};
+    SSL_CTX_set_alpn_protos(ctx_, kH2, sizeof kH2);
+    ssl_ = SSL_new(ctx_);
+    SSL_set_fd(ssl_, fd);
+    timeval wait{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    handshaken_ = SSL_connect(ssl_) == 1;
+  }
+  ~TlsClient() {
+    SSL_free(ssl_);
+    SSL_CTX_free(ctx_);
+    close(fd_);
+  }
+  bool handshaken() const { return handshaken_; }
+  void Write(const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const int n = SSL_write(ssl_, bytes.data() + sent, static_cast<int>(bytes.size() - sent));
+      if (n <= 0) return;
+      sent += static_cast<size_t>(n);
+    }
+  }
+  // Until `want` bytes, the end, or 10 s of nothing.
+  std::string Read(size_t want) {
+    std::string got;
+    char buffer[1 << 14];
+    while (got.size() < want) {
+      const int n =
+          SSL_read(ssl_, buffer, static_cast<int>(std::min(sizeof buffer, want - got.size())));
+      if (n <= 0) break;
+      got.append(buffer, static_cast<size_t>(n));
+    }
+    return got;
+  }
+  // Whether the server ended the connection (rather than 10 s passing).
+  bool Ended() {
+    char buffer[1 << 14];
+    for (;;) {
+      const int n = SSL_read(ssl_, buffer, sizeof buffer);
+      if (n > 0) continue;
+      const int error = SSL_get_error(ssl_, n);
+      return !(error == SSL_ERROR_SYSCALL && (errno == EAGAIN || errno == EWOULDBLOCK));
+    }
+  }
+
+ private:
+  const int fd_;
+  SSL_CTX* const ctx_;
+  SSL* ssl_ = nullptr;
+  bool handshaken_ = false;
+};
+
+// The name gRPC gives the peer of a handed-over end.
+std::string PeerOf(int fd) {
+  sockaddr_un peer{};
+  socklen_t length = sizeof peer;
+  getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length);
+  const size_t path = offsetof(sockaddr_un, sun_path);
+  return length > path + 1 ? "unix-abstract:" + std::string(peer.sun_path + 1, length - path - 1)
+                           : std::string("unix:");
+}
+
+TEST_P(FrontTest, OverTlsWhatItDecryptsIsRelayedAndItsBoundsHold) {
+  auto tls = MakeTlsServerContext({TlsFile("server.crt"), TlsFile("server.key"), ""}, "gRPC", false,
+                                  absl::string_view("\x02h2", 3));
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  tls_ = *std::move(tls);
+  Http2FrontOptions options;
+  options.tls = tls_.get();
+  options.limits.resets_per_second = 5;  // A burst of 10.
+  StartFront(options);
+  TlsClient calm(Connect(), /*with_certificate=*/false);
+  ASSERT_TRUE(calm.handshaken());
+  // More than a TLS record and than the relay holds at once.
+  std::string call =
+      std::string(kPreface) + Frame(kSettings, 0, 0) + Frame(kHeaders, kEndHeaders, 1, "h");
+  for (int i = 0; i < 40; ++i) call += Frame(kData, 0, 1, std::string(16000, static_cast<char>(i)));
+  std::thread writer([&] { calm.Write(call); });  // Blocks until the server end reads.
+  const int calm_server = Handed(0);
+  EXPECT_EQ(Read(calm_server, call.size()), call);
+  writer.join();
+  ASSERT_GE(calm_server, 0);
+  const std::string answer = Frame(kData, 0, 1, std::string(100000, 'a'));
+  std::thread answerer([&] { WriteAll(calm_server, answer); });
+  EXPECT_EQ(calm.Read(answer.size()), answer);
+  answerer.join();
+  // The ledger reads what TLS carries: a reset flood is closed.
+  TlsClient flood(Connect(), /*with_certificate=*/false);
+  ASSERT_TRUE(flood.handshaken());
+  std::string resets = std::string(kPreface) + Frame(kSettings, 0, 0);
+  for (uint32_t stream = 1; stream < 200; stream += 2) {
+    resets += Frame(kHeaders, kEndHeaders, stream, "h") + testing::Reset(stream);
+  }
+  flood.Write(resets);
+  EXPECT_TRUE(flood.Ended());
+  EXPECT_EQ(stats_.closed_for_resets.load(), 1);
+  // A client speaking plain HTTP/2 gets no further than the handshake.
+  const int plain = Connect();
+  WriteAll(plain, std::string(kPreface) + Frame(kSettings, 0, 0));
+  EXPECT_TRUE(Ended(plain));
+  close(plain);
+  // The calm connection relays on.
+  WriteAll(calm_server, "more");
+  EXPECT_EQ(calm.Read(4), "more");
+}
+
+TEST_P(FrontTest, OverTlsACallsClientCertificateIsFoundByItsPeer) {
+  auto tls = MakeTlsServerContext({TlsFile("server.crt"), TlsFile("server.key"), TlsFile("ca.crt")},
+                                  "gRPC", /*require_client_certificate=*/true,
+                                  absl::string_view("\x02h2", 3));
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  tls_ = *std::move(tls);
+  Http2FrontOptions options;
+  options.tls = tls_.get();
+  options.name_peers = true;
+  StartFront(options);
+  auto client = std::make_unique<TlsClient>(Connect(), /*with_certificate=*/true);
+  ASSERT_TRUE(client->handshaken());
+  client->Write(std::string(kPreface));
+  const int server = Handed(0);
+  ASSERT_GE(server, 0);
+  ASSERT_EQ(Read(server, 24), std::string(kPreface));
+  const std::string peer = PeerOf(server);
+  EXPECT_EQ(front_->ClientCertificate(peer), ReadFile(TlsFile("client.crt"))) << peer;
+  EXPECT_EQ(front_->ClientCertificate("unix:"), "");
+  // Without a certificate, no further than the handshake.
+  TlsClient anonymous(Connect(), /*with_certificate=*/false);
+  EXPECT_TRUE(anonymous.Ended());
+  // Once the connection is gone, so is its certificate.
+  client.reset();
+  EXPECT_TRUE(Ended(server));
+  for (int i = 0; i < 100 && !front_->ClientCertificate(peer).empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(front_->ClientCertificate(peer), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(RelayThreads, FrontTest, ::testing::Values(1, 3),

@@ -50,10 +50,12 @@ class InferenceService::InferCall final : public InferenceJob {
   // With AsyncNotifyWhenDone this reads a flag.
   bool Cancelled() override { return context.IsCancelled(); }
   std::string ClientCertificate() override {
-    const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-    if (auth == nullptr) return {};
-    const std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
-    return pem.empty() ? std::string() : std::string(pem.front().data(), pem.front().size());
+    if (const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context()) {
+      const std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
+      if (!pem.empty()) return std::string(pem.front().data(), pem.front().size());
+    }
+    return service_->client_certificates_ ? service_->client_certificates_(context.peer())
+                                          : std::string();
   }
   absl::Status Encode(const inference::ModelInferResponse& message,
                       std::vector<OutputTensor>& outputs) override {

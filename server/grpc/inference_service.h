@@ -25,17 +25,19 @@
 #ifndef PRECOMPILE_SERVER_GRPC_INFERENCE_SERVICE_H_
 #define PRECOMPILE_SERVER_GRPC_INFERENCE_SERVICE_H_
 
+#include <grpcpp/support/byte_buffer.h>
+
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <grpcpp/support/byte_buffer.h>
-
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "proto/inference.grpc.pb.h"
 #include "server/api/control_access.h"
@@ -72,6 +74,13 @@ class InferenceService final
   // inference.GRPCInferenceService.
   static const google::protobuf::ServiceDescriptor& Described();
 
+  // Where gRPC does not end TLS itself (the server's front does): the
+  // certificate the client of the connection gRPC names `grpc_peer`
+  // presented. Set before StartServing.
+  using ClientCertificates = std::function<std::string(absl::string_view grpc_peer)>;
+  void SetClientCertificates(ClientCertificates certificates) {
+    client_certificates_ = std::move(certificates);
+  }
   // Starts answering ModelInfer from `cq`, a completion queue of the server
   // this service is registered with.
   void StartServing(std::unique_ptr<grpc::ServerCompletionQueue> cq);
@@ -136,6 +145,7 @@ class InferenceService final
 
   const int pollers_;
   const AnswerLimits answer_limits_;
+  ClientCertificates client_certificates_;
   std::atomic<int64_t> unsent_answer_bytes_{0};
   // The calls whose answers wait for their clients, oldest first (those
   // answered while a timeout is set).

@@ -2,9 +2,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/bio.h>
 #include <openssl/err.h>
-#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -27,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/listen_socket.h"
 #include "base/log_text.h"
+#include "base/tls_server.h"
 
 namespace precompile::server {
 namespace {
@@ -72,60 +71,6 @@ const char* ReasonPhrase(int status) {
     case 505: return "HTTP Version Not Supported";
     default: return "Status";
   }
-}
-
-struct SslCtxFree {
-  void operator()(SSL_CTX* ctx) const { SSL_CTX_free(ctx); }
-};
-struct SslFree {
-  void operator()(SSL* ssl) const { SSL_free(ssl); }
-};
-
-// The TLS context: the certificate chain and key and, with a client CA,
-// client certificates asked for and checked when given but not required at
-// the handshake.
-absl::StatusOr<std::unique_ptr<SSL_CTX, SslCtxFree>> MakeTlsContext(
-    const HttpTransportOptions& options) {
-  std::unique_ptr<SSL_CTX, SslCtxFree> ctx(SSL_CTX_new(TLS_server_method()));
-  if (ctx == nullptr) return absl::InternalError("cannot make a TLS context");
-  if (SSL_CTX_use_certificate_chain_file(ctx.get(), options.tls_cert_file.c_str()) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot serve HTTPS: cannot use the TLS certificate ", options.tls_cert_file));
-  }
-  if (SSL_CTX_use_PrivateKey_file(ctx.get(), options.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_check_private_key(ctx.get()) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot serve HTTPS: cannot use the TLS key ",
-                                                   options.tls_key_file, " with the certificate ",
-                                                   options.tls_cert_file));
-  }
-  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
-  // Renegotiation costs the server a handshake per request of the client's.
-  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION);
-  SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  if (!options.tls_client_ca_file.empty()) {
-    if (SSL_CTX_load_verify_locations(ctx.get(), options.tls_client_ca_file.c_str(), nullptr) !=
-        1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot serve HTTPS: cannot read the client CA ", options.tls_client_ca_file));
-    }
-    if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(options.tls_client_ca_file.c_str())) {
-      SSL_CTX_set_client_CA_list(ctx.get(), names);
-    }
-    SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
-  }
-  return ctx;
-}
-
-// Written as gRPC writes its clients' (PEM_write_bio_X509), so that a
-// client's certificate reads the same over both transports.
-std::string PeerCertificatePem(SSL* ssl) {
-  X509* peer = SSL_get0_peer_certificate(ssl);
-  if (peer == nullptr) return {};
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new(BIO_s_mem()), &BIO_free);
-  if (bio == nullptr || PEM_write_bio_X509(bio.get(), peer) != 1) return {};
-  char* data = nullptr;
-  const long size = BIO_get_mem_data(bio.get(), &data);
-  return size > 0 ? std::string(data, static_cast<size_t>(size)) : std::string();
 }
 
 }  // namespace
@@ -278,7 +223,9 @@ void HttpExchange::Answer(HttpAnswer answer) {
 
 absl::Status HttpTransportLoop::Open() {
   if (!options_.tls_cert_file.empty()) {
-    auto tls = MakeTlsContext(options_);
+    auto tls = MakeTlsServerContext(
+        {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file}, "HTTPS",
+        /*require_client_certificate=*/false);
     if (!tls.ok()) return tls.status();
     tls_ = *std::move(tls);
   }
