@@ -17,6 +17,9 @@ import re
 import select
 import signal
 import socket
+import ssl
+import struct
+import subprocess
 import sys
 import threading
 import time
@@ -713,6 +716,75 @@ def test_a_connection_that_resets_calls_faster_than_allowed_is_closed(tmp_path):
         for client in (paced, flood):
             if client is not None:
                 client.close()
+        assert process.stop() == 0, process.log()
+
+
+def _send_all_tls(sock, data):
+    """sendall on a non-blocking TLS socket (retried with the same bytes, as
+    TLS needs); False once the server has ended the connection."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            select.select([sock], [sock], [], 1)
+        except OSError:
+            return False
+    return True
+
+
+def test_a_reset_flood_over_tls_is_closed_by_the_front(tmp_path):
+    # With --tls_cert the front ends TLS itself, so its limits hold on TLS
+    # ports too: before, gRPC took such ports' connections, and nothing
+    # bounded a rapid reset there.
+    from raw_http2_clients import INFER_PATH, PREFACE, END_HEADERS, call_headers, frame
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", "server.key", "-out", "server.crt"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    process, port, metrics_port = mlp_behind_the_front(
+        tmp_path, f"--tls_cert={tmp_path}/server.crt", f"--tls_key={tmp_path}/server.key",
+        "--grpc_max_resets_per_second=50")
+    try:
+        context = ssl.create_default_context(cafile=str(tmp_path / "server.crt"))
+        context.set_alpn_protocols(["h2"])
+        sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port)),
+                                   server_hostname="localhost")
+        assert sock.selected_alpn_protocol() == "h2"
+        sock.setblocking(False)
+        headers, cancel = call_headers(INFER_PATH), struct.pack(">I", 8)
+        open_ = _send_all_tls(sock, PREFACE + frame(4, 0, 0) + frame(4, 1, 0))
+        stream, deadline, ended = 1, time.monotonic() + 10, False
+        while open_ and not ended and time.monotonic() < deadline:
+            open_ = _send_all_tls(sock, b"".join(
+                frame(1, END_HEADERS, s, headers) + frame(3, 0, s, cancel)
+                for s in range(stream, stream + 200, 2)))
+            stream += 200
+            try:
+                while True:  # What the server sent, kept for nothing.
+                    if not sock.recv(1 << 20):
+                        ended = True
+                        break
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                pass
+            except OSError:
+                ended = True
+        sock.close()
+        assert ended or not open_, "a connection resetting calls over TLS stayed open"
+        assert stream < 100000, stream
+        process.await_output(r"event=grpc_connection_closed .*rapid reset")
+        assert connections_closed(metrics_port, "resets") == 1
+        # A gRPC client over TLS is served on.
+        credentials = grpc.ssl_channel_credentials((tmp_path / "server.crt").read_bytes())
+        with grpc.secure_channel(f"localhost:{port}", credentials) as channel:
+            stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+            request = inference_pb2.ModelInferRequest(model_name="mlp")
+            request.inputs.add(name="x", datatype="FP32", shape=[8, 4])
+            request.raw_input_contents.append(np.ones((8, 4), np.float32).tobytes())
+            assert stub.ModelInfer(request, timeout=PROMPT_SECONDS).outputs[0].shape == [8, 3]
+    finally:
         assert process.stop() == 0, process.log()
 
 
