@@ -2,12 +2,13 @@
 // against loopback TCP without it: HTTP/2 DATA frames of 16 KiB (gRPC's
 // frame size) written as fast as a client can, to a sink in gRPC's place that
 // reads and drops them, or from such a source to a client that does. Each
-// line: direction, connections, route (`loopback`, or `frontN` for a front
-// relaying on N threads), GB/s over `--seconds`.
+// line: direction, connections, route (`loopback`, `frontN` for a front
+// relaying on N threads, `frontN+tls` for one ending TLS, the client's
+// encryption included), GB/s over `--seconds`.
 //
 //   bazel build --config=opt //bench:front_relay_bench
 //   bazel-bin/bench/front_relay_bench [--seconds=3] [--connections=1,4,16]
-//       [--relay_threads=1,4]
+//       [--relay_threads=1,4] [--tls]
 //
 // The client threads, the sink threads and the relay share the machine's
 // cores: on 2 cores it gives a lower bound on the relay's ceiling.
@@ -15,6 +16,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,8 +33,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/tls_server.h"
 #include "server/grpc/http2_front.h"
 #include "server/grpc/http2_test_frames.h"
 
@@ -39,6 +45,7 @@ ABSL_FLAG(std::vector<std::string>, connections, std::vector<std::string>({"1", 
           "Connections moving bytes at once, one measurement each");
 ABSL_FLAG(std::vector<std::string>, relay_threads, std::vector<std::string>({"1"}),
           "The fronts measured: each relays on this many threads");
+ABSL_FLAG(bool, tls, false, "Each front also ending TLS (a self-signed P-256 certificate)");
 
 namespace {
 
@@ -56,9 +63,23 @@ const std::string& DataFrames() {
   return *frames;
 }
 
-bool WriteAll(int fd, const char* data, size_t size) {
+// One end of a connection: its socket, and TLS over it on a TLS client's.
+// Each is used by one thread at a time.
+struct End {
+  int fd = -1;
+  SSL* ssl = nullptr;
+  ssize_t Write(const char* data, size_t size) const {
+    return ssl != nullptr ? SSL_write(ssl, data, static_cast<int>(size))
+                          : send(fd, data, size, MSG_NOSIGNAL);
+  }
+  ssize_t Read(char* into, size_t room) const {
+    return ssl != nullptr ? SSL_read(ssl, into, static_cast<int>(room)) : recv(fd, into, room, 0);
+  }
+};
+
+bool WriteAll(const End& end, const char* data, size_t size) {
   while (size > 0) {
-    const ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
+    const ssize_t n = end.Write(data, size);
     if (n <= 0) return false;
     data += n;
     size -= static_cast<size_t>(n);
@@ -67,20 +88,45 @@ bool WriteAll(int fd, const char* data, size_t size) {
 }
 
 // Writes frames until `stop`.
-void Source(int fd, const std::atomic<bool>& stop) {
+void Source(End end, const std::atomic<bool>& stop) {
   while (!stop.load(std::memory_order_relaxed)) {
-    if (!WriteAll(fd, DataFrames().data(), DataFrames().size())) return;
+    if (!WriteAll(end, DataFrames().data(), DataFrames().size())) return;
   }
 }
 
 // Reads and drops until the end, counting into `bytes`.
-void Sink(int fd, std::atomic<int64_t>& bytes) {
+void Sink(End end, std::atomic<int64_t>& bytes) {
   std::unique_ptr<char[]> buffer(new char[1 << 20]);
   for (;;) {
-    const ssize_t n = recv(fd, buffer.get(), 1 << 20, 0);
+    const ssize_t n = end.Read(buffer.get(), 1 << 20);
     if (n <= 0) return;
     bytes.fetch_add(n, std::memory_order_relaxed);
   }
+}
+
+// A self-signed certificate for the fronts that end TLS, made here: the
+// bench needs no files. The context is the server's but for the file
+// reading (base/tls_server.h).
+precompile::SslContext SelfSignedContext() {
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_EC_gen("P-256"), &EVP_PKEY_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), &X509_free);
+  ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), 1);
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), 0);
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()), 3600);
+  X509_set_pubkey(cert.get(), key.get());
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("localhost"), -1, -1, 0);
+  X509_set_issuer_name(cert.get(), name);
+  X509_sign(cert.get(), key.get(), EVP_sha256());
+  precompile::SslContext ctx(SSL_CTX_new(TLS_server_method()));
+  SSL_CTX_use_certificate(ctx.get(), cert.get());
+  SSL_CTX_use_PrivateKey(ctx.get(), key.get());
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION | SSL_OP_IGNORE_UNEXPECTED_EOF);
+  SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                                  SSL_MODE_RELEASE_BUFFERS);
+  return ctx;
 }
 
 int Connect(int port) {
@@ -126,12 +172,20 @@ class ServerEnds {
 
 // Moves bytes over `count` connections to `port` for `seconds`, upward
 // (client to server end) or downward; returns GB/s.
-double Measure(int port, ServerEnds& ends, int count, bool upward, absl::Duration seconds) {
-  std::vector<int> clients;
+// With `tls`, the clients speak TLS.
+double Measure(int port, ServerEnds& ends, int count, bool upward, absl::Duration seconds,
+               SSL_CTX* tls = nullptr) {
+  std::vector<End> clients;
   const std::string hello = std::string(kPreface) + Frame(4, 0, 0, "") + Frame(1, 4, 1, "h");
   for (int i = 0; i < count; ++i) {
-    clients.push_back(Connect(port));
-    WriteAll(clients.back(), hello.data(), hello.size());
+    End client{Connect(port)};
+    if (tls != nullptr) {
+      client.ssl = SSL_new(tls);
+      SSL_set_fd(client.ssl, client.fd);
+      if (SSL_connect(client.ssl) != 1) return -1;
+    }
+    clients.push_back(client);
+    WriteAll(client, hello.data(), hello.size());
   }
   std::vector<int> servers = ends.Wait(clients.size());
   if (servers.size() != clients.size()) return -1;
@@ -143,8 +197,9 @@ double Measure(int port, ServerEnds& ends, int count, bool upward, absl::Duratio
   std::atomic<int64_t> bytes{0};
   std::vector<std::thread> threads;
   for (size_t i = 0; i < clients.size(); ++i) {
-    const int from = upward ? clients[i] : servers[i];
-    const int to = upward ? servers[i] : clients[i];
+    const End server{servers[i]};
+    const End from = upward ? clients[i] : server;
+    const End to = upward ? server : clients[i];
     threads.emplace_back([from, &stop] { Source(from, stop); });
     threads.emplace_back([to, &bytes] { Sink(to, bytes); });
   }
@@ -156,12 +211,13 @@ double Measure(int port, ServerEnds& ends, int count, bool upward, absl::Duratio
                           absl::ToDoubleSeconds(absl::Now() - start);
   stop.store(true);
   for (size_t i = 0; i < clients.size(); ++i) {
-    shutdown(clients[i], SHUT_RDWR);
+    shutdown(clients[i].fd, SHUT_RDWR);
     shutdown(servers[i], SHUT_RDWR);
   }
   for (std::thread& t : threads) t.join();
   for (size_t i = 0; i < clients.size(); ++i) {
-    close(clients[i]);
+    SSL_free(clients[i].ssl);
+    close(clients[i].fd);
     close(servers[i]);
   }
   return gb_per_s;
@@ -173,26 +229,34 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const absl::Duration seconds = absl::Seconds(absl::GetFlag(FLAGS_seconds));
 
+  const precompile::SslContext server_tls = SelfSignedContext();
+  const precompile::SslContext client_tls(SSL_CTX_new(TLS_client_method()));
   struct Front {
-    int threads;
+    std::string route;
+    bool tls;
     ServerEnds ends;
     precompile::server::Http2FrontStats stats;
     std::unique_ptr<precompile::server::Http2Front> front;
   };
   std::vector<std::unique_ptr<Front>> fronts;
   for (const std::string& threads_text : absl::GetFlag(FLAGS_relay_threads)) {
-    auto& f = *fronts.emplace_back(std::make_unique<Front>());
-    f.threads = std::stoi(threads_text);
-    precompile::server::Http2FrontOptions options;
-    options.address = "127.0.0.1:0";
-    options.relay_threads = f.threads;
-    auto started = precompile::server::Http2Front::Start(
-        options, [ends = &f.ends](int fd) { ends->Add(fd); }, f.stats);
-    if (!started.ok()) {
-      std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
-      return 1;
+    for (bool tls : {false, true}) {
+      if (tls && !absl::GetFlag(FLAGS_tls)) continue;
+      auto& f = *fronts.emplace_back(std::make_unique<Front>());
+      f.route = absl::StrCat("front", threads_text, tls ? "+tls" : "");
+      f.tls = tls;
+      precompile::server::Http2FrontOptions options;
+      options.address = "127.0.0.1:0";
+      options.relay_threads = std::stoi(threads_text);
+      if (tls) options.tls = server_tls.get();
+      auto started = precompile::server::Http2Front::Start(
+          options, [ends = &f.ends](int fd) { ends->Add(fd); }, f.stats);
+      if (!started.ok()) {
+        std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
+        return 1;
+      }
+      f.front = *std::move(started);
     }
-    f.front = *std::move(started);
   }
 
   // Plain loopback TCP: a listener whose accepted connections are the
@@ -225,8 +289,9 @@ int main(int argc, char** argv) {
       const double plain = Measure(ntohs(address.sin_port), direct, count, upward, seconds);
       std::printf("%s %d loopback %.2f\n", direction, count, plain);
       for (auto& f : fronts) {
-        const double relayed = Measure(f->front->port(), f->ends, count, upward, seconds);
-        std::printf("%s %d front%d %.2f\n", direction, count, f->threads, relayed);
+        const double relayed = Measure(f->front->port(), f->ends, count, upward, seconds,
+                                       f->tls ? client_tls.get() : nullptr);
+        std::printf("%s %d %s %.2f\n", direction, count, f->route.c_str(), relayed);
       }
       std::fflush(stdout);
     }

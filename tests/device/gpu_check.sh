@@ -51,7 +51,8 @@
 #      it had several), side by side; aoti_direct_bench
 #      --device=cuda on medium, BERT and resnet18 (the in-process limit);
 #      and front_relay_bench, what the gRPC front moves on one relay
-#      thread and on four (bench/RESULTS.md sections 24, 26). Each of these
+#      thread and on four, plain and ending TLS (bench/RESULTS.md sections
+#      24, 26). Each of these
 #      steps runs within what is left of BUDGET_S (540) seconds;
 #   6. prints one summary and writes gpu_summary.json.
 #
@@ -623,8 +624,8 @@ for rows in 3 48; do
   direct "model_resnet18_${rows}" "$threads" --mode=model --artifact="$REPO/resnet18/1" \
     --shape="$rows,3,224,224"
 done
-within 40 "front relay bench" "$BUNDLE/bin/front_relay_bench" --seconds=2 --connections=1,16 \
-  --relay_threads=1,4 > "$OUT/front_relay.txt" 2>&1 || log "front_relay_bench failed (see front_relay.txt)"
+within 40 "front relay bench" "$BUNDLE/bin/front_relay_bench" --seconds=2 --connections=16 \
+  --relay_threads=1,4 --tls > "$OUT/front_relay.txt" 2>&1 || log "front_relay_bench failed (see front_relay.txt)"
 
 # 6. Summary.
 "$PYTHON" - "$OUT" "$CORRECT" <<'EOF'
