@@ -140,8 +140,11 @@ template <typename From, typename To, typename Seen>
 Flow MoveOnce(From& from, To& to, RelayPipe& pipe, char* scratch, size_t& read, Seen seen) {
   bool moved = false;
   if (!pipe.ended) {
+    // Not `into == scratch`: the end of a full pipe's buffer can be where
+    // the scratch buffer starts, and a full pipe was then replaced.
+    const bool into_pipe = !pipe.empty();
     char* into = scratch;
-    if (!pipe.empty()) {
+    if (into_pipe) {
       if (pipe.end == pipe.capacity && pipe.begin > 0) {
         std::memmove(pipe.data.get(), pipe.data.get() + pipe.begin, pipe.end - pipe.begin);
         pipe.end -= pipe.begin;
@@ -149,7 +152,7 @@ Flow MoveOnce(From& from, To& to, RelayPipe& pipe, char* scratch, size_t& read, 
       }
       into = pipe.data.get() + pipe.end;
     }
-    const size_t room = into == scratch ? pipe.capacity : pipe.capacity - pipe.end;
+    const size_t room = into_pipe ? pipe.capacity - pipe.end : pipe.capacity;
     if (room > 0) {
       const ssize_t n = from.Read(into, room);
       if (n > 0) {
@@ -157,7 +160,7 @@ Flow MoveOnce(From& from, To& to, RelayPipe& pipe, char* scratch, size_t& read, 
         if (!seen(absl::string_view(into, got))) return Flow::kFailed;
         read += got;
         moved = true;
-        if (into != scratch) {
+        if (into_pipe) {
           pipe.end += got;
         } else {
           ssize_t sent = to.Write(scratch, got);
