@@ -139,7 +139,7 @@ finish() {
 }
 trap finish EXIT
 trap 'exit 143' TERM INT  # so that a timeout's signal still packs the results
-# A lent machine's call has a time limit: the steps after the correctness
+# A GPU machine's run has a time limit: the steps after the correctness
 # checks each run within what is left of BUDGET_S seconds, and are skipped,
 # saying so, once it is spent, so that the results come back whatever happens.
 BUDGET_S=${BUDGET_S:-540}
