@@ -36,6 +36,8 @@ namespace {
 constexpr size_t kBytesPerTurn = 1 << 20;
 // How long accepting pauses when the process is out of descriptors.
 constexpr int kAcceptPauseMs = 100;
+// With name_peers: what the gRPC ends connect to, after the front's names.
+constexpr absl::string_view kPeerListenerName = "gRPC";
 
 bool WouldBlock() { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
 
@@ -83,6 +85,18 @@ class LogBudget {
  private:
   absl::Time last_ = absl::InfinitePast();
   int64_t skipped_ = 0;
+};
+
+// A Unix socket address in the abstract namespace (no file holds it).
+struct AbstractAddress {
+  explicit AbstractAddress(absl::string_view name) {
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path + 1, name.data(), name.size());
+    length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  }
+  sockaddr* get() { return reinterpret_cast<sockaddr*>(&address); }
+  sockaddr_un address{};
+  socklen_t length;
 };
 
 enum class Flow { kIdle, kMoved, kFailed };
@@ -291,6 +305,36 @@ struct Http2Front::Shared {
     victim.shard.doomed.push_back(&victim);
     victim.shard.Wake();
   }
+
+  // At max_connections, makes room for a new connection from `address`:
+  // dooms the one idle longest, or says the new one goes. Under mu.
+  bool MakeRoom(const sockaddr_storage& address, Http2FrontStats& stats) {
+    if (counted_connections < max_connections) return true;
+    // Room is made as the HTTP transport makes it: the connection with no
+    // call open that has gone longest without starting one goes (its client
+    // connects again when it has a call to make); with none, the new one goes.
+    // Calls, not bytes: pings and settings cost a client nothing to keep
+    // sending.
+    Connection* idle = nullptr;
+    for (Connection* connection : connections) {
+      if (!connection->doomed && connection->counted_streams == 0 &&
+          (idle == nullptr || connection->counted_last_opened < idle->counted_last_opened)) {
+        idle = connection;
+      }
+    }
+    stats.refused_connections.fetch_add(1);
+    if (int64_t unlogged = 0; refusals_logged.Take(absl::Now(), unlogged)) {
+      spdlog::warn(
+          "event=grpc_connection_refused peer={} open={} unlogged_before={} "
+          "reason=\"at most {} gRPC connections are open at once: {}\"",
+          idle != nullptr ? idle->peer : PeerAddress(address), counted_connections, unlogged,
+          max_connections,
+          idle != nullptr ? "closed the one idle longest" : "none is idle, closed the new one");
+    }
+    if (idle == nullptr) return false;
+    Doom(*idle);
+    return true;
+  }
 };
 
 absl::StatusOr<std::unique_ptr<Http2Front>> Http2Front::Start(const Http2FrontOptions& options,
@@ -340,13 +384,9 @@ absl::StatusOr<std::unique_ptr<Http2Front>> Http2Front::Start(const Http2FrontOp
     if (getrandom(&nonce, sizeof nonce, 0) != sizeof nonce) nonce = absl::ToUnixNanos(absl::Now());
     front->peer_names_ = absl::StrCat("precompile-front-", getpid(), "-", absl::Hex(nonce), "-");
     front->peer_listener_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    const std::string name = front->peer_names_ + "gRPC";
-    std::memcpy(address.sun_path + 1, name.data(), name.size());
-    const socklen_t length = offsetof(sockaddr_un, sun_path) + 1 + name.size();
+    AbstractAddress listener(absl::StrCat(front->peer_names_, kPeerListenerName));
     if (front->peer_listener_ < 0 ||
-        bind(front->peer_listener_, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+        bind(front->peer_listener_, listener.get(), listener.length) != 0 ||
         listen(front->peer_listener_, 64) != 0) {
       return absl::InternalError(
           absl::StrCat("cannot make the gRPC front's named ends: ", std::strerror(errno)));
@@ -497,6 +537,17 @@ void Http2Front::Accept(Shard& shard) {
       }
       return;
     }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    {
+      std::lock_guard<std::mutex> lock(shared.mu);
+      if (!shared.MakeRoom(address, stats_)) {
+        close(fd);
+        continue;
+      }
+    }
+    // Made outside the lock; only this thread adds connections, so the room
+    // made stays.
     const uint64_t id = next_connection_id_++;
     int pair[2];
     if (!MakeEnds(id, pair)) {
@@ -514,40 +565,7 @@ void Http2Front::Accept(Shard& shard) {
       }
       SSL_set_accept_state(ssl.get());
     }
-    const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     std::unique_lock<std::mutex> lock(shared.mu);
-    if (shared.counted_connections >= shared.max_connections) {
-      // Room is made as the HTTP transport makes it: the connection with no
-      // call open that has gone longest without starting one goes (its
-      // client connects again when it has a call to make); with none, the
-      // new one goes. Calls, not bytes: pings and settings cost a client
-      // nothing to keep sending.
-      Connection* idle = nullptr;
-      for (Connection* connection : shared.connections) {
-        if (!connection->doomed && connection->counted_streams == 0 &&
-            (idle == nullptr || connection->counted_last_opened < idle->counted_last_opened)) {
-          idle = connection;
-        }
-      }
-      stats_.refused_connections.fetch_add(1);
-      if (int64_t unlogged = 0; shared.refusals_logged.Take(absl::Now(), unlogged)) {
-        spdlog::warn(
-            "event=grpc_connection_refused peer={} open={} unlogged_before={} "
-            "reason=\"at most {} gRPC connections are open at once: {}\"",
-            idle != nullptr ? idle->peer : PeerAddress(address), shared.counted_connections,
-            unlogged, shared.max_connections,
-            idle != nullptr ? "closed the one idle longest" : "none is idle, closed the new one");
-      }
-      if (idle == nullptr) {
-        lock.unlock();
-        close(fd);
-        close(pair[0]);
-        close(pair[1]);
-        continue;
-      }
-      shared.Doom(*idle);
-    }
     Shard& to = *shards_[shared.next_shard++ % shards_.size()];
     auto owned = std::make_unique<Connection>(options_, PeerAddress(address), to);
     owned->client_fd = fd;
@@ -754,16 +772,10 @@ bool Http2Front::MakeEnds(uint64_t id, int ends[2]) {
   }
   const int front = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (front < 0) return false;
-  sockaddr_un named{};
-  named.sun_family = AF_UNIX;
-  const std::string name = absl::StrCat(peer_names_, id);
-  std::memcpy(named.sun_path + 1, name.data(), name.size());
-  const socklen_t length = offsetof(sockaddr_un, sun_path) + 1 + name.size();
-  sockaddr_un listener{};
-  socklen_t listener_length = sizeof listener;
-  if (bind(front, reinterpret_cast<sockaddr*>(&named), length) != 0 ||
-      getsockname(peer_listener_, reinterpret_cast<sockaddr*>(&listener), &listener_length) != 0 ||
-      connect(front, reinterpret_cast<sockaddr*>(&listener), listener_length) != 0) {
+  AbstractAddress named(absl::StrCat(peer_names_, id));
+  AbstractAddress listener(absl::StrCat(peer_names_, kPeerListenerName));
+  if (bind(front, named.get(), named.length) != 0 ||
+      connect(front, listener.get(), listener.length) != 0) {
     close(front);
     return false;
   }
@@ -778,7 +790,7 @@ bool Http2Front::MakeEnds(uint64_t id, int ends[2]) {
       close(front);
       return false;
     }
-    if (peer_length == length && std::memcmp(&peer, &named, length) == 0) {
+    if (peer_length == named.length && std::memcmp(&peer, &named.address, named.length) == 0) {
       ends[0] = front;
       ends[1] = grpc;
       return true;
