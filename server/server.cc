@@ -40,20 +40,24 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) 
   return contents.str();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
-    const ServerOptions& options) {
+// Whether the TLS flags go together, whoever ends TLS (gRPC or the front).
+absl::Status CheckTlsFlags(const ServerOptions& options) {
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError(
         "TLS needs both a certificate (--tls_cert) and its key (--tls_key)");
   }
-  if (options.tls_cert_file.empty()) {
-    if (!options.tls_client_ca_file.empty()) {
-      return absl::InvalidArgumentError(
-          "--tls_client_ca needs --tls_cert and --tls_key: client certificates "
-          "are checked only over TLS");
-    }
-    return grpc::InsecureServerCredentials();
+  if (options.tls_cert_file.empty() && !options.tls_client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca needs --tls_cert and --tls_key: client certificates "
+        "are checked only over TLS");
   }
+  return absl::OkStatus();
+}
+
+// gRPC's own credentials, for a port without the front. REQUIRES:
+// CheckTlsFlags(options).ok().
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& options) {
+  if (options.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
   grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   auto cert = ReadFile(options.tls_cert_file, "TLS certificate");
@@ -295,8 +299,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
 }
 
 absl::Status Server::Listen() {
-  auto credentials = Credentials(options_);
-  if (!credentials.ok()) return credentials.status();
+  if (absl::Status tls = CheckTlsFlags(options_); !tls.ok()) return tls;
   // The server's own health service (server/grpc/health_service.h).
   grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
@@ -321,6 +324,8 @@ absl::Status Server::Listen() {
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
         grpc::InsecureServerCredentials());
   } else {
+    auto credentials = Credentials(options_);
+    if (!credentials.ok()) return credentials.status();
     builder.AddListeningPort(options_.grpc_address, *credentials, &grpc_port_);
   }
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
