@@ -719,6 +719,42 @@ def test_a_connection_that_resets_calls_faster_than_allowed_is_closed(tmp_path):
         assert process.stop() == 0, process.log()
 
 
+def mlp_behind_the_front_over_tls(tmp_path, *flags):
+    """mlp_behind_the_front, the front ending TLS with a certificate for
+    localhost made here (tmp_path/server.crt)."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", "server.key", "-out", "server.crt"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    return mlp_behind_the_front(tmp_path, f"--tls_cert={tmp_path}/server.crt",
+                                f"--tls_key={tmp_path}/server.key", *flags)
+
+
+def assert_still_serving_over_tls(tmp_path, port):
+    """A gRPC client over TLS is answered, promptly."""
+    started = time.monotonic()
+    credentials = grpc.ssl_channel_credentials((tmp_path / "server.crt").read_bytes())
+    with grpc.secure_channel(f"localhost:{port}", credentials) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = inference_pb2.ModelInferRequest(model_name="mlp")
+        request.inputs.add(name="x", datatype="FP32", shape=[8, 4])
+        request.raw_input_contents.append(np.ones((8, 4), np.float32).tobytes())
+        assert stub.ModelInfer(request, timeout=PROMPT_SECONDS).outputs[0].shape == [8, 3]
+    assert time.monotonic() - started < PROMPT_SECONDS
+
+
+def client_hello() -> bytes:
+    """The first bytes a TLS client sends: its ClientHello record."""
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(["h2"])
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
 def _send_all_tls(sock, data):
     """sendall on a non-blocking TLS socket (retried with the same bytes, as
     TLS needs); False once the server has ended the connection."""
@@ -739,14 +775,8 @@ def test_a_reset_flood_over_tls_is_closed_by_the_front(tmp_path):
     # bounded a rapid reset there.
     from raw_http2_clients import INFER_PATH, PREFACE, END_HEADERS, call_headers, frame
 
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-                    "-nodes", "-days", "2", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-                    "-keyout", "server.key", "-out", "server.crt"],
-                   cwd=tmp_path, check=True, capture_output=True)
-    process, port, metrics_port = mlp_behind_the_front(
-        tmp_path, f"--tls_cert={tmp_path}/server.crt", f"--tls_key={tmp_path}/server.key",
-        "--grpc_max_resets_per_second=50")
+    process, port, metrics_port = mlp_behind_the_front_over_tls(tmp_path,
+                                                                "--grpc_max_resets_per_second=50")
     try:
         context = ssl.create_default_context(cafile=str(tmp_path / "server.crt"))
         context.set_alpn_protocols(["h2"])
@@ -776,15 +806,39 @@ def test_a_reset_flood_over_tls_is_closed_by_the_front(tmp_path):
         assert stream < 100000, stream
         process.await_output(r"event=grpc_connection_closed .*rapid reset")
         assert connections_closed(metrics_port, "resets") == 1
-        # A gRPC client over TLS is served on.
-        credentials = grpc.ssl_channel_credentials((tmp_path / "server.crt").read_bytes())
-        with grpc.secure_channel(f"localhost:{port}", credentials) as channel:
-            stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
-            request = inference_pb2.ModelInferRequest(model_name="mlp")
-            request.inputs.add(name="x", datatype="FP32", shape=[8, 4])
-            request.raw_input_contents.append(np.ones((8, 4), np.float32).tobytes())
-            assert stub.ModelInfer(request, timeout=PROMPT_SECONDS).outputs[0].shape == [8, 3]
+        assert_still_serving_over_tls(tmp_path, port)
     finally:
+        assert process.stop() == 0, process.log()
+
+
+def test_tls_handshakes_left_half_done_keep_no_client_out(tmp_path):
+    # A TLS connection costs the front its handshake's state before any
+    # call is open. Connections that stop part-way through the handshake
+    # (half a ClientHello, or all of it and no answer to the server's reply)
+    # are connections with no call open: past --grpc_max_connections they
+    # give their place to new ones, and a client over TLS is served.
+    process, port, _ = mlp_behind_the_front_over_tls(tmp_path, "--grpc_max_connections=16")
+    hello = client_hello()
+    stalled = []
+    try:
+        for i in range(48):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(hello[:len(hello) // 2] if i % 2 else hello)
+            stalled.append(s)
+        process.await_output(r"event=grpc_connection_refused .*closed the one idle longest")
+        assert_still_serving_over_tls(tmp_path, port)
+        # The ones given up were closed, not left to hang: of the first 16,
+        # the front has ended every one.
+        for s in stalled[:16]:
+            s.settimeout(PROMPT_SECONDS)
+            try:
+                while s.recv(65536):
+                    pass
+            except ConnectionResetError:
+                pass
+    finally:
+        for s in stalled:
+            s.close()
         assert process.stop() == 0, process.log()
 
 
