@@ -4,8 +4,8 @@
 // register themselves when the library loads ("Unsupported device key found:
 // cuda" otherwise). It is loaded at run time rather than linked because it
 // and its CUDA libraries bring over 100 KiB of static thread-local storage
-// into every thread, which makes threads created with small stacks (such as
-// the metrics HTTP server's) fail to start, and because a CPU-only server
+// into every thread, which makes threads created with small stacks fail to
+// start (a metrics HTTP server's once did), and because a CPU-only server
 // should not load gigabytes of CUDA libraries.
 #ifndef PRECOMPILE_RUNTIME_CUDA_SUPPORT_H_
 #define PRECOMPILE_RUNTIME_CUDA_SUPPORT_H_

@@ -46,8 +46,8 @@ class DurationHistogram {
   std::atomic<int64_t> sum_ns_{0};
 };
 
-// A histogram metric: one name, its series by labels. Register it with a
-// prometheus::Exposer like a Registry.
+// A histogram metric: one name, its series by labels, collected by
+// ServerMetrics, which serves it beside its Registry.
 class DurationHistogramFamily final : public prometheus::Collectable {
  public:
   DurationHistogramFamily(std::string name, std::string help,

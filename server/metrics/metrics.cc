@@ -1,16 +1,21 @@
 #include "server/metrics/metrics.h"
 
+#include <prometheus/text_serializer.h>
 #include <unistd.h>
 
 #include <exception>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/log_text.h"
+#include "server/http/http_transport.h"
 
 namespace precompile::server {
 namespace {
@@ -32,6 +37,51 @@ std::vector<absl::Duration> DispatchBuckets() {
 
 
 }  // namespace
+
+// GET /metrics: the collectables' series in Prometheus's text format,
+// rendered on a worker (collecting reads the scheduler and /proc).
+class MetricsHttpHandler final : public HttpHandler {
+ public:
+  explicit MetricsHttpHandler(std::vector<std::shared_ptr<prometheus::Collectable>> collectables)
+      : collectables_(std::move(collectables)) {}
+
+  std::optional<HttpAnswer> Screen(const HttpRequest& request) override {
+    if (request.head.path != "/metrics") {
+      return Refusal(404, absl::StrCat("this port serves /metrics only, not ",
+                                       LoggedText(request.head.path, 256)));
+    }
+    if (request.head.method != "GET") {
+      HttpAnswer answer = Refusal(405, "/metrics is read with GET or HEAD");
+      answer.fields.emplace_back("Allow", "GET, HEAD");
+      return answer;
+    }
+    return std::nullopt;
+  }
+
+  void Handle(HttpExchange& exchange) override {
+    std::vector<prometheus::MetricFamily> families;
+    for (const auto& collectable : collectables_) {
+      std::vector<prometheus::MetricFamily> collected = collectable->Collect();
+      families.insert(families.end(), std::make_move_iterator(collected.begin()),
+                      std::make_move_iterator(collected.end()));
+    }
+    HttpAnswer answer;
+    answer.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    answer.body = prometheus::TextSerializer().Serialize(families);
+    exchange.Answer(std::move(answer));
+  }
+
+  HttpAnswer Refusal(int status, absl::string_view message) override {
+    HttpAnswer answer;
+    answer.status = status;
+    answer.content_type = "text/plain; charset=utf-8";
+    answer.body = absl::StrCat(message, "\n");
+    return answer;
+  }
+
+ private:
+  const std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+};
 
 // Gauges read when Prometheus scrapes: the server's load and the
 // process's memory (the names and meanings of Prometheus's client libraries,
@@ -256,28 +306,38 @@ ServerMetrics::ServerMetrics()
           "Variant or eager program run time per frame call", RequestBuckets())),
       loaded_gauge_(models_loaded_.Add({})) {}
 
-ServerMetrics::~ServerMetrics() = default;
+ServerMetrics::~ServerMetrics() {
+  // No scrape may read the series while they go.
+  if (http_ != nullptr) http_->Stop();
+}
 
 absl::Status ServerMetrics::StartHttp(const std::string& address) {
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve metrics on ", address, ": ", e.what()));
+  http_handler_ =
+      std::make_unique<MetricsHttpHandler>(std::vector<std::shared_ptr<prometheus::Collectable>>{
+          registry_, load_, request_duration_, dispatch_duration_, execution_duration_});
+  HttpTransportOptions options;
+  options.address = address;
+  // Prometheus scrapes one request at a time per target; a client that
+  // sends slowly or not at all holds a connection, not a worker.
+  options.workers = 2;
+  options.max_connections = 64;
+  options.max_head_bytes = 8 << 10;
+  options.max_body_bytes = 0;
+  options.max_body_flag = "/metrics takes no body";
+  // Answers a client does not read: a scrape's text is KiBs to a few MiB.
+  options.max_body_buffer_bytes = 64 << 20;
+  options.request_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<HttpTransport>> started =
+      HttpTransport::Start(options, *http_handler_);
+  if (!started.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", started.status().message()));
   }
-  exposer_->RegisterCollectable(registry_);
-  exposer_->RegisterCollectable(load_);
-  for (const auto& family : {request_duration_, dispatch_duration_, execution_duration_}) {
-    exposer_->RegisterCollectable(family);
-  }
+  http_ = *std::move(started);
   return absl::OkStatus();
 }
 
-int ServerMetrics::http_port() const {
-  if (!exposer_) return 0;
-  std::vector<int> ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
-}
+int ServerMetrics::http_port() const { return http_ == nullptr ? 0 : http_->port(); }
 
 std::shared_ptr<ModelMetrics> ServerMetrics::ForModel(const std::string& model,
                                                       int64_t version,

@@ -22,7 +22,6 @@
 
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -140,13 +139,18 @@ class ModelMetrics final : public ModelRecorder {
   std::vector<std::pair<prometheus::Family<prometheus::Gauge>*, prometheus::Gauge*>> gauges_;
 };
 
+class HttpTransport;
+class MetricsHttpHandler;
+
 class ServerMetrics {
  public:
   ServerMetrics();
   ~ServerMetrics();
 
-  // Serves /metrics at `address` ("host:port"; port 0 picks a free one).
-  // UNAVAILABLE if it cannot listen there.
+  // Serves /metrics at `address` ("host:port"; port 0 picks a free one),
+  // over the server's own HTTP transport (server/http/http_transport.h): a
+  // client that sends slowly, half a request or nothing holds no thread, so
+  // none keeps Prometheus out. UNAVAILABLE if it cannot listen there.
   absl::Status StartHttp(const std::string& address);
   // The port /metrics listens on; 0 before StartHttp.
   int http_port() const;
@@ -174,7 +178,6 @@ class ServerMetrics {
   friend class ModelMetrics;
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& unknown_model_requests_;
   prometheus::Family<prometheus::Counter>& frame_calls_;
@@ -197,6 +200,10 @@ class ServerMetrics {
   const std::shared_ptr<DurationHistogramFamily> dispatch_duration_;
   const std::shared_ptr<DurationHistogramFamily> execution_duration_;
   prometheus::Gauge& loaded_gauge_;
+  // What answers /metrics, and the transport it answers on (which must go
+  // first).
+  std::unique_ptr<MetricsHttpHandler> http_handler_;
+  std::unique_ptr<HttpTransport> http_;
   std::mutex mu_;
   // precompile_model_ready of each model the repository has; the models
   // loaded are those whose gauge is 1.

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -686,6 +687,40 @@ def test_grpc_connections_that_say_nothing_keep_no_client_out(tmp_path):
             s.close()
         assert process.stop() == 0, process.log()
 
+
+def test_clients_that_send_half_a_request_or_nothing_keep_no_scrape_out(tmp_path):
+    # The metrics port is unauthenticated, as Prometheus expects. It was
+    # served by a thread per connection (two threads): two connections that
+    # sent half a request kept every scrape out. It now runs on the server's
+    # own HTTP transport, where such connections hold no thread, and past
+    # 64 of them a new one takes the place of the one idle longest.
+    process, _, metrics_port = mlp_behind_the_front(tmp_path)
+    held = []
+    try:
+        for i in range(100):
+            s = socket.create_connection(("127.0.0.1", metrics_port))
+            if i % 2:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            held.append(s)
+        started = time.monotonic()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                      timeout=PROMPT_SECONDS).read()
+        assert time.monotonic() - started < PROMPT_SECONDS
+        assert b"precompile_models_loaded 1" in text, text[:2000]
+        # What the port does not serve is named, not served.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/v2/models/mlp",
+                                   timeout=PROMPT_SECONDS)
+        assert refused.value.code == 404
+        assert b"serves /metrics only" in refused.value.read()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{metrics_port}/metrics", data=b"{}"), timeout=PROMPT_SECONDS)
+        assert refused.value.code == 413
+    finally:
+        for s in held:
+            s.close()
+        assert process.stop() == 0, process.log()
 
 def test_a_connection_that_resets_calls_faster_than_allowed_is_closed(tmp_path):
     # HTTP/2's rapid reset: each call a client opens and resets at once costs
