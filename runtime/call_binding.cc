@@ -1,6 +1,7 @@
 #include "runtime/call_binding.h"
 
 #include <ATen/ops/aminmax.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
 #include <memory>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "runtime/cuda_support.h"
 #include "runtime/torch_dtype.h"
 #include "runtime/torch_errors.h"
 
@@ -167,8 +169,8 @@ absl::Status CheckIndexRanges(const artifact::v1::Frame& frame,
 
 absl::StatusOr<BoundArguments> BindArguments(const artifact::v1::Frame& frame,
                                              absl::string_view model,
-                                             absl::Span<const NamedValue> args,
-                                             DeviceType device) {
+                                             absl::Span<const NamedValue> args, DeviceType device,
+                                             CudaCopies copies) {
   const int n = frame.parameters_size();
   std::vector<std::optional<c10::IValue>> bound(n);
   BoundArguments result;
@@ -213,10 +215,20 @@ absl::StatusOr<BoundArguments> BindArguments(const artifact::v1::Frame& frame,
       // Requests arrive in host memory; the model's guards, variants and
       // eager programs see its arguments on the model's device.
       if (device == DeviceType::kCuda && !value.toTensor().is_cuda()) {
-        // Not blocking: from pageable memory CUDA returns once it has
-        // staged the bytes, and the model's work waits on the same stream.
+        // Not blocking either way: the model's work waits on the same
+        // stream. From pageable memory CUDA returns only once it has staged
+        // the bytes itself, in pieces; from pinned memory the copy is queued
+        // whole and the thread goes on (libtorch's pinned allocator keeps
+        // the buffer until the copy is done).
         absl::Status moved = CallTorch("copying a request tensor to the GPU", [&] {
-          value = value.toTensor().to(at::kCUDA, /*non_blocking=*/true);
+          at::Tensor host = value.toTensor();
+          if (copies == CudaCopies::kPinned) {
+            at::Tensor staged = at::empty(
+                host.sizes(), at::TensorOptions().dtype(host.scalar_type()).pinned_memory(true));
+            staged.copy_(host);
+            host = std::move(staged);
+          }
+          value = host.to(at::kCUDA, /*non_blocking=*/true);
         });
         if (!moved.ok()) return moved;
       }
@@ -237,9 +249,10 @@ absl::StatusOr<BoundArguments> BindArguments(const artifact::v1::Frame& frame,
   return result;
 }
 
-absl::StatusOr<std::vector<OutputTensor>> HostOutputs(
-    std::vector<at::Tensor> outputs, absl::Span<const at::Tensor> request_tensors,
-    const std::vector<bool>* on_device) {
+absl::StatusOr<std::vector<OutputTensor>> HostOutputs(std::vector<at::Tensor> outputs,
+                                                      absl::Span<const at::Tensor> request_tensors,
+                                                      const std::vector<bool>* on_device,
+                                                      CudaCopies copies) {
   std::vector<OutputTensor> host_outputs;
   host_outputs.reserve(outputs.size());
   for (const at::Tensor& t : outputs) {
@@ -249,11 +262,25 @@ absl::StatusOr<std::vector<OutputTensor>> HostOutputs(
                                               ", which cannot be returned"));
     }
   }
+  // Outputs are made contiguous, copied where they alias one of the request
+  // tensors or are a part of a larger tensor, and brought to the host
+  // unless they stay, all queued on the device's current stream; then the
+  // stream is waited for once.
+  int wait_for_device = -1;  // -1: nothing was queued.
+  std::vector<at::Tensor> kept(outputs.size());
+  std::vector<at::Tensor> pinned(outputs.size());
   absl::Status converted = CallTorch("reading the outputs", [&] {
     for (size_t i = 0; i < outputs.size(); ++i) {
       const at::Tensor& t = outputs[i];
       const bool stays = t.is_cuda() && on_device != nullptr && i < on_device->size() &&
                          (*on_device)[i];
+      if (t.is_cuda()) wait_for_device = t.get_device();
+      if (t.is_cuda() && !stays && copies == CudaCopies::kPinned) {
+        pinned[i] =
+            at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+        pinned[i].copy_(t, /*non_blocking=*/true);
+        continue;
+      }
       at::Tensor host = t.is_cuda() && !stays ? t.cpu() : t;
       host = host.contiguous();
       // An output may alias a request buffer (a frame that returns its
@@ -270,19 +297,37 @@ absl::StatusOr<std::vector<OutputTensor>> HostOutputs(
       // sequence's state between requests, a response being sent) counts
       // their nbytes.
       if (host.has_storage() && host.storage().nbytes() > host.nbytes()) copy = true;
-      if (copy) host = host.clone();
-      auto holder = std::make_shared<at::Tensor>(std::move(host));
-      OutputTensor out;
-      out.dtype = *FromScalarType(holder->scalar_type());
-      out.device = stays ? DeviceType::kCuda : DeviceType::kCpu;
-      out.shape.assign(holder->sizes().begin(), holder->sizes().end());
-      out.data = holder->data_ptr();
-      out.nbytes = holder->nbytes();
-      out.owner = std::shared_ptr<const void>(holder, holder->data_ptr());
-      host_outputs.push_back(std::move(out));
+      kept[i] = copy ? host.clone() : std::move(host);
     }
   });
   if (!converted.ok()) return converted;
+  // The copies to pinned memory are only queued so far, and another call,
+  // on another stream, may read what stays on the device.
+  if (wait_for_device >= 0) RETURN_IF_ERROR(SynchronizeCurrentStream(wait_for_device));
+  // Out of the pinned buffers, which go back to libtorch's cache at once,
+  // into memory the caller keeps: libtorch's CPU allocator, where the
+  // memory that calls hold is counted (runtime/inference_memory.h) and
+  // which, unlike pinned memory, the system may page out.
+  converted = CallTorch("reading the outputs", [&] {
+    for (size_t i = 0; i < pinned.size(); ++i) {
+      if (!pinned[i].defined()) continue;
+      kept[i] = at::empty(pinned[i].sizes(), at::TensorOptions().dtype(pinned[i].scalar_type()));
+      kept[i].copy_(pinned[i]);
+      pinned[i].reset();
+    }
+  });
+  if (!converted.ok()) return converted;
+  for (at::Tensor& t : kept) {
+    auto holder = std::make_shared<at::Tensor>(std::move(t));
+    OutputTensor out;
+    out.dtype = *FromScalarType(holder->scalar_type());
+    out.device = holder->is_cuda() ? DeviceType::kCuda : DeviceType::kCpu;
+    out.shape.assign(holder->sizes().begin(), holder->sizes().end());
+    out.data = holder->data_ptr();
+    out.nbytes = holder->nbytes();
+    out.owner = std::shared_ptr<const void>(holder, holder->data_ptr());
+    host_outputs.push_back(std::move(out));
+  }
   return host_outputs;
 }
 

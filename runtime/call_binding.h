@@ -26,6 +26,20 @@
 
 namespace precompile {
 
+// How tensors cross between host memory and a CUDA device.
+enum class CudaCopies {
+  // Straight from and to the host memory they are in (pageable): CUDA
+  // stages a copy to the device itself, the thread waiting, and each copy
+  // to the host waits for the stream.
+  kPageable,
+  // Through pinned buffers (libtorch's caching host allocator, which keeps
+  // what the most calls at once have used): a copy to the device is a
+  // memcpy on the host into one, then queued; copies to the host are queued
+  // into them, the stream waited for once for all, then each copied out on
+  // the host into memory the caller keeps.
+  kPinned,
+};
+
 struct BoundArguments {
   // One per parameter of the frame, defaults filled in, on the model's device.
   std::vector<c10::IValue> positional;
@@ -35,14 +49,15 @@ struct BoundArguments {
 };
 
 // Binds `args` to `frame`'s parameters by name; tensors are wrapped, not
-// copied, and then moved to `device`. `model` names the model in messages.
+// copied, and then moved to `device` (on CUDA, as `copies` says, queued on
+// the current stream). `model` names the model in messages.
 // Errors: INVALID_ARGUMENT naming the argument (unknown, given twice,
 // missing without a default, of the wrong kind, bytes that do not match its
 // shape, an index out of its range); INTERNAL when torch fails.
 absl::StatusOr<BoundArguments> BindArguments(const artifact::v1::Frame& frame,
                                              absl::string_view model,
-                                             absl::Span<const NamedValue> args,
-                                             DeviceType device);
+                                             absl::Span<const NamedValue> args, DeviceType device,
+                                             CudaCopies copies = CudaCopies::kPageable);
 
 // A parameter's recorded default.
 c10::IValue ScalarToIValue(const artifact::v1::Scalar& s);
@@ -56,13 +71,15 @@ absl::Status CheckIndexRanges(const artifact::v1::Frame& frame,
 // `outputs` as the caller keeps them: in host memory (but those on a CUDA
 // device whose index `on_device` marks, which stay there), contiguous,
 // copied where they alias one of `request_tensors` or are a part of a
-// larger tensor (an output's owner keeps alive only its nbytes). INTERNAL
-// for a dtype the protocol cannot carry, or when torch fails (a CUDA error
-// shows here first). Outputs left on the device may still be being
-// computed: the caller waits for its stream.
-absl::StatusOr<std::vector<OutputTensor>> HostOutputs(
-    std::vector<at::Tensor> outputs, absl::Span<const at::Tensor> request_tensors,
-    const std::vector<bool>* on_device = nullptr);
+// larger tensor (an output's owner keeps alive only its nbytes). Those on a
+// CUDA device come as `copies` says, on the current stream, which is waited
+// for before this returns: what stays on the device is computed by then, for
+// calls on other streams to read. INTERNAL for a dtype the protocol cannot
+// carry, or when torch fails (a CUDA error shows here first).
+absl::StatusOr<std::vector<OutputTensor>> HostOutputs(std::vector<at::Tensor> outputs,
+                                                      absl::Span<const at::Tensor> request_tensors,
+                                                      const std::vector<bool>* on_device = nullptr,
+                                                      CudaCopies copies = CudaCopies::kPageable);
 
 }  // namespace precompile
 

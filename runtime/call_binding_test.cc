@@ -2,6 +2,7 @@
 // by hand: no artifact, no compiled code.
 #include "runtime/call_binding.h"
 
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/ones.h>
@@ -10,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -140,6 +142,47 @@ TEST(HostOutputs, LeavesMarkedCudaOutputsOnTheDevice) {
   ASSERT_TRUE(bound.ok()) << bound.status();
   EXPECT_TRUE(bound->positional[0].toTensor().is_cuda());
   EXPECT_EQ(bound->positional[0].toTensor().data_ptr(), (*outputs)[0].data);
+}
+
+// Through pinned buffers: a request tensor reaches the device with its
+// values even when the caller's buffer changes as soon as binding returns,
+// and outputs come back whole, the one wait for the stream done before they
+// are read, into memory the caller keeps (not pinned: it is not counted,
+// and cannot be paged out).
+TEST(CudaCopies, PinnedBuffersCarryRequestsAndOutputsWhole) {
+  if (absl::Status cuda = LoadCudaSupport(); !cuda.ok()) GTEST_SKIP() << cuda;
+  Frame frame;
+  frame.set_name("forward");
+  Parameter* x = frame.add_parameters();
+  x->set_name("x");
+  x->set_kind(Parameter::TENSOR);
+  std::vector<float> request(1 << 20);
+  for (size_t i = 0; i < request.size(); ++i) request[i] = static_cast<float>(i % 1000);
+  absl::StatusOr<BoundArguments> bound = BindArguments(
+      frame, "m", {{"x", Tensor(DType::kFloat32, {1 << 20}, request.data(), 4 << 20)}},
+      DeviceType::kCuda, CudaCopies::kPinned);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  std::fill(request.begin(), request.end(), -1.0f);
+  const at::Tensor on_device = bound->positional[0].toTensor();
+  ASSERT_TRUE(on_device.is_cuda());
+  // Work queued after the copy on the same stream, as a model's is.
+  const at::Tensor doubled = on_device.mul(2);
+  const at::Tensor transposed = at::arange(12, at::kFloat).cuda().reshape({3, 4}).t();
+  absl::StatusOr<std::vector<OutputTensor>> outputs =
+      HostOutputs({doubled, transposed}, bound->request_tensors, nullptr, CudaCopies::kPinned);
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  const OutputTensor& first = (*outputs)[0];
+  EXPECT_EQ(first.device, DeviceType::kCpu);
+  EXPECT_FALSE(at::detail::getCUDAHooks().isPinnedPtr(first.data));
+  const float* values = static_cast<const float*>(first.data);
+  for (size_t i = 0; i < request.size(); i += 4099) {
+    ASSERT_EQ(values[i], 2.0f * static_cast<float>(i % 1000)) << "at " << i;
+  }
+  // A transposed output comes back contiguous, in its logical order.
+  const OutputTensor& second = (*outputs)[1];
+  EXPECT_EQ(second.shape, (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(static_cast<const float*>(second.data)[1], 4.0f);
+  EXPECT_EQ(second.nbytes, 48u);
 }
 
 TEST(CheckIndexRanges, NamesTheFrameTheArgumentAndAValueOutside) {

@@ -608,8 +608,10 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
     ASSIGN_OR_RETURN(on_device, CudaCall::Enter(impl.options.cuda_device_index,
                                                 impl.options.cuda_stream_per_call));
   }
+  const CudaCopies copies =
+      impl.options.cuda_pinned_staging ? CudaCopies::kPinned : CudaCopies::kPageable;
   ASSIGN_OR_RETURN(BoundArguments bound,
-                   BindArguments(*impl.entry->proto, impl.options.name, args, impl.device));
+                   BindArguments(*impl.entry->proto, impl.options.name, args, impl.device, copies));
 
   const ChargedCall charged;
   UseTorchThreadsOnThisThread();
@@ -632,15 +634,7 @@ absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args
   if (result.variant_id) call_result.variant_id = *result.variant_id;
   absl::StatusOr<std::vector<OutputTensor>> converted = HostOutputs(
       std::move(result.outputs), bound.request_tensors,
-      impl.device == DeviceType::kCuda ? call_context.outputs_on_device : nullptr);
-  if (converted.ok() && on_device != nullptr &&
-      std::any_of(converted->begin(), converted->end(),
-                  [](const OutputTensor& t) { return t.device != DeviceType::kCpu; })) {
-    // Another call, on another stream, may read what stays on the device.
-    if (absl::Status done = SynchronizeCurrentStream(impl.options.cuda_device_index); !done.ok()) {
-      converted = done;
-    }
-  }
+      impl.device == DeviceType::kCuda ? call_context.outputs_on_device : nullptr, copies);
   if (!converted.ok()) {
     // Copying a CUDA output to the host is where an asynchronous error shows.
     ProbeDeviceAfterFailure(impl.device, impl.options.cuda_device_index, converted.status());

@@ -59,6 +59,10 @@ struct LoadOptions {
   // runtime/cuda_support.h), rather than all on the device's default
   // stream. Default: true.
   bool cuda_stream_per_call = true;
+  // Request tensors go to a CUDA device, and outputs come back, through
+  // pinned host buffers, with one wait for the stream per call
+  // (CudaCopies::kPinned in runtime/call_binding.h). Default: true.
+  bool cuda_pinned_staging = true;
   // Refuse an artifact whose summary is not complete (uncovered frames or a
   // truncated capture). Default: false (such artifacts load and refuse the
   // calls they do not cover).

@@ -54,6 +54,10 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(bool, cuda_stream_per_call, true,
           "On CUDA, run each model call on a stream of its own (false: every call on the "
           "device's default stream, one after another)");
+ABSL_FLAG(bool, cuda_pinned_staging, true,
+          "On CUDA, copy request tensors to the device and outputs back through pinned host "
+          "buffers, waiting for the call's stream once (false: from and to pageable memory, "
+          "each copy back waiting)");
 ABSL_FLAG(bool, require_complete, false,
           "Refuse artifacts whose capture is incomplete (uncovered frames or truncated)");
 ABSL_FLAG(int, miss_signatures_per_frame, 64,
@@ -229,6 +233,7 @@ absl::StatusOr<precompile::server::ServerOptions> OptionsFromFlags() {
   }
   options.device = device;
   options.load_options.cuda_stream_per_call = absl::GetFlag(FLAGS_cuda_stream_per_call);
+  options.load_options.cuda_pinned_staging = absl::GetFlag(FLAGS_cuda_pinned_staging);
   options.load_options.require_complete = absl::GetFlag(FLAGS_require_complete);
   options.load_options.runners_per_variant = absl::GetFlag(FLAGS_runners_per_variant);
   const int miss_signatures = absl::GetFlag(FLAGS_miss_signatures_per_frame);

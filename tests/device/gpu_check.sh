@@ -46,9 +46,10 @@
 #      GPT-2 (requests per second are its tokens per second);
 #      bench/generation.py (tokens per second three ways: the cache kept by
 #      the server, sent back and forth, the prefix recomputed); the loads
-#      of BERT batched and resnet18 (both ways) again with
-#      --grpc_relay_threads=1 (the front's relay on one thread, as before
-#      it had several), side by side; aoti_direct_bench
+#      of medium, BERT and resnet18 again with --cuda_pinned_staging=false
+#      (copies from and to pageable memory), and of BERT batched and
+#      resnet18 (both ways) with --grpc_relay_threads=1 (the front's relay
+#      on one thread, as before it had several), side by side; aoti_direct_bench
 #      --device=cuda on medium, BERT and resnet18 (the in-process limit);
 #      and front_relay_bench, what the gRPC front moves on one relay
 #      thread and on four, plain and ending TLS (bench/RESULTS.md sections
@@ -184,10 +185,10 @@ export PYTHONPATH="$ROOT:$ROOT/capture:$ROOT/tests/device:$BUNDLE/python${PYTHON
 export TORCHINDUCTOR_CACHE_DIR="$W/inductor"
 
 # The runtime's CUDA unit tests that need no artifacts: a call's device and
-# stream, and outputs left in device memory.
+# stream, outputs left in device memory, copies through pinned buffers.
 UNIT=0
 { "$BUNDLE/bin/cuda_support_test" --gtest_filter='CudaCall.*:CudaSupport.LoadsOnDemand*' &&
-  "$BUNDLE/bin/call_binding_test" --gtest_filter='HostOutputs.*:BindArguments.*'; } \
+  "$BUNDLE/bin/call_binding_test" --gtest_filter='HostOutputs.*:BindArguments.*:CudaCopies.*'; } \
   > "$OUT/cuda_unit_tests.txt" 2>&1 || UNIT=1
 log "CUDA unit tests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_unit_tests.txt" | tr '\n' ' ')"
 
@@ -335,17 +336,29 @@ EOF
 
 # 3. Serve them.
 PORT=${PORT:-28501}
-"$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" \
-  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) --http_port=$((PORT + 2)) \
-  > "$OUT/server.log" 2>&1 &
-SERVER=$!
 CLIENT=("$BUNDLE/bin/precompile_client" --address="127.0.0.1:$PORT")
-for _ in $(seq 300); do
-  "${CLIENT[@]}" health > /dev/null 2>&1 && break
-  kill -0 "$SERVER" 2>/dev/null || { log "the server exited: $(tail -5 "$OUT/server.log")"; exit 1; }
-  sleep 1
-done
-"${CLIENT[@]}" health > /dev/null || { log "the server is not SERVING after 300 s"; exit 1; }
+serve() {  # log_name flags...: a server of the repository in $SERVER, once SERVING
+  local log_file="$OUT/$1.log"
+  shift
+  "$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" "$@" \
+    --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) --http_port=$((PORT + 2)) \
+    > "$log_file" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 300); do
+    "${CLIENT[@]}" health > /dev/null 2>&1 && return 0
+    kill -0 "$SERVER" 2>/dev/null || { log "the server exited: $(tail -5 "$log_file")"; return 1; }
+    ((SECONDS < BUDGET_S)) || break
+    sleep 1
+  done
+  log "the server is not SERVING ($log_file)"
+  return 1
+}
+stop_serving() {
+  kill -TERM "$SERVER" 2>/dev/null || true
+  wait "$SERVER" || true
+  SERVER=
+}
+serve server || exit 1
 
 # 4. Outputs against the CPU: the cases, their inputs and the eager CPU result.
 CASES="$W/cases"
@@ -582,26 +595,25 @@ PYTHONPATH=$GEN_PYTHONPATH within 150 "generation bench" "$PYTHON" bench/generat
   > "$OUT/generation_bench.txt" 2> "$OUT/generation_bench.log" ||
   log "generation bench failed or ran out of time: $(tail -3 "$OUT/generation_bench.log")"
 curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt" 2>/dev/null || true
-kill -TERM "$SERVER"; wait "$SERVER" || true
-SERVER=
-# The large requests again with the front relaying on one thread, as before
-# it had several: the two side by side, on one machine. (Streams per call
-# against the default stream, --cuda_stream_per_call=false, were measured
-# so on an H100: bench/RESULTS.md section 5, fourth run.)
-"$BUNDLE/bin/precompile_server" --model_repository="$REPO" --device="$DEVICE" --grpc_relay_threads=1 \
-  --listen_address=127.0.0.1 --grpc_port="$PORT" --metrics_port=$((PORT + 1)) --http_port=$((PORT + 2)) \
-  > "$OUT/server_one_relay_thread.log" 2>&1 &
-SERVER=$!
-for _ in $(seq 300); do
-  "${CLIENT[@]}" health > /dev/null 2>&1 && break
-  kill -0 "$SERVER" 2>/dev/null && ((SECONDS < BUDGET_S)) || break
-  sleep 1
-done
-for m in bert_batched resnet18 resnet18_batched; do
-  load "$m" "${m}_one_relay_thread"
-done
-kill -TERM "$SERVER"; wait "$SERVER" || true
-SERVER=
+stop_serving
+# The same loads against other settings, side by side on one machine: copies
+# from and to pageable memory rather than through pinned buffers; and the
+# large requests with the front relaying on one thread, as before it had
+# several. (Streams per call against the default stream,
+# --cuda_stream_per_call=false, were measured so on an H100:
+# bench/RESULTS.md section 5, fourth run.)
+if serve server_pageable --cuda_pinned_staging=false; then
+  for m in medium bert resnet18; do
+    load "$m" "${m}_pageable"
+  done
+fi
+stop_serving
+if serve server_one_relay_thread --grpc_relay_threads=1; then
+  for m in bert_batched resnet18 resnet18_batched; do
+    load "$m" "${m}_one_relay_thread"
+  done
+fi
+stop_serving
 
 rm -f "$OUT/direct.jsonl"
 direct() {  # label threads args...: the in-process limit
@@ -629,7 +641,7 @@ within 40 "front relay bench" "$BUNDLE/bin/front_relay_bench" --seconds=2 --conn
 
 # 6. Summary.
 "$PYTHON" - "$OUT" "$CORRECT" <<'EOF'
-import json, os, re, sys
+import glob, json, os, re, sys
 out, correct = sys.argv[1], sys.argv[2] == "0"
 correctness = json.load(open(f"{out}/correctness.json"))
 if os.path.exists(f"{out}/generation.json"):
@@ -640,16 +652,13 @@ summary = {"correct": correct, "correctness": correctness,
            "load": {}, "direct": []}
 if os.path.exists(f"{out}/generation_bench.json"):
     summary["generation_bench"] = json.load(open(f"{out}/generation_bench.json"))
-for m in ("mlp", "medium", "bert", "bert_batched", "resnet18", "resnet18_batched",
-          "gpt2_decoder_stateful", "bert_batched_one_relay_thread", "resnet18_one_relay_thread",
-          "resnet18_batched_one_relay_thread"):
-    p = f"{out}/load_{m}.json"
-    if os.path.exists(p):
-        summary["load"][m] = [
-            {"concurrency": ph["concurrency"], "rps": ph["throughput_rps"],
-             "p50_ms": ph["latency_ms"]["p50"], "p99_ms": ph["latency_ms"]["p99"],
-             "errors": ph["errors"], "outcomes": ph["outcomes"]}
-            for ph in json.load(open(p))["phases"]]
+for p in sorted(glob.glob(f"{out}/load_*.json")):
+    m = os.path.basename(p)[len("load_"):-len(".json")]
+    summary["load"][m] = [
+        {"concurrency": ph["concurrency"], "rps": ph["throughput_rps"],
+         "p50_ms": ph["latency_ms"]["p50"], "p99_ms": ph["latency_ms"]["p99"],
+         "errors": ph["errors"], "outcomes": ph["outcomes"]}
+        for ph in json.load(open(p))["phases"]]
 if os.path.exists(f"{out}/metrics.txt"):  # rows per execution of the batched models
     metrics = open(f"{out}/metrics.txt").read()
     for m in ("bert_batched", "resnet18_batched"):
