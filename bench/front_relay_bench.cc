@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <sys/socket.h>
@@ -25,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -104,9 +106,9 @@ void Sink(End end, std::atomic<int64_t>& bytes) {
   }
 }
 
-// A self-signed certificate for the fronts that end TLS, made here: the
-// bench needs no files. The context is the server's but for the file
-// reading (base/tls_server.h).
+// The server's TLS context (base/tls_server.h, ALPN "h2", as
+// server/server.cc makes it for the front), for a self-signed certificate
+// made here and written to a directory of its own: the bench needs no files.
 precompile::SslContext SelfSignedContext() {
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_EC_gen("P-256"), &EVP_PKEY_free);
   std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), &X509_free);
@@ -119,14 +121,29 @@ precompile::SslContext SelfSignedContext() {
                              reinterpret_cast<const unsigned char*>("localhost"), -1, -1, 0);
   X509_set_issuer_name(cert.get(), name);
   X509_sign(cert.get(), key.get(), EVP_sha256());
-  precompile::SslContext ctx(SSL_CTX_new(TLS_server_method()));
-  SSL_CTX_use_certificate(ctx.get(), cert.get());
-  SSL_CTX_use_PrivateKey(ctx.get(), key.get());
-  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
-  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION | SSL_OP_IGNORE_UNEXPECTED_EOF);
-  SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
-                                  SSL_MODE_RELEASE_BUFFERS);
-  return ctx;
+  std::string directory = absl::StrCat(getenv("TMPDIR") != nullptr ? getenv("TMPDIR") : "/tmp",
+                                       "/front_relay_bench.XXXXXX");
+  if (mkdtemp(directory.data()) == nullptr) return nullptr;
+  const precompile::TlsServerFiles files{directory + "/server.crt", directory + "/server.key", ""};
+  FILE* cert_file = fopen(files.cert_file.c_str(), "w");
+  FILE* key_file = fopen(files.key_file.c_str(), "w");
+  const bool written =
+      cert_file != nullptr && key_file != nullptr && PEM_write_X509(cert_file, cert.get()) == 1 &&
+      PEM_write_PrivateKey(key_file, key.get(), nullptr, nullptr, 0, nullptr, nullptr) == 1;
+  if (cert_file != nullptr) fclose(cert_file);
+  if (key_file != nullptr) fclose(key_file);
+  absl::StatusOr<precompile::SslContext> ctx =
+      written ? precompile::MakeTlsServerContext(files, "the bench's front", false,
+                                                 absl::string_view("\x02h2", 3))
+              : absl::InternalError("cannot write the certificate");
+  unlink(files.cert_file.c_str());
+  unlink(files.key_file.c_str());
+  rmdir(directory.c_str());
+  if (!ctx.ok()) {
+    fprintf(stderr, "%s\n", std::string(ctx.status().message()).c_str());
+    return nullptr;
+  }
+  return *std::move(ctx);
 }
 
 int Connect(int port) {
@@ -230,6 +247,7 @@ int main(int argc, char** argv) {
   const absl::Duration seconds = absl::Seconds(absl::GetFlag(FLAGS_seconds));
 
   const precompile::SslContext server_tls = SelfSignedContext();
+  if (server_tls == nullptr) return 1;
   const precompile::SslContext client_tls(SSL_CTX_new(TLS_client_method()));
   struct Front {
     std::string route;

@@ -314,10 +314,6 @@ absl::Status Server::Listen() {
           {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file},
           "gRPC over TLS", !options_.tls_client_ca_file.empty(), absl::string_view("\x02h2", 3));
       if (!tls.ok()) return tls.status();
-      // A client that closes without TLS's close_notify has ended, not failed.
-      SSL_CTX_set_options(tls->get(), SSL_OP_IGNORE_UNEXPECTED_EOF);
-      // An idle connection keeps no record buffers (about 34 KiB while in use).
-      SSL_CTX_set_mode(tls->get(), SSL_MODE_RELEASE_BUFFERS);
       front_tls_ = *std::move(tls);
     }
     acceptor = builder.experimental().AddExternalConnectionAcceptor(

@@ -75,7 +75,9 @@ struct Http2FrontOptions {
   // also accepts.
   int relay_threads = 1;
   // Ends TLS with this context (base/tls_server.h: ALPN "h2" for gRPC
-  // clients), which must outlive the front; null: plain HTTP/2.
+  // clients), which must outlive the front and which Start tunes for it
+  // (unexpected EOF is an end, idle connections release their buffers);
+  // null: plain HTTP/2.
   SSL_CTX* tls = nullptr;
   // Gives each connection's gRPC end a name (see above).
   bool name_peers = false;
