@@ -1,6 +1,7 @@
 #include "runtime/cuda_support.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <dlfcn.h>
@@ -94,6 +95,14 @@ CudaCall::~CudaCall() {
   // Both only set what is current for the thread.
   Cuda().exchangeStream(previous_->stream);
   Cuda().setDevice(previous_->device);
+}
+
+absl::Status CheckPinnedMemory() {
+  const absl::Status allocated = CallTorch("allocating pinned host memory", [] {
+    at::empty({1}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+  });
+  if (allocated.ok()) return allocated;
+  return absl::FailedPreconditionError(allocated.message());
 }
 
 absl::Status SynchronizeCurrentStream(int device_index) {

@@ -50,6 +50,11 @@ class CudaCall {
   std::unique_ptr<Previous> previous_;
 };
 
+// Whether libtorch allocates pinned host memory (runtime/call_binding.h's
+// CudaCopies::kPinned): FAILED_PRECONDITION naming why not. REQUIRES:
+// LoadCudaSupport succeeded.
+absl::Status CheckPinnedMemory();
+
 // Waits until the work queued on the calling thread's current stream of the
 // device (-1: the current device) is done. INTERNAL with CUDA's error.
 absl::Status SynchronizeCurrentStream(int device_index);

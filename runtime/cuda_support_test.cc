@@ -37,6 +37,9 @@ TEST(CudaSupport, LoadsOnDemandAndSaysWhetherADeviceIsUsable) {
   at::Tensor x = at::arange(6, at::kFloat).cuda();
   EXPECT_TRUE(x.is_cuda());
   EXPECT_TRUE(at::equal(x.cpu(), at::arange(6, at::kFloat)));
+  // Loaded after libtorch started, libtorch_cuda still gives it pinned
+  // memory (what --cuda_pinned_staging copies through).
+  EXPECT_TRUE(CheckPinnedMemory().ok()) << CheckPinnedMemory();
 }
 
 const c10::impl::DeviceGuardImplInterface& Cuda() {

@@ -2,9 +2,9 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/ones.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
-#include <c10/core/DefaultDtype.h>
 #include <spdlog/spdlog.h>
 #include <torch/headeronly/version.h>
 
@@ -20,6 +20,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/log_text.h"
 #include "base/status_macros.h"
 #include "runtime/artifact_reader.h"
 #include "runtime/call_binding.h"
@@ -31,10 +32,10 @@
 #include "runtime/inference_memory.h"
 #include "runtime/loaded_frame.h"
 #include "runtime/miss_log.h"
+#include "runtime/size_program.h"
 #include "runtime/torch_dtype.h"
 #include "runtime/torch_errors.h"
 #include "runtime/torch_threads.h"
-#include "runtime/size_program.h"
 #include "runtime/variant.h"
 
 namespace precompile {
@@ -554,6 +555,14 @@ absl::StatusOr<std::shared_ptr<LoadedVersion>> LoadedVersion::Load(const std::st
       return fail(absl::FailedPreconditionError(absl::StrCat(
           "the artifact was compiled for CUDA but CUDA is not usable here: ",
           cuda.message())));
+    }
+    if (impl->options.cuda_pinned_staging) {
+      if (absl::Status pinned = CheckPinnedMemory(); !pinned.ok()) {
+        // Copies from pageable memory are slower, not wrong.
+        spdlog::warn("event=cuda_pinned_staging_off model={} reason=\"{}\"", impl->options.name,
+                     LoggedText(pinned.message(), 512));
+        impl->options.cuda_pinned_staging = false;
+      }
     }
   }
   if (absl::Status s = impl->LoadFrames(); !s.ok()) return fail(s);
