@@ -13,9 +13,10 @@
 # cost dominates) and passthrough (FP32 [1024,4] in, 40 KiB out: the tensors'
 # encoding shows).
 #
-# perf_analyzer needs libb64 (Debian: libb64-0d) and libcudart.so.12, even on
-# the CPU: the script fetches the runtime's wheel from PyPI into
-# ~/.cache/precompile-bench/ once and points LD_LIBRARY_PATH at it.
+# perf_analyzer (from tritonclient 2.41.0's wheel) needs libb64 (Debian:
+# libb64-0d) and libcudart.so.12, even on the CPU: the script fetches both
+# wheels from PyPI into ~/.cache/precompile-bench/ once and points
+# LD_LIBRARY_PATH at the runtime.
 #
 # Placement as in bench/e2e.sh: the server on $SERVER_CPUS with one torch
 # thread and two inference threads, perf_analyzer on $CLIENT_CPUS. 128 HTTP
@@ -24,7 +25,7 @@
 #
 # Environment: OUT (results directory), ROUNDS (3), CONCURRENCY ("1 8 64"),
 # INTERVAL_MS (3000), SERVER_CPUS (1), CLIENT_CPUS (0), PORT_BASE (28600),
-# BUILD (1), BAZEL (bazel), BIN (bazel-out/k8-opt/bin).
+# BUILD (1), BAZEL (bazel), BIN (bazel-out/k8-opt/bin), PA (perf_analyzer).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -39,7 +40,7 @@ PORT_BASE=${PORT_BASE:-28600}
 BUILD=${BUILD:-1}
 BIN=${BIN:-"$ROOT/bazel-out/k8-opt/bin"}
 PY="$ROOT/.venv/bin/python"
-PA="$ROOT/.venv/bin/perf_analyzer"
+PA=${PA:-"$HOME/.cache/precompile-bench/tritonclient-2.41/tritonclient-2.41.0.data/data/bin/perf_analyzer"}
 GRPC_PORT=$((PORT_BASE + 1))
 HTTP_PORT=$((PORT_BASE + 2))
 
@@ -57,6 +58,17 @@ if [[ ! -f $cache/nvidia/cuda_runtime/lib/libcudart.so.12 ]]; then
   mkdir -p "$cache"
   "$PY" -m pip download -q --no-deps nvidia-cuda-runtime-cu12==12.9.79 -d "$cache"
   "$PY" -m zipfile -e "$cache"/nvidia_cuda_runtime_cu12-*.whl "$cache"
+fi
+# perf_analyzer itself left the tritonclient wheel after 2.41 (the
+# environment has a newer one, for the Python clients): taken from 2.41's.
+if [[ ! -x $PA ]]; then
+  log "fetching perf_analyzer (tritonclient 2.41.0's wheel)"
+  pa_cache="$HOME/.cache/precompile-bench/tritonclient-2.41"
+  mkdir -p "$pa_cache"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --platform manylinux1_x86_64 \
+    tritonclient==2.41.0 -d "$pa_cache"
+  "$PY" -m zipfile -e "$pa_cache"/tritonclient-2.41.0-*.whl "$pa_cache"
+  chmod +x "$PA"
 fi
 export LD_LIBRARY_PATH="$cache/nvidia/cuda_runtime/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 "$PA" --version > "$OUT/perf_analyzer_version.txt" 2>&1 || true
