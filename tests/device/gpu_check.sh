@@ -44,17 +44,17 @@
 #   5. runs precompile_load at concurrency 1, 8, 64 on mlp, medium, BERT and
 #      resnet18 (each unbatched and batched), and sequences of the stateful
 #      GPT-2 (requests per second are its tokens per second);
-#      bench/generation.py (tokens per second three ways: the cache kept by
-#      the server, sent back and forth, the prefix recomputed); the loads
-#      of medium, BERT and resnet18 again with --cuda_pinned_staging=false
-#      (copies from and to pageable memory), and of BERT batched and
-#      resnet18 (both ways) with --grpc_relay_threads=1 (the front's relay
-#      on one thread, as before it had several), side by side; aoti_direct_bench
-#      --device=cuda on medium, BERT and resnet18 (the in-process limit);
-#      and front_relay_bench, what the gRPC front moves on one relay
-#      thread and on four, plain and ending TLS (bench/RESULTS.md sections
-#      24, 26). Each of these
-#      steps runs within what is left of BUDGET_S (540) seconds;
+#      aoti_direct_bench --device=cuda on medium, BERT and resnet18 (the
+#      in-process limit); bench/generation.py (tokens per second three
+#      ways: the cache kept by the server, sent back and forth, the prefix
+#      recomputed); the loads of medium, BERT and resnet18 again at 8 and
+#      64 clients with --cuda_pinned_staging=false (copies from and to
+#      pageable memory), and of BERT batched and resnet18 (both ways) with
+#      --grpc_relay_threads=1 (the front's relay on one thread, as before
+#      it had several), side by side; and front_relay_bench, what the gRPC
+#      front moves on one relay thread and on four, plain and ending TLS
+#      (bench/RESULTS.md sections 24, 26). Each of these steps runs, in
+#      that order, within what is left of BUDGET_S (540) seconds;
 #   6. prints one summary and writes gpu_summary.json.
 #
 # DEVICE=cpu runs the same steps with CPU artifacts and --device=cpu: a dry
@@ -572,49 +572,18 @@ EOF
 for m in bert resnet18; do
   sed "s/\"model\": \"$m\"/\"model\": \"${m}_batched\"/" "$W/mix_$m.json" > "$W/mix_${m}_batched.json"
 done
-load() {  # mix results_name
-  log "load: $2 at concurrency 1,8,64"
+load() {  # mix results_name [concurrency]
+  local concurrency=${3:-1,8,64}
+  log "load: $2 at concurrency $concurrency"
   within 40 "load of $2" "$BUNDLE/bin/precompile_load" --address="127.0.0.1:$PORT" \
-    --mix="$W/mix_$1.json" --concurrency=1,8,64 --warmup=1 --duration=4 --quiet \
+    --mix="$W/mix_$1.json" --concurrency="$concurrency" --warmup=1 --duration=4 --quiet \
     --json_out="$OUT/load_$2.json" > "$OUT/load_$2.txt" || true
 }
 for m in mlp medium bert bert_batched resnet18 resnet18_batched gpt2_decoder_stateful; do
   load "$m" "$m"
 done
-# Generation three ways (the cache kept by the server, sent back and forth,
-# the prefix recomputed), per token and at 1, 8, 64 sequences (bench/generation.py).
-GEN_PYTHONPATH=$PYTHONPATH
-if ! "$PYTHON" -c 'import tritonclient.grpc' 2> /dev/null; then
-  "$PYTHON" -m pip install -q --no-index --no-deps --target "$W/site" "$BUNDLE"/wheels/*.whl ||
-    log "cannot install the carried python-rapidjson"
-  GEN_PYTHONPATH="$W/site:$BUNDLE/protobuf:$GEN_PYTHONPATH"
-fi
-log "generation bench"
-PYTHONPATH=$GEN_PYTHONPATH within 150 "generation bench" "$PYTHON" bench/generation.py \
-  "127.0.0.1:$PORT" "$OUT/generation_bench.json" client/python \
-  > "$OUT/generation_bench.txt" 2> "$OUT/generation_bench.log" ||
-  log "generation bench failed or ran out of time: $(tail -3 "$OUT/generation_bench.log")"
-curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt" 2>/dev/null || true
-stop_serving
-# The same loads against other settings, side by side on one machine: copies
-# from and to pageable memory rather than through pinned buffers; and the
-# large requests with the front relaying on one thread, as before it had
-# several. (Streams per call against the default stream,
-# --cuda_stream_per_call=false, were measured so on an H100:
-# bench/RESULTS.md section 5, fourth run.)
-if serve server_pageable --cuda_pinned_staging=false; then
-  for m in medium bert resnet18; do
-    load "$m" "${m}_pageable"
-  done
-fi
-stop_serving
-if serve server_one_relay_thread --grpc_relay_threads=1; then
-  for m in bert_batched resnet18 resnet18_batched; do
-    load "$m" "${m}_one_relay_thread"
-  done
-fi
-stop_serving
-
+# The in-process limit, while the server idles (what the budget leaves for
+# the steps after this may cut them short).
 rm -f "$OUT/direct.jsonl"
 direct() {  # label threads args...: the in-process limit
   local label=$1 threads=$2
@@ -636,6 +605,40 @@ for rows in 3 48; do
   direct "model_resnet18_${rows}" "$threads" --mode=model --artifact="$REPO/resnet18/1" \
     --shape="$rows,3,224,224"
 done
+# Generation three ways (the cache kept by the server, sent back and forth,
+# the prefix recomputed), per token and at 1, 8, 64 sequences (bench/generation.py).
+GEN_PYTHONPATH=$PYTHONPATH
+if ! "$PYTHON" -c 'import tritonclient.grpc' 2> /dev/null; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --target "$W/site" "$BUNDLE"/wheels/*.whl ||
+    log "cannot install the carried python-rapidjson"
+  GEN_PYTHONPATH="$W/site:$BUNDLE/protobuf:$GEN_PYTHONPATH"
+fi
+log "generation bench"
+PYTHONPATH=$GEN_PYTHONPATH within 150 "generation bench" "$PYTHON" bench/generation.py \
+  "127.0.0.1:$PORT" "$OUT/generation_bench.json" client/python \
+  > "$OUT/generation_bench.txt" 2> "$OUT/generation_bench.log" ||
+  log "generation bench failed or ran out of time: $(tail -3 "$OUT/generation_bench.log")"
+curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt" 2>/dev/null || true
+stop_serving
+# The same loads at 8 and 64 clients against other settings, side by side on
+# one machine: copies from and to pageable memory rather than through pinned
+# buffers; and the large requests with the front relaying on one thread, as
+# before it had several. (Streams per call against the default stream,
+# --cuda_stream_per_call=false, were measured so on an H100:
+# bench/RESULTS.md section 5, fourth run.)
+if serve server_pageable --cuda_pinned_staging=false; then
+  for m in medium bert resnet18; do
+    load "$m" "${m}_pageable" 8,64
+  done
+fi
+stop_serving
+if serve server_one_relay_thread --grpc_relay_threads=1; then
+  for m in bert_batched resnet18 resnet18_batched; do
+    load "$m" "${m}_one_relay_thread" 8,64
+  done
+fi
+stop_serving
+
 within 40 "front relay bench" "$BUNDLE/bin/front_relay_bench" --seconds=2 --connections=16 \
   --relay_threads=1,4 --tls > "$OUT/front_relay.txt" 2>&1 || log "front_relay_bench failed (see front_relay.txt)"
 
