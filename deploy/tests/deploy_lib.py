@@ -157,6 +157,11 @@ def quantity(value) -> float:
 # What gRPC keeps of one open stream, outside every quota: 50000 streams
 # opened on one connection grew the server by 880 MiB (SECURITY.md).
 GRPC_STREAM_BYTES = 18 << 10
+# What the gRPC front holds for one connection whose client or gRPC end does
+# not take what the other sends: 64 KiB each way (server/grpc/http2_front.h).
+FRONT_RELAY_BYTES = 2 * (64 << 10)
+# OpenSSL's record buffers of a TLS connection in use (released while idle).
+TLS_CONNECTION_BYTES = 34 << 10
 
 
 def requests_may_hold(values: dict):
@@ -164,16 +169,19 @@ def requests_may_hold(values: dict):
     `values` (name -> parsed value; the server's defaults for those left
     out): HTTP bodies arriving or answered, gRPC messages being received,
     admitted requests, a response for each, gRPC answers not taken yet, the
-    state stateful models keep for their sequences, and what gRPC keeps of
+    state stateful models keep for their sequences, what gRPC keeps of
     the streams open on all connections (--grpc_max_open_streams of about
-    18 KiB each, kept by the front of gRPC ports, TLS or not).
+    18 KiB each, kept by the front of gRPC ports, TLS or not), what the
+    front relays for each of --grpc_max_connections, and with TLS the
+    record buffers of every gRPC and HTTP connection.
     Returns (bytes, a description of the parts); ValueError for flags that
     leave memory unbounded."""
     default = {name: flag.default_value() for name, flag in server_flags().items()
                if name in ("max_in_flight_request_bytes", "grpc_memory_bytes",
                            "grpc_unsent_answer_bytes", "http_max_body_buffer_bytes",
                            "max_concurrent_requests", "max_message_bytes",
-                           "sequence_state_bytes", "grpc_max_open_streams")}
+                           "sequence_state_bytes", "grpc_max_open_streams",
+                           "grpc_max_connections", "http_max_connections", "grpc_front")}
     v = {**default, **values}
     for name in ("grpc_memory_bytes", "grpc_unsent_answer_bytes", "max_concurrent_requests",
                  "grpc_max_open_streams"):
@@ -187,14 +195,17 @@ def requests_may_hold(values: dict):
         requests = min(requests, v["max_in_flight_request_bytes"])
     responses = v["max_concurrent_requests"] * message
     streams = v["grpc_max_open_streams"] * GRPC_STREAM_BYTES
+    tls = TLS_CONNECTION_BYTES if values.get("tls_cert") else 0
+    connections = (v["grpc_max_connections"] * ((FRONT_RELAY_BYTES if v["grpc_front"] else 0) + tls)
+                   + v["http_max_connections"] * tls)
     held = (v["http_max_body_buffer_bytes"] + v["grpc_memory_bytes"] + requests + responses
-            + v["grpc_unsent_answer_bytes"] + v["sequence_state_bytes"] + streams)
+            + v["grpc_unsent_answer_bytes"] + v["sequence_state_bytes"] + streams + connections)
     parts = (f"HTTP bodies ({v['http_max_body_buffer_bytes']}), gRPC messages being received "
              f"({v['grpc_memory_bytes']}), admitted requests ({requests}), "
              f"{v['max_concurrent_requests']} responses of {message} bytes and gRPC answers not "
              f"taken yet ({v['grpc_unsent_answer_bytes']}), sequences' state "
              f"({v['sequence_state_bytes']}), {v['grpc_max_open_streams']} gRPC streams "
-             f"({streams})")
+             f"({streams}), connections' relay and TLS buffers ({connections})")
     return held, parts
 
 
