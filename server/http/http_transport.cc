@@ -276,11 +276,15 @@ void HttpTransportLoop::Wake() {
 }
 
 void HttpTransportLoop::Post(HttpExchange* exchange) {
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(answered_mu_);
     answered_.push_back(exchange);
+    first = answered_.size() == 1;
   }
-  Wake();
+  // The loop takes all answers at once after each wake: the one that found
+  // none waiting has woken it (or is about to), and it takes this one too.
+  if (first) Wake();
 }
 
 void HttpTransportLoop::Work() {
@@ -459,7 +463,9 @@ void HttpTransportLoop::OnEvent(Connection& c, uint32_t events) {
       return;
     case State::kHandled:
       // The client has gone while its request is handled.
-      if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) Drop(c);
+      if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) return Drop(c);
+      // A pipelined request, read once this one is answered.
+      if ((events & EPOLLIN) && Watch(EPOLL_CTL_MOD, c.fd, c.id, EPOLLRDHUP)) c.events = EPOLLRDHUP;
       return;
     case State::kWriting: return Flush(c);
     case State::kLingering: return Linger(c);
@@ -795,7 +801,12 @@ void HttpTransportLoop::UpdateEvents(Connection& c) {
       want = (c.tls_wants_other ? EPOLLOUT : EPOLLIN) | EPOLLRDHUP;
       if (!c.out.empty()) want |= EPOLLOUT;
       break;
-    case State::kHandled: want = EPOLLRDHUP; break;
+    // A client waiting for its answer sends nothing, so reading stays
+    // watched (two epoll_ctl calls a request fewer) until bytes come while
+    // the request is handled: OnEvent then stops watching them.
+    case State::kHandled:
+      want = (c.events & EPOLLIN) | EPOLLRDHUP;
+      break;
     case State::kWriting: want = c.tls_wants_other ? EPOLLIN : EPOLLOUT; break;
     case State::kLingering: want = EPOLLIN | EPOLLRDHUP; break;
   }

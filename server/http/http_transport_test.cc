@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -205,6 +206,30 @@ TEST_F(HttpTransportTest, AnswersKeptAliveAndPipelinedRequestsInOrder) {
   EXPECT_THAT(client.Answer(), HasSubstr("POST /b two"));
   EXPECT_THAT(client.Answer(), HasSubstr("alive"));
   EXPECT_THAT(client.Answer(), HasSubstr("POST /c 3"));
+}
+
+// A request sent while the one before it is handled waits in the socket:
+// the connection thread stops watching it (level-triggered, it would be
+// woken for it again and again, a core spent until the answer) and reads it
+// once the first is answered.
+TEST_F(HttpTransportTest, ARequestSentWhileTheLastIsHandledWaitsWithoutSpinning) {
+  Start();
+  Client client(port());
+  ASSERT_TRUE(client.Send("GET /hold HTTP/1.1\r\n\r\n"));
+  handler_.AwaitHolding(1);
+  ASSERT_TRUE(client.Send(Post("/next", "2")));
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  absl::SleepFor(absl::Milliseconds(500));
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  const absl::Duration cpu =
+      absl::DurationFromTimeval(after.ru_utime) + absl::DurationFromTimeval(after.ru_stime) -
+      absl::DurationFromTimeval(before.ru_utime) - absl::DurationFromTimeval(before.ru_stime);
+  EXPECT_LT(cpu, absl::Milliseconds(200)) << "the process was busy while nothing was to be done";
+  handler_.Release();
+  EXPECT_THAT(client.Answer(), HasSubstr("GET /hold"));
+  EXPECT_THAT(client.Answer(), HasSubstr("POST /next 2"));
 }
 
 TEST_F(HttpTransportTest, HeadIsAnsweredAsGetWithoutTheBody) {
