@@ -667,6 +667,18 @@ def test_streams_held_across_many_connections_are_bounded(tmp_path):
         assert process.stop() == 0, process.log()
 
 
+def held_connections(port, count, first_bytes):
+    """`count` connections to `port`, the i-th having sent first_bytes(i)
+    (nothing for b""), left open: the caller closes them."""
+    held = []
+    for i in range(count):
+        s = socket.create_connection(("127.0.0.1", port))
+        if sent := first_bytes(i):
+            s.sendall(sent)
+        held.append(s)
+    return held
+
+
 def test_grpc_connections_that_say_nothing_keep_no_client_out(tmp_path):
     # The front keeps at most --grpc_max_connections open: past it, a new
     # one takes the place of the connection with no call open that has been
@@ -675,11 +687,7 @@ def test_grpc_connections_that_say_nothing_keep_no_client_out(tmp_path):
     process, port, _ = mlp_behind_the_front(tmp_path, "--grpc_max_connections=16")
     silent = []
     try:
-        for i in range(32):
-            s = socket.create_connection(("127.0.0.1", port))
-            if i % 2:
-                s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-            silent.append(s)
+        silent = held_connections(port, 32, lambda i: b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" * (i % 2))
         assert_still_serving(process)
         process.await_output(r"event=grpc_connection_refused .*closed the one idle longest")
     finally:
@@ -697,11 +705,8 @@ def test_clients_that_send_half_a_request_or_nothing_keep_no_scrape_out(tmp_path
     process, _, metrics_port = mlp_behind_the_front(tmp_path)
     held = []
     try:
-        for i in range(100):
-            s = socket.create_connection(("127.0.0.1", metrics_port))
-            if i % 2:
-                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-            held.append(s)
+        held = held_connections(metrics_port, 100,
+                                lambda i: b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n" * (i % 2))
         started = time.monotonic()
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
                                       timeout=PROMPT_SECONDS).read()
@@ -856,10 +861,7 @@ def test_tls_handshakes_left_half_done_keep_no_client_out(tmp_path):
     hello = client_hello()
     stalled = []
     try:
-        for i in range(48):
-            s = socket.create_connection(("127.0.0.1", port))
-            s.sendall(hello[:len(hello) // 2] if i % 2 else hello)
-            stalled.append(s)
+        stalled = held_connections(port, 48, lambda i: hello[:len(hello) // 2] if i % 2 else hello)
         process.await_output(r"event=grpc_connection_refused .*closed the one idle longest")
         assert_still_serving_over_tls(tmp_path, port)
         # The ones given up were closed, not left to hang: of the first 16,
