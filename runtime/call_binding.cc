@@ -32,6 +32,13 @@ absl::string_view KindWord(Parameter::Kind kind) {
   }
 }
 
+// An uninitialised host tensor of `like`'s sizes and dtype in pinned memory
+// (libtorch's caching host allocator), which copies to and from a CUDA
+// device can be queued from.
+at::Tensor EmptyPinned(const at::Tensor& like) {
+  return at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type()).pinned_memory(true));
+}
+
 // A Value from the caller, as the interpreter and compiled code take it.
 absl::StatusOr<c10::IValue> ToIValue(const std::string& name,
                                      Parameter::Kind kind, const Value& value) {
@@ -223,8 +230,7 @@ absl::StatusOr<BoundArguments> BindArguments(const artifact::v1::Frame& frame,
         absl::Status moved = CallTorch("copying a request tensor to the GPU", [&] {
           at::Tensor host = value.toTensor();
           if (copies == CudaCopies::kPinned) {
-            at::Tensor staged = at::empty(
-                host.sizes(), at::TensorOptions().dtype(host.scalar_type()).pinned_memory(true));
+            at::Tensor staged = EmptyPinned(host);
             staged.copy_(host);
             host = std::move(staged);
           }
@@ -264,8 +270,9 @@ absl::StatusOr<std::vector<OutputTensor>> HostOutputs(std::vector<at::Tensor> ou
   }
   // Outputs are made contiguous, copied where they alias one of the request
   // tensors or are a part of a larger tensor, and brought to the host
-  // unless they stay, all queued on the device's current stream; then the
-  // stream is waited for once.
+  // unless they stay; what is queued on the device's current stream (copies
+  // to pinned memory, work on what stays) is then waited for once. A copy to
+  // pageable memory has waited for the stream itself.
   int wait_for_device = -1;  // -1: nothing was queued.
   std::vector<at::Tensor> kept(outputs.size());
   std::vector<at::Tensor> pinned(outputs.size());
@@ -274,10 +281,10 @@ absl::StatusOr<std::vector<OutputTensor>> HostOutputs(std::vector<at::Tensor> ou
       const at::Tensor& t = outputs[i];
       const bool stays = t.is_cuda() && on_device != nullptr && i < on_device->size() &&
                          (*on_device)[i];
-      if (t.is_cuda()) wait_for_device = t.get_device();
-      if (t.is_cuda() && !stays && copies == CudaCopies::kPinned) {
-        pinned[i] =
-            at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+      const bool queued = stays || (t.is_cuda() && copies == CudaCopies::kPinned);
+      if (queued) wait_for_device = t.get_device();
+      if (queued && !stays) {
+        pinned[i] = EmptyPinned(t);
         pinned[i].copy_(t, /*non_blocking=*/true);
         continue;
       }
