@@ -727,6 +727,7 @@ def test_clients_that_send_half_a_request_or_nothing_keep_no_scrape_out(tmp_path
             s.close()
         assert process.stop() == 0, process.log()
 
+
 def test_a_connection_that_resets_calls_faster_than_allowed_is_closed(tmp_path):
     # HTTP/2's rapid reset: each call a client opens and resets at once costs
     # the server a call and the client two frames. gRPC 1.51 has no limit on
