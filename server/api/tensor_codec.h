@@ -7,6 +7,7 @@
 #ifndef PRECOMPILE_SERVER_API_TENSOR_CODEC_H_
 #define PRECOMPILE_SERVER_API_TENSOR_CODEC_H_
 
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -31,9 +32,19 @@ absl::StatusOr<TensorArg> DecodeInput(const inference::ModelInferRequest& reques
                                       int index, std::string* storage);
 
 // Appends `tensor`'s name, datatype and shape to the response's outputs; its
-// bytes go on the wire with SerializeInferResponse (server/grpc/infer_response.h).
+// bytes go on the wire with SerializeInferResponse (server/grpc/infer_response.h)
+// or EncodeInferResponse (server/http/http_codec.h).
 void DescribeOutput(const OutputTensor& tensor, const std::string& name,
                     inference::ModelInferResponse* response);
+
+// Whether an output's bytes go on the wire from the tensor itself, which the
+// answer then holds until sent: one of kReferencedOutputBytes or more, with
+// an owner to hold. A smaller one is copied next to the message, where the
+// reference would cost more than the copy.
+inline constexpr size_t kReferencedOutputBytes = 8 * 1024;
+inline bool SentFromTensor(const OutputTensor& tensor) {
+  return tensor.nbytes >= kReferencedOutputBytes && tensor.owner != nullptr;
+}
 
 }  // namespace precompile::server
 

@@ -19,10 +19,6 @@ const uint32_t kRawOutputTag =
     WireFormatLite::MakeTag(inference::ModelInferResponse::kRawOutputContentsFieldNumber,
                             WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
 
-bool Referenced(const OutputTensor& t) {
-  return t.nbytes >= kReferencedOutputBytes && t.owner != nullptr;
-}
-
 // The tag and length in front of an output's bytes.
 size_t FieldHeaderSize(size_t nbytes) {
   return CodedOutputStream::VarintSize32(kRawOutputTag) + CodedOutputStream::VarintSize64(nbytes);
@@ -52,7 +48,7 @@ grpc::ByteBuffer SerializeInferResponse(const inference::ModelInferResponse& res
   std::vector<size_t> copied(1, response.ByteSizeLong());
   for (const OutputTensor& t : outputs) {
     copied.back() += FieldHeaderSize(t.nbytes);
-    if (Referenced(t)) {
+    if (SentFromTensor(t)) {
       copied.push_back(0);
     } else {
       copied.back() += t.nbytes;
@@ -67,7 +63,7 @@ grpc::ByteBuffer SerializeInferResponse(const inference::ModelInferResponse& res
   size_t run = 0;
   for (const OutputTensor& t : outputs) {
     p = WriteFieldHeader(t.nbytes, p);
-    if (!Referenced(t)) {
+    if (!SentFromTensor(t)) {
       if (t.nbytes > 0) std::memcpy(p, t.data, t.nbytes);
       p += t.nbytes;
       continue;

@@ -6,10 +6,9 @@
 // the message without them is serialized once, and each output follows it
 // as one more raw_output_contents field (a parser takes a message's fields
 // in any order, and a repeated field's elements in the order they come).
-// An output of kReferencedOutputBytes or more is a gRPC slice that refers to
-// the tensor and holds it until gRPC is done with it; a smaller one is
-// copied next to the message, where a reference would cost more than the
-// copy.
+// An output SentFromTensor (server/api/tensor_codec.h) is a gRPC slice that
+// refers to the tensor and holds it until gRPC is done with it; a smaller one
+// is copied next to the message.
 #ifndef PRECOMPILE_SERVER_GRPC_INFER_RESPONSE_H_
 #define PRECOMPILE_SERVER_GRPC_INFER_RESPONSE_H_
 
@@ -20,10 +19,9 @@
 
 #include "proto/inference.pb.h"
 #include "runtime/value.h"
+#include "server/api/tensor_codec.h"
 
 namespace precompile::server {
-
-inline constexpr size_t kReferencedOutputBytes = 8 * 1024;
 
 // The wire bytes of `response` with `outputs`' bytes as its
 // raw_output_contents, in order. An output without an owner is copied.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -835,7 +836,7 @@ HttpInferResponse EncodeInferResponse(const inference::ModelInferRequest& reques
   if (!response.id().empty()) json["id"] = response.id();
   json["parameters"] = ParametersJson(response.parameters());
   Json& outs = json["outputs"] = Json::array();
-  std::string binary;
+  absl::Cord binary;
   for (int i = 0; i < response.outputs_size() && i < static_cast<int>(outputs.size()); ++i) {
     const auto& described = response.outputs(i);
     const OutputTensor& tensor = outputs[i];
@@ -847,18 +848,23 @@ HttpInferResponse EncodeInferResponse(const inference::ModelInferRequest& reques
     if (WantsBinary(request, described.name())) {
       out["parameters"] = Json::object();
       out["parameters"]["binary_data_size"] = tensor.nbytes;
-      binary.append(static_cast<const char*>(tensor.data), tensor.nbytes);
+      const absl::string_view bytes(static_cast<const char*>(tensor.data), tensor.nbytes);
+      if (SentFromTensor(tensor)) {
+        binary.Append(absl::MakeCordFromExternal(bytes, [owner = tensor.owner] {}));
+      } else {
+        binary.Append(bytes);
+      }
     } else {
       out["data"] = ValuesJson(tensor);
     }
     outs.push_back(std::move(out));
   }
   HttpInferResponse encoded;
-  encoded.body = DumpJson(json, /*pretty=*/false);
+  encoded.body = absl::Cord(DumpJson(json, /*pretty=*/false));
   if (!binary.empty() || std::any_of(response.outputs().begin(), response.outputs().end(),
                                      [&](const auto& o) { return WantsBinary(request, o.name()); })) {
     encoded.header_length = encoded.body.size();
-    encoded.body += binary;
+    encoded.body.Append(std::move(binary));
   }
   return encoded;
 }

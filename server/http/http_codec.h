@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "proto/inference.pb.h"
 #include "runtime/value.h"
@@ -66,9 +67,10 @@ absl::Status DecodeInferRequest(absl::string_view body, std::optional<size_t> he
                                 inference::ModelInferRequest* request);
 
 // An encoded infer response. `header_length` is set when binary output
-// data follows the JSON in `body`.
+// data follows the JSON in `body`. An output SentFromTensor
+// (server/api/tensor_codec.h) is not copied: `body` holds its tensor.
 struct HttpInferResponse {
-  std::string body;
+  absl::Cord body;
   std::optional<size_t> header_length;
 };
 

@@ -5,9 +5,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/json_text.h"
+#include "server/api/tensor_codec.h"
 
 namespace precompile::server {
 namespace {
@@ -254,8 +260,9 @@ TEST(EncodeInferResponse, SendsJsonValuesOrBinaryAsEachOutputAsks) {
       Tensor(DType::kInt64, {2}, i, sizeof(i)), Tensor(DType::kUInt8, {2}, bytes, 2)};
   HttpInferResponse encoded = EncodeInferResponse(request, response, outputs);
   ASSERT_TRUE(encoded.header_length.has_value());
-  EXPECT_EQ(encoded.body.substr(*encoded.header_length), "\x01\x02");
-  absl::StatusOr<Json> json = ParseJson(encoded.body.substr(0, *encoded.header_length));
+  const std::string body(encoded.body);
+  EXPECT_EQ(body.substr(*encoded.header_length), "\x01\x02");
+  absl::StatusOr<Json> json = ParseJson(body.substr(0, *encoded.header_length));
   ASSERT_TRUE(json.ok()) << json.status();
   EXPECT_EQ((*json)["parameters"]["precompile_outcome"], "variant");
   const Json& outs = (*json)["outputs"];
@@ -268,6 +275,41 @@ TEST(EncodeInferResponse, SendsJsonValuesOrBinaryAsEachOutputAsks) {
   // Without a binary output the body is all JSON.
   request.mutable_outputs(0)->clear_parameters();
   EXPECT_FALSE(EncodeInferResponse(request, response, outputs).header_length.has_value());
+}
+
+// A large binary output is sent from its tensor, which the body holds until
+// it is gone; a small one is copied (the tensor may go at once).
+TEST(EncodeInferResponse, SendsLargeBinaryOutputsFromTheirTensors) {
+  inference::ModelInferRequest request;
+  (*request.mutable_parameters())["binary_data_output"].set_bool_param(true);
+  inference::ModelInferResponse response;
+  for (const char* name : {"small", "large"}) {
+    auto* o = response.add_outputs();
+    o->set_name(name);
+    o->set_datatype("UINT8");
+  }
+  auto small = std::make_shared<std::string>(16, 's');
+  auto large = std::make_shared<std::string>(kReferencedOutputBytes, 'L');
+  response.mutable_outputs(0)->add_shape(small->size());
+  response.mutable_outputs(1)->add_shape(large->size());
+  std::vector<OutputTensor> outputs = {Tensor(DType::kUInt8, {16}, small->data(), small->size()),
+                                       Tensor(DType::kUInt8, {8192}, large->data(), large->size())};
+  outputs[0].owner = small;
+  outputs[1].owner = large;
+  auto encoded = std::make_optional(EncodeInferResponse(request, response, outputs));
+  outputs.clear();
+  EXPECT_EQ(small.use_count(), 1);
+  EXPECT_EQ(large.use_count(), 2);
+  const std::string body(encoded->body);
+  ASSERT_TRUE(encoded->header_length.has_value());
+  EXPECT_EQ(body.substr(*encoded->header_length), *small + *large);
+  bool large_borrowed = false;
+  for (absl::string_view chunk : encoded->body.Chunks()) {
+    large_borrowed |= chunk.data() == large->data();
+  }
+  EXPECT_TRUE(large_borrowed) << "the large output was copied";
+  encoded.reset();
+  EXPECT_EQ(large.use_count(), 1);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/json_text.h"
@@ -25,10 +26,12 @@ constexpr char kHeaderLength[] = "Inference-Header-Content-Length";
 // empty arrays cost the repository index more than 1 GB.
 constexpr size_t kMaxOtherBody = 64 << 10;
 
-HttpAnswer Json200(const Json& json) { return {200, kJson, DumpJson(json, /*pretty=*/false), {}}; }
+HttpAnswer Json200(const Json& json) {
+  return {200, kJson, absl::Cord(DumpJson(json, /*pretty=*/false)), {}};
+}
 
 HttpAnswer ErrorAnswer(int status, absl::string_view message) {
-  return {status, kJson, ErrorBody(message), {}};
+  return {status, kJson, absl::Cord(ErrorBody(message)), {}};
 }
 
 HttpAnswer ErrorAnswer(const absl::Status& status) {
@@ -36,7 +39,7 @@ HttpAnswer ErrorAnswer(const absl::Status& status) {
 }
 
 // A health answer: 200 for true, 400 for false, as KServe says; no body.
-HttpAnswer HealthAnswer(bool ok) { return {ok ? 200 : 400, kJson, "", {}}; }
+HttpAnswer HealthAnswer(bool ok) { return {ok ? 200 : 400, kJson, absl::Cord(), {}}; }
 
 // One of the API's calls about the model (and version) the path names:
 // metadata, config, statistics.
@@ -332,13 +335,13 @@ HttpAnswer HttpService::RepositoryIndex(const Routed& r) {
 HttpAnswer HttpService::ModelLoad(const Routed& r) {
   if (absl::Status s = CheckControl(r.http); !s.ok()) return ErrorAnswer(s);
   if (absl::Status s = api_.LoadModel(r.route.model); !s.ok()) return ErrorAnswer(s);
-  return {200, kJson, "", {}};
+  return {200, kJson, absl::Cord(), {}};
 }
 
 HttpAnswer HttpService::ModelUnload(const Routed& r) {
   if (absl::Status s = CheckControl(r.http); !s.ok()) return ErrorAnswer(s);
   if (absl::Status s = api_.UnloadModel(r.route.model); !s.ok()) return ErrorAnswer(s);
-  return {200, kJson, "", {}};
+  return {200, kJson, absl::Cord(), {}};
 }
 
 }  // namespace precompile::server

@@ -9,6 +9,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/listen_socket.h"
 #include "base/log_text.h"
@@ -31,6 +33,8 @@ namespace precompile::server {
 namespace {
 
 constexpr size_t kReadChunk = 64 << 10;
+// Pieces of an answer (its head, its JSON, each output) sent by one sendmsg.
+constexpr int kWritePieces = 16;
 // What one connection may read in one turn of the loop before the others get
 // theirs.
 constexpr size_t kReadPerTurn = 4 << 20;
@@ -124,8 +128,8 @@ class HttpTransportLoop {
     bool keep_alive = true;
     // Some of the request being read has arrived.
     bool request_started = false;
-    std::deque<std::string> out;
-    size_t out_offset = 0;
+    // Bytes to write: an answer, or 100 Continue.
+    absl::Cord out;
     bool close_after_write = false;
     // TLS: the last read wants the socket writable, or the last write wants
     // it readable.
@@ -624,7 +628,7 @@ void HttpTransportLoop::StartRequest(Connection& c, HttpHead head) {
   c.deadline = absl::Now() + options_.request_timeout +
                absl::Seconds(static_cast<double>(length) / kBodyBytesPerSecond);
   if (length > 0 && request.head.expect_continue) {
-    c.out.push_back("HTTP/1.1 100 Continue\r\n\r\n");
+    c.out.Append("HTTP/1.1 100 Continue\r\n\r\n");
     Flush(c);
   }
 }
@@ -658,10 +662,10 @@ void HttpTransportLoop::Send(Connection& c, HttpAnswer answer) {
   head += "\r\n";
   ReleaseAnswer(c);
   c.answer_held = head.size();
-  c.out.push_back(std::move(head));
+  c.out.Append(std::move(head));
   if (!c.head_only && !answer.body.empty()) {
     c.answer_held += answer.body.size();
-    c.out.push_back(std::move(answer.body));
+    c.out.Append(std::move(answer.body));
   }
   answer_bytes_ += c.answer_held;
   c.state = State::kWriting;
@@ -671,14 +675,15 @@ void HttpTransportLoop::Send(Connection& c, HttpAnswer answer) {
 
 void HttpTransportLoop::Flush(Connection& c) {
   while (!c.out.empty()) {
-    const std::string& front = c.out.front();
-    const char* data = front.data() + c.out_offset;
-    const size_t size = front.size() - c.out_offset;
     size_t n = 0;
     if (c.ssl != nullptr) {
+      // One piece a call: a retried SSL_write must be given at least what
+      // the failed one was, which the first piece is (it only grows).
+      const absl::string_view front = *c.out.Chunks().begin();
       ERR_clear_error();
-      const int put = SSL_write(c.ssl.get(), data, static_cast<int>(std::min<size_t>(
-                                                       size, std::numeric_limits<int>::max())));
+      const int put = SSL_write(
+          c.ssl.get(), front.data(),
+          static_cast<int>(std::min<size_t>(front.size(), std::numeric_limits<int>::max())));
       if (put <= 0) {
         const int error = SSL_get_error(c.ssl.get(), put);
         if (error != SSL_ERROR_WANT_READ && error != SSL_ERROR_WANT_WRITE) return Drop(c);
@@ -687,7 +692,14 @@ void HttpTransportLoop::Flush(Connection& c) {
       }
       n = static_cast<size_t>(put);
     } else {
-      const ssize_t put = send(c.fd, data, size, MSG_NOSIGNAL);
+      iovec pieces[kWritePieces];
+      msghdr message{};
+      message.msg_iov = pieces;
+      for (absl::string_view chunk : c.out.Chunks()) {
+        pieces[message.msg_iovlen++] = {const_cast<char*>(chunk.data()), chunk.size()};
+        if (message.msg_iovlen == kWritePieces) break;
+      }
+      const ssize_t put = sendmsg(c.fd, &message, MSG_NOSIGNAL);
       if (put < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return Drop(c);
         return UpdateEvents(c);
@@ -695,11 +707,7 @@ void HttpTransportLoop::Flush(Connection& c) {
       n = static_cast<size_t>(put);
     }
     if (c.state == State::kWriting) c.deadline = absl::Now() + options_.request_timeout;
-    c.out_offset += n;
-    if (c.out_offset == front.size()) {
-      c.out.pop_front();
-      c.out_offset = 0;
-    }
+    c.out.RemovePrefix(n);
   }
   c.tls_wants_other = false;
   if (c.state == State::kWriting) return FinishAnswer(c);

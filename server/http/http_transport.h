@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/http/http_head.h"
@@ -96,7 +97,9 @@ struct HttpRequest {
 struct HttpAnswer {
   int status = 200;
   std::string content_type;
-  std::string body;
+  // A Cord, so that an answer can send bytes from where they are (a model's
+  // output tensor, kept by the Cord until written) instead of a copy.
+  absl::Cord body;
   // More fields; Content-Type, Content-Length and Connection are the
   // transport's.
   std::vector<std::pair<std::string, std::string>> fields;

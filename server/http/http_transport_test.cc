@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -38,8 +40,10 @@ using ::testing::StartsWith;
 class EchoHandler final : public HttpHandler {
  public:
   std::optional<HttpAnswer> Screen(const HttpRequest& request) override {
-    if (request.head.path == "/probe") return HttpAnswer{200, "text/plain", "alive", {}};
-    if (request.head.path == "/refuse-early") return HttpAnswer{415, "text/plain", "no", {}};
+    if (request.head.path == "/probe")
+      return HttpAnswer{200, "text/plain", absl::Cord("alive"), {}};
+    if (request.head.path == "/refuse-early")
+      return HttpAnswer{415, "text/plain", absl::Cord("no"), {}};
     return std::nullopt;
   }
   void Handle(HttpExchange& exchange) override {
@@ -57,16 +61,24 @@ class EchoHandler final : public HttpHandler {
     if (absl::StartsWith(request.head.path, "/big/")) {
       size_t size = 0;
       if (absl::SimpleAtoi(request.head.path.substr(5), &size)) {
-        return exchange.Answer(HttpAnswer{200, "text/plain", std::string(size, 'z'), {}});
+        return exchange.Answer(
+            HttpAnswer{200, "text/plain", absl::Cord(std::string(size, 'z')), {}});
+      }
+    }
+    if (absl::StartsWith(request.head.path, "/pieces/")) {
+      size_t n = 0;
+      if (absl::SimpleAtoi(request.head.path.substr(8), &n)) {
+        return exchange.Answer(HttpAnswer{200, "text/plain", BorrowedPieces(n), {}});
       }
     }
     exchange.Answer(HttpAnswer{
-        200, "text/plain", absl::StrCat(request.head.method, " ", request.head.path, " ",
-                                        request.body),
+        200,
+        "text/plain",
+        absl::Cord(absl::StrCat(request.head.method, " ", request.head.path, " ", request.body)),
         {}});
   }
   HttpAnswer Refusal(int status, absl::string_view message) override {
-    return HttpAnswer{status, "text/plain", std::string(message), {}};
+    return HttpAnswer{status, "text/plain", absl::Cord(message), {}};
   }
 
   void AwaitHolding(int n) {
@@ -82,13 +94,36 @@ class EchoHandler final : public HttpHandler {
     std::lock_guard<std::mutex> lock(mu_);
     return saw_cancelled_;
   }
+  // How many pieces of /pieces/ answers are still held.
+  int pieces_held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(std::count_if(pieces_.begin(), pieces_.end(),
+                                          [](const auto& piece) { return !piece.expired(); }));
+  }
 
  private:
+  // `n` pieces of 1000 bytes ('a', 'b', ...), each borrowed from a buffer of
+  // its own that the answer holds until written (large enough that the Cord
+  // does not copy them).
+  absl::Cord BorrowedPieces(size_t n) {
+    absl::Cord body;
+    for (size_t i = 0; i < n; ++i) {
+      auto piece = std::make_shared<const std::string>(1000, static_cast<char>('a' + i % 26));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        pieces_.push_back(piece);
+      }
+      body.Append(absl::MakeCordFromExternal(*piece, [piece] {}));
+    }
+    return body;
+  }
+
   std::mutex mu_;
   std::condition_variable changed_;
   int holding_ = 0;
   bool released_ = false;
   bool saw_cancelled_ = false;
+  std::vector<std::weak_ptr<const std::string>> pieces_;
 };
 
 // A blocking client socket on loopback.
@@ -206,6 +241,24 @@ TEST_F(HttpTransportTest, AnswersKeptAliveAndPipelinedRequestsInOrder) {
   EXPECT_THAT(client.Answer(), HasSubstr("POST /b two"));
   EXPECT_THAT(client.Answer(), HasSubstr("alive"));
   EXPECT_THAT(client.Answer(), HasSubstr("POST /c 3"));
+}
+
+// An answer of pieces borrowed from elsewhere (as a model's outputs are),
+// more than one write takes, arrives whole and in order, and each piece's
+// buffer is let go once written.
+TEST_F(HttpTransportTest, AnswersOfBorrowedPiecesArriveWholeAndLetThemGo) {
+  Start();
+  Client client(port());
+  ASSERT_TRUE(client.Send("GET /pieces/40 HTTP/1.1\r\n\r\n"));
+  const std::string answer = client.Answer();
+  ASSERT_THAT(answer, HasSubstr("Content-Length: 40000\r\n"));
+  std::string expected;
+  for (int i = 0; i < 40; ++i) expected.append(1000, static_cast<char>('a' + i % 26));
+  EXPECT_EQ(answer.substr(answer.find("\r\n\r\n") + 4), expected);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (handler_.pieces_held() > 0 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(handler_.pieces_held(), 0);
 }
 
 // A request sent while the one before it is handled waits in the socket:

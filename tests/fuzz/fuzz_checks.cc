@@ -564,8 +564,9 @@ absl::Status CheckHttpRequest(const uint8_t* data, size_t size) {
     (*asked.mutable_parameters())["binary_data_output"].set_bool_param(binary);
     const server::HttpInferResponse encoded =
         server::EncodeInferResponse(asked, response, outputs);
+    const std::string body(encoded.body);
     const absl::string_view json_text =
-        absl::string_view(encoded.body).substr(0, encoded.header_length.value_or(encoded.body.size()));
+        absl::string_view(body).substr(0, encoded.header_length.value_or(body.size()));
     absl::StatusOr<Json> json = ParseJson(json_text);
     if (!json.ok()) return Violation(absl::StrCat("the response is not JSON: ", json.status().ToString()));
     // A response with no outputs has no binary part, so nothing to announce
@@ -581,7 +582,7 @@ absl::Status CheckHttpRequest(const uint8_t* data, size_t size) {
       }
       size_t offset = *encoded.header_length;
       for (const OutputTensor& o : outputs) {
-        if (o.nbytes > 0 && std::memcmp(encoded.body.data() + offset, o.data, o.nbytes) != 0) {
+        if (o.nbytes > 0 && std::memcmp(body.data() + offset, o.data, o.nbytes) != 0) {
           return Violation("a binary output's bytes are not the tensor's");
         }
         offset += o.nbytes;

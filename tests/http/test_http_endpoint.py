@@ -12,9 +12,11 @@ Needs the Bazel build outputs: bazel build //server:precompile_server
 import json
 import pathlib
 import socket
+import ssl
 import subprocess
 import sys
 import time
+from http.client import HTTPSConnection
 
 import grpc as grpclib
 import numpy as np
@@ -217,6 +219,23 @@ def test_infer_answers_the_same_tensors_as_grpc_in_json_and_binary(http, grpc):
     by_json = http.infer("mlp", json_inputs,
                          outputs=[httpclient.InferRequestedOutput("output0", binary_data=False)])
     assert by_json.as_numpy("output0").tobytes() == by_grpc
+
+
+def test_large_outputs_come_back_whole_in_binary_and_json(http):
+    # passthrough's outputs (16, 8 and 16 KiB) are large enough to be sent
+    # from the tensors themselves, the first two after copying them out of
+    # the request they share memory with.
+    x = np.random.default_rng(3).standard_normal((1024, 4), dtype=np.float32)
+    tensor = httpclient.InferInput("x", [1024, 4], "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    asked = [httpclient.InferRequestedOutput("output0", binary_data=True),
+             httpclient.InferRequestedOutput("output1", binary_data=False),
+             httpclient.InferRequestedOutput("output2", binary_data=True)]
+    for _ in range(3):
+        result = http.infer("passthrough", [tensor], outputs=asked)
+        assert result.as_numpy("output0").tobytes() == x.tobytes()
+        assert result.as_numpy("output1").tobytes() == x[:512].tobytes()
+        assert result.as_numpy("output2").tobytes() == (x * 2).tobytes()
 
 
 def test_every_datatype_round_trips_as_grpc_does(http, grpc):
@@ -474,7 +493,7 @@ def tls_server(tmp_path_factory):
                  "-CAcreateserial", "-days", "2", "-copy_extensions", "copy", "-out", f"{who}.pem",
                  cwd=root)
     process = ServerProcess(built(BIN / "server" / "precompile_server"),
-                            _repository(root / "repository", ("mlp",)),
+                            _repository(root / "repository", ("mlp", "passthrough")),
                             [f"--tls_cert={root}/server.pem", f"--tls_key={root}/server.key",
                              f"--tls_client_ca={root}/ca.pem"])
     yield process, root
@@ -502,3 +521,31 @@ def test_https_probes_answer_without_a_client_certificate_and_the_rest_need_one(
     plain = subprocess.run(["curl", "-sS", "--max-time", "10", f"http://{server.http_address}/v2"],
                            capture_output=True, text=True)
     assert plain.returncode != 0
+
+
+def test_https_sends_large_binary_outputs_whole(tls_server):
+    # Over TLS each piece of an answer (head, JSON, each output sent from its
+    # tensor) is written on its own: the client must still get them whole.
+    server, root = tls_server
+    context = ssl.create_default_context(cafile=str(root / "ca.pem"))
+    context.load_cert_chain(str(root / "client.pem"), str(root / "client.key"))
+    host, port = server.http_address.rsplit(":", 1)
+    x = np.random.default_rng(4).standard_normal((1024, 4), dtype=np.float32)
+    header = json.dumps({"inputs": [{"name": "x", "shape": [1024, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    connection = HTTPSConnection(host, int(port), context=context, timeout=20)
+    try:
+        for _ in range(3):  # on one kept-alive connection
+            connection.request("POST", "/v2/models/passthrough/infer", body=header + x.tobytes(),
+                               headers={"Inference-Header-Content-Length": str(len(header))})
+            answer = connection.getresponse()
+            body = answer.read()
+            assert answer.status == 200, body
+            json_length = int(answer.getheader("Inference-Header-Content-Length"))
+            sizes = [o["parameters"]["binary_data_size"]
+                     for o in json.loads(body[:json_length])["outputs"]]
+            assert sizes == [16384, 8192, 16384]
+            assert body[json_length:] == x.tobytes() + x[:512].tobytes() + (x * 2).tobytes()
+    finally:
+        connection.close()
