@@ -57,6 +57,40 @@ absl::string_view CauseWords(artifact::v1::FallbackCause cause) {
   }
 }
 
+// After a call on CUDA failed inside torch (INTERNAL): whether the device
+// still works. A sticky error fails this probe too, and every later call.
+void ProbeDeviceAfterFailure(DeviceType device, int index, const absl::Status& failure) {
+  if (device != DeviceType::kCuda || failure.code() != absl::StatusCode::kInternal ||
+      DeviceLostReason()) {
+    return;
+  }
+  const absl::Status probe = CallTorch("then probing the CUDA device", [index] {
+    const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+    at::ones({1}, at::TensorOptions().device(cuda)).sum().item<float>();
+  });
+  if (!probe.ok()) ReportDeviceLost(absl::StrCat(failure.message(), "; ", probe.message()));
+}
+
+// A variant's failed run, said as the client's doing where the variant checks
+// indices it computes from the inputs' values (artifact Variant.index_checks):
+// such a check fails the run, as compiled code cannot refuse a call before.
+// On CUDA the device is probed first: a device that no longer works is the
+// failure to report, whatever the call sent.
+absl::Status ExplainFailedRun(const artifact::v1::Variant& variant, DeviceType device,
+                              int device_index, absl::Status failure) {
+  if (variant.index_checks().empty() || failure.code() != absl::StatusCode::kInternal) {
+    return failure;
+  }
+  ProbeDeviceAfterFailure(device, device_index, failure);
+  if (DeviceLostReason()) return failure;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "variant ", variant.id(),
+      " failed as it ran; it checks that the indices it computes from "
+      "the inputs' values lie within their tables (",
+      absl::StrJoin(variant.index_checks(), "; "),
+      "), which the capture could not prove, so this call's values may take them outside (",
+      failure.message(), ")"));
+}
 
 }  // namespace
 
@@ -424,7 +458,11 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
     for (uint32_t p : v.tensor_inputs()) inputs.push_back(args[p].toTensor());
     absl::StatusOr<std::vector<at::Tensor>> out =
         frame.variants[hit]->Run(std::move(inputs));
-    if (out.ok()) out = TensorLeaves(frame, absl::StrCat("variant ", v.id()), *std::move(out));
+    if (out.ok()) {
+      out = TensorLeaves(frame, absl::StrCat("variant ", v.id()), *std::move(out));
+    } else {
+      out = ExplainFailedRun(v, device, options.cuda_device_index, out.status());
+    }
     const absl::Time done = absl::Now();
     if (!out.ok()) {
       Report(frame, is_entry, Outcome::kError, -1, matched - start, done - matched);
@@ -574,24 +612,6 @@ absl::StatusOr<std::shared_ptr<LoadedVersion>> LoadedVersion::Load(const std::st
                m.entry_frame(), m.summary().complete());
   return std::shared_ptr<LoadedVersion>(new LoadedVersion(std::move(impl)));
 }
-
-namespace {
-
-// After a call on CUDA failed inside torch (INTERNAL): whether the device
-// still works. A sticky error fails this probe too, and every later call.
-void ProbeDeviceAfterFailure(DeviceType device, int index, const absl::Status& failure) {
-  if (device != DeviceType::kCuda || failure.code() != absl::StatusCode::kInternal ||
-      DeviceLostReason()) {
-    return;
-  }
-  const absl::Status probe = CallTorch("then probing the CUDA device", [index] {
-    const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(index));
-    at::ones({1}, at::TensorOptions().device(cuda)).sum().item<float>();
-  });
-  if (!probe.ok()) ReportDeviceLost(absl::StrCat(failure.message(), "; ", probe.message()));
-}
-
-}  // namespace
 
 absl::StatusOr<CallResult> LoadedVersion::Call(absl::Span<const NamedValue> args) {
   return Call(args, CallContext{});

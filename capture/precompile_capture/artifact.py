@@ -310,6 +310,8 @@ def frames_text(contents: ArtifactContents) -> str:
                          f"(sha256 {code.sha256[:16]})")
         for v in frame.variants:
             lines.append(f"  {v.id}: {v.guards.describe(names, contents.device)}")
+            for check in v.guards.index_checks:
+                lines.append(f"    checks as it runs: {check} (from the inputs' values)")
         for i, (lo, hi) in index_ranges(frame).items():
             lines.append(f"  {frame.params[i].name}: values in [{lo}, {hi}) (indices into a table)")
         if frame.outputs is not None:
@@ -407,6 +409,7 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
                     for program in programs:
                         size_program_proto(out.shape_programs.add(), program or [])
             vp.captured_from = v.captured_from
+            vp.index_checks.extend(v.guards.index_checks)
         f.eager_fallback = frame.eager_fallback
         if frame.fallback_cause is not None:
             f.fallback_cause = pb.FallbackCause.Value(frame.fallback_cause.value)

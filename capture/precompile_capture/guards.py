@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import sympy
 import torch
 from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils._sympy.numbers import IntInfinity
 
+from .index_fences import ArgumentPlace, fence_index
 from .index_values import SAME_VALUES, ValueRanges, limits_within, placeholders_upstream
 
 DTYPE_NAMES = {
@@ -86,6 +87,10 @@ class GuardSet:
     # serve other values, and compiled code cannot report an index out of
     # range without ending the process): the runtime refuses such calls.
     index_ranges: Tuple[Tuple[int, int, int], ...] = ()
+    # Indices the compiled code computes from the inputs' values and checks
+    # as it runs, in words (index_fences.py): a run that fails may have
+    # failed one of these checks, and the server says so.
+    index_checks: Tuple[str, ...] = ()
 
     def holds(self, values: Sequence[Any]) -> bool:
         if torch.is_grad_enabled() != self.grad_enabled:
@@ -205,6 +210,8 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
 
     Returns the guard set and the parameters whose tensors the compiled program
     takes, in order. Raises NotPlainSymbol when a size is an expression.
+    Indices the guards cannot keep within their tables are fenced in `ep`'s
+    graph, which is then compiled as it is (`_index_limits`).
     """
     user_specs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     if len(user_specs) != len(values):
@@ -259,7 +266,7 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
     if not_plain:
         raise NotPlainSymbol(not_plain)
     inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
-    index_ranges, symbol_limits = _index_limits(ep, inputs, related, values)
+    index_ranges, symbol_limits, index_checks = _index_limits(ep, inputs, related, values)
     symbols = []
     for root, sid in symbol_ids.items():
         # The intersection of the ranges of the class's input symbols.
@@ -289,6 +296,7 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
         grad_enabled=torch.is_grad_enabled(),
         default_dtype=torch.get_default_dtype(),
         index_ranges=tuple((i, lo, hi) for i, (lo, hi) in sorted(index_ranges.items())),
+        index_checks=tuple(index_checks),
     )
     return guards, tensor_inputs
 
@@ -353,9 +361,19 @@ _INDEX_LISTS = {
 }
 
 
-def _indexed_dimensions(node: Any) -> List[Tuple[Any, Any, bool]]:
-    """(size of the dimension indexed, index node, whether indices may be
-    negative) for each index tensor of an indexing op."""
+class IndexedDim(NamedTuple):
+    """One index tensor of an indexing op, and the dimension it indexes."""
+
+    size: Any  # The dimension's size (int or SymInt); None where unknown.
+    index: Any  # The index tensor's node.
+    negative: bool  # Whether negative indices count from the end.
+    table: Any  # The indexed tensor's node.
+    dim: int
+    place: ArgumentPlace  # Where the op takes the index tensor.
+
+
+def _indexed_dimensions(node: Any) -> List[IndexedDim]:
+    """Each index tensor of an indexing op."""
 
     def size(table: Any, dim: Any) -> Any:
         t = table.meta.get("val") if isinstance(table, torch.fx.Node) else None
@@ -367,13 +385,13 @@ def _indexed_dimensions(node: Any) -> List[Tuple[Any, Any, bool]]:
 
     target, args = node.target, node.args
     if target is _aten.embedding.default:
-        return [(size(args[0], 0), args[1], False)]
+        return [IndexedDim(size(args[0], 0), args[1], False, args[0], 0, 1)]
     if target is _aten.index_select.default or target in _SCATTER_GATHER:
-        return [(size(args[0], args[1]), args[2], False)]
+        return [IndexedDim(size(args[0], args[1]), args[2], False, args[0], args[1], 2)]
     if target in _INDEX_LISTS:
         # Negative indices count from the end, as in Python.
-        return [(size(args[0], d), index, True) for d, index in enumerate(args[1])
-                if isinstance(index, torch.fx.Node)]
+        return [IndexedDim(size(args[0], d), index, True, args[0], d, (1, d))
+                for d, index in enumerate(args[1]) if isinstance(index, torch.fx.Node)]
     return []
 
 
@@ -413,7 +431,7 @@ def _input_symbols(ep: torch.export.ExportedProgram, inputs: Dict[str, int],
 def _index_limits(
     ep: torch.export.ExportedProgram, inputs: Dict[str, int], related: Callable[[sympy.Symbol], sympy.Symbol],
     values: Sequence[Any],
-) -> Tuple[Dict[int, Tuple[int, int]], Dict[sympy.Symbol, int]]:
+) -> Tuple[Dict[int, Tuple[int, int]], Dict[sympy.Symbol, int], List[str]]:
     """What indexing a table requires of the inputs.
 
     Returns the value range [min, max) of each integer input (by parameter)
@@ -433,11 +451,13 @@ def _index_limits(
     example calls showed, if that bounds them. `values` are the example
     call's, in signature order. Indices no range bounds, and indices into a
     dimension of dynamic size that they may pass (unless the guards make
-    the two sizes one: `related`), are not covered: the capture warns of
-    each such op.
+    the two sizes one: `related`), are checked at run time instead: such an
+    op is fenced in `ep`'s graph (index_fences.py), and the capture warns of
+    it. The third value describes each fence.
     """
     ranges: Dict[int, Tuple[int, int]] = {}
     limits: Dict[sympy.Symbol, int] = {}
+    fences: List[Tuple[torch.fx.Node, IndexedDim]] = []
     program_tensors = _program_tensors(ep)
     computed = ValueRanges(program_tensors)
     integer_inputs = {n.name for n in ep.graph.nodes
@@ -491,7 +511,8 @@ def _index_limits(
     for node in ep.graph.nodes:
         if node.op != "call_function":
             continue
-        for rows, index, negative in _indexed_dimensions(node):
+        for indexed in _indexed_dimensions(node):
+            rows, index, negative = indexed.size, indexed.index, indexed.negative
             source = _index_source(index) if isinstance(rows, int) else None
             if source is not None:
                 kind, origin, offset = source
@@ -526,17 +547,32 @@ def _index_limits(
                             narrow(inputs[name], int(lo), int(hi) + 1)
                         break
             if found is None:
+                fenced = size is not None
+                if fenced:
+                    fences.append((node, indexed))
                 warnings.warn(
                     f"precompile capture: {node.target} indexes a dimension of size {size} with values "
                     "the capture cannot prove within it (computed from an input's values, or from sizes "
-                    "it cannot relate to that one): a call that takes them outside ends the serving "
-                    "process", RuntimeWarning, stacklevel=2)
+                    "it cannot relate to that one): " + (
+                        "the compiled code checks them before the op reads them, and a call that takes "
+                        "them outside fails" if fenced else
+                        "a call that takes them outside ends the serving process"),
+                    RuntimeWarning, stacklevel=2)
                 continue
             for root, largest in found.items():
                 for symbol in input_symbols:
                     if roots[symbol] == root:
                         limit(symbol, largest)
-    return ranges, limits
+    checks = []
+    for node, indexed in fences:
+        what = (f"{node.target}'s indices into dimension {indexed.dim} ({indexed.size}) of "
+                f"{indexed.table.name}")
+        fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what)
+        checks.append(what)
+    if fences:
+        ep.graph.lint()
+        ep.graph_module.recompile()
+    return ranges, limits, checks
 
 
 # Ops that broadcast their tensor inputs to their output's shape, beyond
@@ -603,7 +639,8 @@ def _related_symbols(ep: torch.export.ExportedProgram) -> Callable[[sympy.Symbol
             continue
         target = node.target
         if target in _INDEXING:
-            for size, index, _ in _indexed_dimensions(node):
+            for indexed in _indexed_dimensions(node):
+                size, index = indexed.size, indexed.index
                 source = _index_source(index)
                 # Only arange(end) from 0: with an offset, equality would
                 # not be what the indices need.

@@ -6,7 +6,8 @@ bounds check throws inside an OpenMP region). RoBERTa's position ids are not
 an arange but a count of the tokens that are not padding, plus the pad
 index: served a sequence two shorter than its position table or longer,
 RoBERTa ended the process. The capture bounds such sizes; indices it cannot
-bound are warned of.
+bound are warned of, and checked as the compiled code runs (the graph it
+compiles is fenced: run here eagerly).
 
 Exports only (no AOTInductor compile): fast.
 """
@@ -232,12 +233,48 @@ class Scaled(torch.nn.Module):
         return self.table((x * 3).long())
 
 
-def test_indices_computed_from_a_float_input_are_warned_of():
+def fenced(module, args, shapes):
+    """`module` exported, and its graph as the capture leaves it, run eagerly."""
+    ep = torch.export.export(module, args, dynamic_shapes=shapes, strict=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        extract_guards(ep, list(args))
+    return ep.module(), [str(w.message) for w in caught if "precompile capture" in str(w.message)]
+
+
+FENCE_FAILED = "indices into dimension"
+
+
+def test_indices_computed_from_a_float_input_are_checked_before_they_are_read():
     guards, warned = guards_and_warnings(Scaled(), (torch.tensor([1.0, 2.0]),), None)
     assert guards.index_ranges == ()
     assert len(warned) == 1
     assert "aten.embedding.default indexes a dimension of size 10" in warned[0]
-    assert "ends the serving process" in warned[0]
+    assert "checks them before the op reads them" in warned[0]
+
+    model = Scaled()
+    program, _ = fenced(model, (torch.tensor([1.0, 2.0]),), ({0: AUTO},))
+    within = torch.tensor([0.0, 1.2, 3.1, 0.4])
+    assert torch.equal(program(within), model(within))
+    # 3 * 3.4 = 10 is past the table's 10 rows; -1 before it: eagerly, an
+    # IndexError from the embedding itself, where the fence fails first.
+    for outside in (3.4, -0.5):
+        with pytest.raises(RuntimeError, match=FENCE_FAILED):
+            program(torch.tensor([1.0, outside]))
+
+
+def test_indices_into_a_dimension_of_another_size_are_checked_against_its_size():
+    model = PickedFromAnother()
+    program, warned = fenced(model, (ids(3, 9), torch.randn(3, 9, 4)),
+                             ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
+    assert len(warned) == 1 and "checks them before the op reads them" in warned[0]
+    picks = torch.zeros(2, 12, dtype=torch.int64)
+    picks[0, 3] = picks[1, 5] = 1
+    hidden = torch.randn(2, 7, 4)
+    assert torch.equal(program(picks, hidden), model(picks, hidden))
+    picks[1, 5], picks[1, 10] = 0, 1  # column 10 of a dimension of 7
+    with pytest.raises(RuntimeError, match=FENCE_FAILED):
+        program(picks, hidden)
 
 
 @pytest.mark.parametrize("offset, largest", [(0, 11), (3, 9)])

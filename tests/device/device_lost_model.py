@@ -1,22 +1,21 @@
-"""A model whose served call can poison a CUDA context: it indexes a table
-with indices computed from a floating-point input's values, a range the
-capture cannot fence (SECURITY.md). Example calls stay within the table; a
-call with large values makes the compiled kernel read far outside it, which
-on CUDA fails with a sticky error, so that every later call on the device
-fails. tests/device/gpu_check.sh serves it to see the server stop calling
-itself live."""
+"""A model whose served call can poison a CUDA context: nll_loss with
+targets computed from a floating-point input's values. The capture fences
+the indices it sees in the exported graph (index_fences.py), but nll_loss's
+targets become indices only inside Inductor, which lowers the op to a
+gather that checks them with a device-side assert. Example calls stay within
+the four classes; a call with large values fails that assert, a sticky
+error, so that every later call on the device fails. tests/device/
+gpu_check.sh serves it to see the server stop calling itself live."""
 
 import torch
+import torch.nn.functional as F
 
 
-class ValueIndexed(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("table", torch.arange(64, dtype=torch.float32) * 0.5)
-
+class UnseenIndices(torch.nn.Module):
     def forward(self, x):
-        return self.table[(x.abs() * 4).long()] + x
+        target = (x[:, 0].abs() * 0.5).long()
+        return F.nll_loss(F.log_softmax(x, dim=1), target, reduction="none")
 
 
 def make_model() -> torch.nn.Module:
-    return ValueIndexed().eval()
+    return UnseenIndices().eval()

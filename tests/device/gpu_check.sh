@@ -28,9 +28,11 @@
 #      and GPT-2 and Llama with their caches (which need transformers and
 #      torchvision) with `python -m precompile_capture --device cuda`, all at
 #      once; then serves a model whose call can poison the CUDA context
-#      (device_lost_model.py) from a server of its own, poisons it, and
-#      checks that the server stops calling itself live and, on SIGTERM,
-#      drains and exits 3 (the device lost);
+#      (device_lost_model.py) from a server of its own, beside one whose
+#      out-of-range indices the capture fences (tests/value_indices: that
+#      call must fail alone), poisons it, and checks that the server stops
+#      calling itself live and, on SIGTERM, drains and exits 3 (the device
+#      lost);
 #   3. serves them with the carried precompile_server --device=cuda, BERT
 #      and resnet18 also with dynamic batching, the decoders also stateful;
 #   4. checks each example call's outputs (served with precompile_client
@@ -217,10 +219,14 @@ capture gpt2_decoder gallery.models:make_gpt2_decoder gallery/gpt2_decoder.calls
 captures+=("gpt2_decoder:$!")
 capture llama_decoder gallery.models:make_llama_decoder gallery/gpt2_decoder.calls.json &
 captures+=("llama_decoder:$!")
-# Served by a server of its own, whose device it poisons.
+# Served by a server of its own, whose device it poisons, beside a model
+# whose out-of-range indices the capture fences (they must not poison it).
 LOST_REPO="$W/repo_lost"
 capture device_lost device_lost_model:make_model tests/device/device_lost.calls.json "" "$LOST_REPO" &
 captures+=("device_lost:$!")
+capture value_indexed tests.value_indices.value_indexed:make_value_indexed \
+  tests/value_indices/value_indexed.calls.json "" "$LOST_REPO" &
+captures+=("value_indexed:$!")
 CAPTURED=0  # a model that fails to capture is left out, and the check fails
 for c in "${captures[@]}"; do
   wait "${c#*:}" || { log "capture of ${c%%:*} failed: $(tail -n 1 "$OUT/capture_${c%%:*}.log")"; CAPTURED=1; }
@@ -243,12 +249,15 @@ for m in bert resnet18; do
 done
 
 # 2b. A call that poisons the device: a server of its own serves a model
-# indexing a table with indices computed from a float input's values (which
-# the capture cannot fence); a call with large values makes the kernel read
-# far outside the table (Inductor's device-side assert fails). On CUDA the
-# server must stop calling itself live, so that the orchestrator restarts
-# it, and on SIGTERM drain and exit 3. (On the CPU the same call ends the
-# process: the dry run only exercises the steps.)
+# whose nll_loss targets come from a float input's values (indices only
+# inside Inductor, which the capture does not see); a call with large values
+# fails Inductor's device-side assert. First, the same server's
+# value_indexed, whose indices the capture sees and fences: a call past its
+# table must fail alone (INVALID_ARGUMENT) and leave the device working. On
+# CUDA the poisoned server must then stop calling itself live, so that the
+# orchestrator restarts it, and on SIGTERM drain and exit 3. (On the CPU
+# nll_loss checks its targets where an exception reaches the caller: the dry
+# run only exercises the steps.)
 DEVICE_LOST=0
 within 150 "the device-lost probe" "$PYTHON" - "$BUNDLE/bin" "$LOST_REPO" "$DEVICE" \
   "$((${PORT:-28501} + 10))" "$OUT" "$W" <<'EOF' || DEVICE_LOST=1
@@ -276,15 +285,15 @@ def http_status(path):
         return f"no answer: {e}"
 
 
-def infer(x, tag):
+def infer(x, tag, model="device_lost"):
     np.save(f"{work}/lost.{tag}.npy", x)
     start = time.monotonic()
     p = subprocess.run([f"{bin_dir}/precompile_client", f"--address=127.0.0.1:{port}", "--json",
-                        "infer", "device_lost", "--input", f"x={work}/lost.{tag}.npy",
+                        "infer", model, "--input", f"x={work}/lost.{tag}.npy",
                         "--output_dir", f"{work}/lost.{tag}.out"],
                        capture_output=True, text=True, timeout=60)
     return {"exit": p.returncode, "seconds": round(time.monotonic() - start, 3),
-            "detail": (p.stdout + p.stderr).strip()[-400:]}
+            "detail": (p.stdout + p.stderr).strip()[-1500:]}
 
 
 r = {"case": "device_lost", "device": device}
@@ -300,6 +309,10 @@ try:
     r["in_range"]["correct"] = bool(np.allclose(np.load(f"{work}/lost.in_range.out/output0.npy"), want))
 except OSError:
     r["in_range"]["correct"] = False
+r["fenced_out_of_range"] = infer(np.full((8, 4), 1e12, dtype=np.float32), "fenced", "value_indexed")
+r["live_after_fenced"] = http_status("/v2/health/live")
+r["fenced_ok"] = bool(r["fenced_out_of_range"]["exit"] != 0 and r["live_after_fenced"] == 200
+                      and "indices it computes" in r["fenced_out_of_range"]["detail"])
 r["out_of_range"] = infer(np.full((8, 4), 1e12, dtype=np.float32), "out_of_range")
 start = time.monotonic()
 for _ in range(60):
@@ -326,8 +339,8 @@ logged = [line for line in open(server_log) if "event=device_lost" in line]
 r["device_lost_logged"] = logged[0].strip()[-600:] if logged else None
 # Drained, it leaves with 3 (the device lost) rather than unloading models
 # on a poisoned context, whose destructors throw.
-r["ok"] = bool(r["in_range"]["correct"] and r["out_of_range"]["exit"] != 0 and r["live_after"] != 200
-               and logged and r["exit"] == 3)
+r["ok"] = bool(r["in_range"]["correct"] and r["fenced_ok"] and r["out_of_range"]["exit"] != 0
+               and r["live_after"] != 200 and logged and r["exit"] == 3)
 json.dump(r, open(f"{out}/device_lost.json", "w"), indent=1)
 for key, value in r.items():
     print(f"gpu_check: device lost: {key}: {value}", file=sys.stderr)

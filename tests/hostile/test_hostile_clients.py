@@ -7,7 +7,8 @@ normal request promptly. The module's server must also end the suite with
 its peak memory within a bound and drain with exit 0 on SIGTERM.
 
 Needs the Bazel build outputs: bazel build //server:precompile_server
-//examples:artifacts //gallery:gpt2. Runs with the project's environment:
+//examples:artifacts //gallery:gpt2 //tests/output_sizes:tiles
+//tests/value_indices:value_indexed. Runs with the project's environment:
 .venv/bin/python -m pytest tests/hostile
 """
 
@@ -54,6 +55,8 @@ def server(tmp_path_factory):
         copy_tree(built(BIN / "examples" / name), root / "repository" / name / "1")
     copy_tree(built(BIN / "gallery" / "gpt2"), root / "repository" / "gpt2" / "1")
     copy_tree(built(BIN / "tests" / "output_sizes" / "tiles"), root / "repository" / "tiles" / "1")
+    copy_tree(built(BIN / "tests" / "value_indices" / "value_indexed"),
+              root / "repository" / "value_indexed" / "1")
     # The same program with a shorter limit of its own.
     copy_tree(built(BIN / "examples" / "loop"), root / "repository" / "loop_quick" / "1")
     (root / "repository" / "loop_quick" / "config.pbtxt").write_text(
@@ -379,6 +382,42 @@ def test_outputs_whose_sizes_are_expressions_of_the_inputs_are_checked_too(serve
         response = call(20_000)
         assert [list(o.shape) for o in response.outputs] == [[40000, 4], [80000]]
         assert response.parameters["precompile_outcome"].string_param == "variant"
+    assert_still_serving(server)
+
+
+def test_indices_a_model_computes_from_values_past_its_table_fail_only_that_call(server):
+    # value_indexed returns table[(|x| * 4).long()] + x, a table of 64 rows:
+    # indices from a float input's values, which the capture cannot bound,
+    # so its compiled code checks them as it runs. Unchecked, one call with
+    # x = 16 ended the process (AOTInductor's CPU check throws inside an
+    # OpenMP region).
+    x = np.random.default_rng(2).standard_normal((8, 4)).astype(np.float32)
+    table = np.arange(64, dtype=np.float32) * 0.5
+
+    def call(values):
+        request = inference_pb2.ModelInferRequest(model_name="value_indexed")
+        request.inputs.add(name="x", datatype="FP32", shape=[8, 4])
+        request.raw_input_contents.append(values.tobytes())
+        response = stub.ModelInfer(request, timeout=30)
+        return np.frombuffer(response.raw_output_contents[0], np.float32).reshape(8, 4)
+
+    named = "aten.index.Tensor's indices into dimension 0 (64)"
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert np.array_equal(call(x), table[(np.abs(x) * 4).astype(np.int64)] + x)
+        for outside in (16.0, 1e12, np.inf, np.nan):
+            values = x.copy()
+            values[3, 2] = outside
+            with pytest.raises(grpc.RpcError) as failed:
+                call(values)
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, failed.value
+            assert "indices it computes from the inputs' values" in failed.value.details()
+            assert named in failed.value.details()
+        body = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
+                                       "data": [16.0] * 32}]}).encode()
+        answer = post(server, "/v2/models/value_indexed/infer", body)
+        assert status_of(answer) == 400 and named in error_of(answer), answer[:400]
+        assert np.array_equal(call(x), table[(np.abs(x) * 4).astype(np.int64)] + x)
     assert_still_serving(server)
 
 

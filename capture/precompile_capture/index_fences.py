@@ -1,0 +1,73 @@
+"""Indices the capture cannot prove within their table, checked at run time.
+
+Compiled code checks an indirect index where the op reads it: on the CPU,
+AOTInductor's check throws inside an OpenMP region, which ends the process
+(pytorch/pytorch#195402); on CUDA it fails a device-side assert, which
+poisons the CUDA context for every later call. guards.py bounds what it can
+from the sizes and from the inputs' values, and the server refuses a call
+outside those bounds before any code runs. What it cannot bound (indices
+computed from a floating-point input's values, T5's logarithmic position
+buckets) is fenced here, in the exported graph before it is compiled:
+
+    within = (index >= low) & (index < size)    low: -size where negative
+                                                indices count from the end
+    _assert_scalar(within.all().item())         the wrapper's check, outside
+                                                every kernel: an exception the
+                                                AOTInductor runner returns as
+                                                a failed run
+    op(..., where(within, index, 0), ...)       a kernel that runs before the
+                                                check reads row 0, never past
+                                                the table
+
+A call whose indices are within computes what it computed before; one
+outside fails as a call, and the process serves on. The cost is a reduction
+over the indices per fenced op and reading one value, which on CUDA waits
+for the device.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Tuple, Union
+
+import torch
+
+_aten = torch.ops.aten
+
+# Where an op takes an index tensor: its argument's position, or the
+# position of a list argument and the index within it.
+ArgumentPlace = Union[int, Tuple[int, int]]
+
+
+def fence_index(graph: torch.fx.Graph, op: torch.fx.Node, place: ArgumentPlace, table: torch.fx.Node,
+                dim: int, negative: bool, what: str) -> None:
+    """Rewrites `op` so that the index tensor at `place` is checked against
+    dimension `dim` of `table` before use (module docstring). `what` says in
+    the failed run's message what was out of range."""
+    index = op.args[place] if isinstance(place, int) else op.args[place[0]][place[1]]
+    size: Any = table.meta["val"].shape[dim]
+    with graph.inserting_before(op):
+        if not isinstance(size, int):
+            size = graph.call_function(_aten.sym_size.int, (table, dim))
+        if not negative:
+            low: Any = 0
+        elif isinstance(size, int):
+            low = -size
+        else:
+            low = graph.call_function(operator.neg, (size,))
+        within = graph.call_function(
+            _aten.logical_and.default,
+            (graph.call_function(_aten.ge.Scalar, (index, low)),
+             graph.call_function(_aten.lt.Scalar, (index, size))))
+        every = graph.call_function(_aten._local_scalar_dense.default,
+                                    (graph.call_function(_aten.all.default, (within,)),))
+        graph.call_function(_aten._assert_scalar.default, (every, what))
+        safe = graph.call_function(_aten.where.ScalarOther, (within, index, 0))
+    args = list(op.args)
+    if isinstance(place, int):
+        args[place] = safe
+    else:
+        indices = list(args[place[0]])
+        indices[place[1]] = safe
+        args[place[0]] = indices
+    op.args = tuple(args)
