@@ -301,6 +301,8 @@ def frames_text(contents: ArtifactContents) -> str:
                 row += " # uncovered (compile error suppressed)"
             else:
                 row += " # uncovered (no variant)"
+        elif frame.compile_error:
+            row += " # incomplete (compile error suppressed: the calls after it were not captured)"
         if frame.truncated:
             row += f" # truncated (recompile limit {contents.recompile_limit} hit)"
         lines.append(row)

@@ -488,8 +488,13 @@ class Capture:
     def summary(self) -> PrecompileSummary:
         frames = list(self._frames.values())
         eager = tuple(f.name for f in frames if f.eager_fallback and not f.variantless_entry_fallback)
+        # A frame whose compile error was suppressed is uncovered even with
+        # variants: the calls after the error were not captured (Dynamo
+        # skips the frame), and no eager program serves them.
         uncovered = tuple(
-            f.name for f in frames if not f.variants and (not f.eager_fallback or f.variantless_entry_fallback)
+            f.name for f in frames
+            if (not f.variants and (not f.eager_fallback or f.variantless_entry_fallback))
+            or (f.compile_error and not f.eager_fallback)
         )
         truncated = any(f.truncated for f in frames)
         return PrecompileSummary(

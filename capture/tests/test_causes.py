@@ -175,6 +175,38 @@ def test_suppressed_compile_error_save(suppressed, tmp_path):
         assert fh.read().splitlines()[1] == "forward: 0 variants # uncovered (compile error suppressed)"
 
 
+def test_a_compile_error_after_a_variant_leaves_its_frame_incomplete(tmp_path):
+    # The frame's first call compiles; its second does not, and Dynamo skips
+    # the frame from then on: the calls after the error are not captured,
+    # and the server would refuse them. Once, that saved as complete.
+    exported = []
+
+    def decline(ep):
+        exported.append(ep)
+        if len(exported) == 2:
+            raise RuntimeError("no backend for this one")
+
+    cap = precompile_capture.capture(Plain(), name="plain", suppress_errors=True, decline=decline)
+    try:
+        cap(torch.randn(4))
+        with pytest.warns(RuntimeWarning, match="no backend for this one"):
+            cap(torch.randn(6))
+        cap(torch.randn(8))
+        s = cap.summary()
+        assert s.variants_per_frame == {"forward": 1}
+        assert s.uncovered_frames == ("forward",) and not s.complete
+        with pytest.raises(PrecompileError) as e:
+            cap.save(tmp_path / "strict")
+        assert "'forward' (compile error suppressed: " in str(e.value)
+        path = cap.save(tmp_path / "lenient", require_complete=False)
+        with open(os.path.join(path, "FRAMES")) as fh:
+            assert fh.read().splitlines()[1] == (
+                "forward: 1 variant # incomplete (compile error suppressed: the calls after it were "
+                "not captured)")
+    finally:
+        cap.close()
+
+
 def test_warnings_are_quiet_on_a_plain_run(suppressed):
     cap, x = suppressed[0], suppressed[1]
     with warnings.catch_warnings():
