@@ -33,11 +33,14 @@ both attentions and the new token.
 
 Greedy decoding (the most likely token each step): the tokens equal
 `model.generate(input_ids, attention_mask=..., do_sample=False)` run in
-process. It needs only tritonclient and numpy.
+process. Nothing here reads the model's configuration: pass its
+eos_token_id as --eos_token (generation stops there, as generate() does)
+and an encoder-decoder's decoder_start_token_id as --start_token (T5's is
+the default, 0; BART's is 2). It needs only tritonclient and numpy.
 """
 
 import argparse
-from typing import Dict, List, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import tritonclient.grpc as triton
@@ -91,12 +94,25 @@ def token_inputs(ids: np.ndarray, mask: np.ndarray, positions: bool = True) -> L
     return inputs
 
 
+def _ended(rows: Sequence[Sequence[int]], eos: Optional[int]) -> bool:
+    """Whether every row has emitted the end-of-sequence token."""
+    return eos is not None and all(eos in row for row in rows)
+
+
+def _cut(rows: Sequence[Sequence[int]], eos: Optional[int]) -> List[List[int]]:
+    """Each row up to and including its first end-of-sequence token."""
+    return [list(row[:row.index(eos) + 1]) if eos is not None and eos in row else list(row)
+            for row in rows]
+
+
 def generate_batch(client: triton.InferenceServerClient, model: str,
-                   prompts: Sequence[Sequence[int]], tokens: int, pad: int = 0) -> List[List[int]]:
+                   prompts: Sequence[Sequence[int]], tokens: int, pad: int = 0,
+                   eos: Optional[int] = None) -> List[List[int]]:
     """`tokens` tokens after each of `prompts`, greedily, one call per token
     for the whole batch: the prompts left-padded with `pad`, each row's
     positions counted from its own first token (a model with a
-    position_ids input gets them, as generate() passes them)."""
+    position_ids input gets them, as generate() passes them). A row ends
+    at `eos`, and the calls end once every row has."""
     names = cache_outputs(client, model)
     positions = _takes(client, model, "position_ids")
     requested = [triton.InferRequestedOutput(name) for name in ["logits"] + names]
@@ -104,6 +120,8 @@ def generate_batch(client: triton.InferenceServerClient, model: str,
     cache: Dict[str, np.ndarray] = {}
     out: List[List[int]] = [[] for _ in prompts]
     for _ in range(tokens):
+        if _ended(out, eos):
+            break
         inputs = token_inputs(ids, mask, positions)
         inputs += [_input(name, value) for name, value in cache.items()]
         result = client.infer(model, inputs, outputs=requested)
@@ -113,22 +131,23 @@ def generate_batch(client: triton.InferenceServerClient, model: str,
         cache = {name: result.as_numpy(name) for name in names}
         ids = chosen[:, None]
         mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
-    return out
+    return _cut(out, eos)
 
 
 def generate(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
-             tokens: int) -> List[int]:
+             tokens: int, eos: Optional[int] = None) -> List[int]:
     """`tokens` tokens after `prompt`, greedily, one call per token."""
-    return generate_batch(client, model, [prompt], tokens)[0]
+    return generate_batch(client, model, [prompt], tokens, eos=eos)[0]
 
 
 def generate_seq2seq(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
-                     tokens: int, start: int = 0) -> List[int]:
+                     tokens: int, start: int = 0, eos: Optional[int] = None) -> List[int]:
     """`tokens` tokens of an encoder-decoder (the gallery's `t5_decoder`)
     for the input `prompt`, greedily, as generate() does for a decoder: the
     first call encodes the prompt and decodes the start token; each next call
     sends the encoder's output back as encoder_outputs.0, with the cache of
-    both attentions and only the new token, so the encoder runs once."""
+    both attentions and only the new token, so the encoder runs once.
+    `start` is the model's decoder_start_token_id (T5's 0, BART's 2)."""
     names = cache_outputs(client, model)
     requested = [triton.InferRequestedOutput(name) for name in ["logits", ENCODER_OUTPUT] + names]
     mask = _input("attention_mask", np.ones((1, len(prompt)), dtype=np.int64))
@@ -136,6 +155,8 @@ def generate_seq2seq(client: triton.InferenceServerClient, model: str, prompt: S
     token = start
     out: List[int] = []
     for _ in range(tokens):
+        if _ended([out], eos):
+            break
         inputs.append(_input("decoder_input_ids", np.asarray([[token]], dtype=np.int64)))
         result = client.infer(model, inputs, outputs=requested)
         token = int(np.argmax(result.as_numpy("logits")[0, -1]))
@@ -147,7 +168,7 @@ def generate_seq2seq(client: triton.InferenceServerClient, model: str, prompt: S
 
 def generate_seq2seq_stateful(client: triton.InferenceServerClient, model: str,
                               prompt: Sequence[int], tokens: int, sequence_id: Union[int, str],
-                              start: int = 0) -> List[int]:
+                              start: int = 0, eos: Optional[int] = None) -> List[int]:
     """As generate_seq2seq(), the encoder's output and the caches kept by
     the server for sequence `sequence_id` (the gallery's
     `t5_decoder_stateful`): the first request carries the prompt, each next
@@ -157,6 +178,8 @@ def generate_seq2seq_stateful(client: triton.InferenceServerClient, model: str,
     token = start
     out: List[int] = []
     for step in range(tokens):
+        if _ended([out], eos):
+            break
         inputs.append(_input("decoder_input_ids", np.asarray([[token]], dtype=np.int64)))
         result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=step == 0,
                               sequence_end=step == tokens - 1)
@@ -179,16 +202,24 @@ def _not_active(error: InferenceServerException) -> bool:
 
 def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
                             prompts: Sequence[Sequence[int]], tokens: int,
-                            sequence_id: Union[int, str], pad: int = 0) -> List[List[int]]:
+                            sequence_id: Union[int, str], pad: int = 0,
+                            eos: Optional[int] = None) -> List[List[int]]:
     """As generate_batch(), the batch's cache kept by the server for sequence
     `sequence_id`: started by the first call, ended by the last. A sequence
     the server no longer holds is started again with everything so far, the
-    prompts and the tokens generated, as the server's refusal says to."""
+    prompts and the tokens generated, as the server's refusal says to. One
+    whose rows all reach `eos` before the last call is not ended by a call:
+    the server drops it once it has been idle its
+    max_sequence_idle_microseconds (its end rides on a request, which would
+    compute one more token)."""
     positions = _takes(client, model, "position_ids")
     ids, mask = left_padded(prompts, pad)  # Everything so far.
     held = 0  # Positions the server's cache holds.
 
     for step in range(tokens):
+        if _ended([row[len(ids[0]) - step:] for row in ids.tolist()], eos):
+            tokens = step
+            break
         last = step == tokens - 1
         try:
             result = client.infer(model, token_inputs(ids[:, held:], mask, positions), sequence_id=sequence_id,
@@ -202,13 +233,13 @@ def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
         held = ids.shape[1]
         ids = np.concatenate([ids, chosen[:, None]], axis=1)
         mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
-    return [row[-tokens:].tolist() for row in ids] if tokens else [[] for _ in prompts]
+    return _cut([row[-tokens:].tolist() for row in ids] if tokens else [[] for _ in prompts], eos)
 
 
 def generate_stateful(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
-                      tokens: int, sequence_id: Union[int, str]) -> List[int]:
+                      tokens: int, sequence_id: Union[int, str], eos: Optional[int] = None) -> List[int]:
     """As generate(), the cache kept by the server for sequence `sequence_id`."""
-    return generate_stateful_batch(client, model, [prompt], tokens, sequence_id)[0]
+    return generate_stateful_batch(client, model, [prompt], tokens, sequence_id, eos=eos)[0]
 
 
 def main() -> None:
@@ -218,7 +249,13 @@ def main() -> None:
     parser.add_argument("--prompt", default="17,4,99,250,3",
                         help="token ids, comma-separated; several prompts (a decoder's batch, "
                              "left-padded) separated by semicolons")
-    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=8,
+                        help="at most this many tokens a prompt")
+    parser.add_argument("--eos_token", type=int, default=None,
+                        help="the model's eos_token_id: a prompt's tokens end with it, and the "
+                             "calls once every prompt's have (model.generate() stops so)")
+    parser.add_argument("--start_token", type=int, default=0,
+                        help="an encoder-decoder's decoder_start_token_id (T5: 0, BART: 2)")
     parser.add_argument("--sequence_id", type=int, default=0,
                         help="a stateful model's sequence (a positive integer): the server "
                              "keeps the cache; 0: the cache is sent back and forth")
@@ -230,13 +267,15 @@ def main() -> None:
             parser.error("an encoder-decoder generates for one prompt at a time")
         if args.sequence_id:
             tokens = [generate_seq2seq_stateful(client, args.model, prompts[0], args.tokens,
-                                                args.sequence_id)]
+                                                args.sequence_id, args.start_token, args.eos_token)]
         else:
-            tokens = [generate_seq2seq(client, args.model, prompts[0], args.tokens)]
+            tokens = [generate_seq2seq(client, args.model, prompts[0], args.tokens, args.start_token,
+                                       args.eos_token)]
     elif args.sequence_id:
-        tokens = generate_stateful_batch(client, args.model, prompts, args.tokens, args.sequence_id)
+        tokens = generate_stateful_batch(client, args.model, prompts, args.tokens, args.sequence_id,
+                                         eos=args.eos_token)
     else:
-        tokens = generate_batch(client, args.model, prompts, args.tokens)
+        tokens = generate_batch(client, args.model, prompts, args.tokens, eos=args.eos_token)
     for row in tokens:
         print(",".join(str(t) for t in row))
 

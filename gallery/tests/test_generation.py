@@ -283,6 +283,24 @@ def test_stateful_generation_equals_model_generate(client, model):
 
 
 @pytest.mark.parametrize("model", sorted(STATEFUL))
+def test_generation_ends_at_the_end_of_sequence_token_as_model_generate_does(client, model):
+    # The end-of-sequence token: one the second prompt makes at its fourth
+    # step. generate() pads a row that has ended and stops once all have;
+    # the client cuts each row after its token, and stops calling then too.
+    eos = _in_process_batch(BATCH, 12, model)[1][3]
+    ids, mask = generate.left_padded(BATCH, 0)
+    with torch.no_grad():
+        out = FACTORIES[model]().generate(
+            torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=12,
+            do_sample=False, pad_token_id=0, eos_token_id=eos)
+    expected = [row[:row.index(eos) + 1] if eos in row else row for row in out[:, ids.shape[1]:].tolist()]
+    assert len(expected[1]) <= 4
+    assert generate.generate_batch(client, model, BATCH, 12, eos=eos) == expected
+    assert generate.generate_stateful_batch(client, STATEFUL[model], BATCH, 12, sequence_id=21,
+                                            eos=eos) == expected
+
+
+@pytest.mark.parametrize("model", sorted(STATEFUL))
 def test_a_stateful_batch_generates_as_model_generate_does(client, model):
     # A sequence's state is the whole batch's cache.
     assert generate.generate_stateful_batch(client, STATEFUL[model], BATCH, 12, sequence_id=13) == \
