@@ -405,6 +405,8 @@ def test_a_failed_step_leaves_the_sequence_as_it_was(client):
     message = _refused(lambda: _step(client, model, [tokens[-1]], len(PROMPT) + 4, 31),
                        "FAILED_PRECONDITION")
     assert "attention_mask.size(1): expected past_key_values.key_cache.0.size(2)+1" in message
+    # The client never sent that input: the answer says what it is.
+    assert "('past_key_values.key_cache.0' is the state the server keeps for this sequence" in message
     for step in range(1, 6):
         tokens.append(int(np.argmax(_step(client, model, [tokens[-1]], len(PROMPT) + step - 1, 31))))
     assert tokens == _in_process(PROMPT, 6)

@@ -15,6 +15,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -37,6 +38,22 @@ constexpr char kPlatform[] = "precompile_serve";
 // that quotes a shape can be as long as the request.
 constexpr size_t kMaxLoggedName = 128;
 constexpr size_t kMaxLoggedMessage = 1024;
+
+// A failed call of a stateful model whose message names a state input names
+// what the client never sent: says what that input is. The state's first
+// name the message holds is the one explained.
+absl::Status NamingTheState(const absl::Status& failed, const SequenceStore::State& state) {
+  for (const auto& [input, tensor] : state) {
+    if (absl::StrContains(failed.message(), input)) {
+      return absl::Status(
+          failed.code(),
+          absl::StrCat(failed.message(), " ('", input,
+                       "' is the state the server keeps for this sequence, as its earlier requests "
+                       "left it: this request does not fit it)"));
+    }
+  }
+  return failed;
+}
 
 // Request parameters that Triton's clients may send and that mean nothing
 // here; they are accepted and ignored rather than refused.
@@ -907,6 +924,7 @@ absl::Status InferenceApi::RunModel(Call& call, RequestState& s, bool* deferred)
         !call.Cancelled()) {
       return PastDeadline(s, result.status());
     }
+    if (s.sequence) return NamingTheState(result.status(), s.sequence_state);
     return result.status();
   }
   if (result->eager_deferred) {
