@@ -128,8 +128,11 @@ class HttpTransportLoop {
     bool keep_alive = true;
     // Some of the request being read has arrived.
     bool request_started = false;
-    // Bytes to write: an answer, or 100 Continue.
+    // Bytes to write: an answer, or 100 Continue. Its pieces may borrow a
+    // model's outputs (HttpAnswer::body) until the socket first fills.
     absl::Cord out;
+    // `out` owns all its bytes: copied out of what it borrowed.
+    bool out_owned = false;
     bool close_after_write = false;
     // TLS: the last read wants the socket writable, or the last write wants
     // it readable.
@@ -157,6 +160,9 @@ class HttpTransportLoop {
   void Refuse(Connection& c, int status, absl::string_view message);
   void Send(Connection& c, HttpAnswer answer);
   void Flush(Connection& c);
+  // The socket is full: what is left of the answer is copied out of the
+  // tensors it borrows.
+  void OwnWhatWaits(Connection& c);
   void FinishAnswer(Connection& c);
   void StartLinger(Connection& c);
   void Linger(Connection& c);
@@ -666,6 +672,7 @@ void HttpTransportLoop::Send(Connection& c, HttpAnswer answer) {
   if (!c.head_only && !answer.body.empty()) {
     c.answer_held += answer.body.size();
     c.out.Append(std::move(answer.body));
+    c.out_owned = false;
   }
   answer_bytes_ += c.answer_held;
   c.state = State::kWriting;
@@ -688,6 +695,7 @@ void HttpTransportLoop::Flush(Connection& c) {
         const int error = SSL_get_error(c.ssl.get(), put);
         if (error != SSL_ERROR_WANT_READ && error != SSL_ERROR_WANT_WRITE) return Drop(c);
         c.tls_wants_other = error == SSL_ERROR_WANT_READ;
+        OwnWhatWaits(c);
         return UpdateEvents(c);
       }
       n = static_cast<size_t>(put);
@@ -702,6 +710,7 @@ void HttpTransportLoop::Flush(Connection& c) {
       const ssize_t put = sendmsg(c.fd, &message, MSG_NOSIGNAL);
       if (put < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return Drop(c);
+        if (errno != EINTR) OwnWhatWaits(c);
         return UpdateEvents(c);
       }
       n = static_cast<size_t>(put);
@@ -710,8 +719,19 @@ void HttpTransportLoop::Flush(Connection& c) {
     c.out.RemovePrefix(n);
   }
   c.tls_wants_other = false;
+  c.out_owned = false;
   if (c.state == State::kWriting) return FinishAnswer(c);
   UpdateEvents(c);
+}
+
+void HttpTransportLoop::OwnWhatWaits(Connection& c) {
+  if (c.out_owned || c.out.empty()) return;
+  // One copy, and only for a client that does not keep up: the tensors go
+  // back to the model calls' memory (--max_inference_memory_bytes counts
+  // them while anything holds them), and what waits counts only against
+  // max_body_buffer_bytes, as answer_held already does.
+  c.out = absl::Cord(std::string(c.out));
+  c.out_owned = true;
 }
 
 void HttpTransportLoop::FinishAnswer(Connection& c) {

@@ -98,7 +98,9 @@ struct HttpAnswer {
   int status = 200;
   std::string content_type;
   // A Cord, so that an answer can send bytes from where they are (a model's
-  // output tensor, kept by the Cord until written) instead of a copy.
+  // output tensor) instead of a copy. The transport keeps what it borrows
+  // until written, or until the socket fills: then what is left is copied
+  // out, so that a client that does not read holds no tensor.
   absl::Cord body;
   // More fields; Content-Type, Content-Length and Connection are the
   // transport's.
