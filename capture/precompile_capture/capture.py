@@ -519,7 +519,10 @@ class Capture:
             "this is refused whatever require_complete says (require_complete=False does not get "
             "past it). Causes of such a fallback: " + ALL_CAUSES_IN_WORDS + ". Make the entry's "
             "first example call compile (fix what made Dynamo give up), or capture a smaller entry "
-            "frame."
+            "frame. Where the break is set-up the model does on its first call only (under a "
+            "lock, as transformers does to install its output-capturing hooks when outputs are "
+            "collected: output_hidden_states=True, Segformer), call the model once before "
+            "capturing it."
         )
 
     def incompleteness_message(self) -> Optional[str]:

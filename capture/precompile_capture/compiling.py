@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import time
 import warnings
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
@@ -75,6 +76,21 @@ def compile_error_detail(text: str) -> str:
     if not command or not errors:
         return first_lines(text, 4)
     return first_lines("\n".join([title.strip().splitlines()[0], *errors[:3]]), 4)
+
+
+def graph_break_detail(text: str) -> str:
+    """What to show of a graph break: Dynamo's first lines, the first (which
+    every short form of the message keeps) ending with where in the user's
+    code the break is: the innermost frame of Dynamo's "from user code"
+    trace, which would otherwise be cut off with the rest."""
+    detail = first_lines(text)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n[ \t]*([^\n]*)',
+                        text.partition("\nfrom user code:\n")[2])
+    if not frames:
+        return detail
+    path, line, function, code = frames[-1]
+    first, newline, rest = detail.partition("\n")
+    return f"{first} (at {path}:{line} in {function}: {code.strip()}){newline}{rest}"
 
 
 def first_lines(text: str, n: int = _DETAIL_LINES) -> str:
@@ -306,7 +322,7 @@ class VariantCompiler:
                 raise Fallback(FallbackCause.USER_ERROR, first_lines(str(e)), e) from e
             except dynamo_exc.Unsupported as e:
                 cause = FallbackCause.SKIP_FRAME if _is_skip_frame_call(e) else FallbackCause.GRAPH_BREAK
-                raise Fallback(cause, first_lines(str(e)), e) from e
+                raise Fallback(cause, graph_break_detail(str(e)), e) from e
             except dynamo_exc.SkipFrame as e:
                 raise Fallback(FallbackCause.BACKEND_SKIP, first_lines(f"Dynamo skipped the frame: {e}"), e) from e
             except PrecompileError:

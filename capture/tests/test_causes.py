@@ -2,6 +2,7 @@
 that fell back on its first call. No AOTInductor compile happens here."""
 
 import os
+import threading
 import warnings
 
 import pytest
@@ -82,6 +83,33 @@ def test_graph_break_on_the_first_call(tmp_path):
     assert torch.allclose(result, x * 2 + 1)
     _assert_variantless_entry(cap, FallbackCause.GRAPH_BREAK)
     _assert_refused(cap, tmp_path, "GRAPH_BREAK: a graph break Dynamo cannot resume from")
+
+
+class SetUpOnFirstCall(torch.nn.Module):
+    """Set-up on the first call only, under a lock (as transformers installs
+    its output-capturing hooks)."""
+
+    lock = threading.Lock()
+
+    def __init__(self):
+        super().__init__()
+        self.ready = False
+
+    def forward(self, x):
+        if not self.ready:
+            with self.lock:
+                self.ready = True
+        return x + 1
+
+
+def test_a_graph_break_says_where_in_the_users_code_it_is(tmp_path):
+    cap, _ = _variantless(SetUpOnFirstCall(), torch.randn(3))
+    with pytest.raises(PrecompileError) as e:
+        cap.save(tmp_path / "out")
+    msg = str(e.value)
+    line = SetUpOnFirstCall.forward.__code__.co_firstlineno + 2
+    assert f"Unsupported context manager (at {__file__}:{line} in forward: with self.lock:)" in msg
+    assert "call the model once before capturing it" in msg
 
 
 def test_data_dependent_branching_is_a_graph_break():
