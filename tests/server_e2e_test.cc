@@ -380,10 +380,10 @@ TEST_F(ServerTest, RejectsMalformedRequestsAndKeepsServing) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {"unknown model", [](auto& r) { r.set_model_name("nope"); },
-       grpc::StatusCode::NOT_FOUND, "unknown model 'nope'"},
-      {"unknown version", [](auto& r) { r.set_model_version("7"); },
-       grpc::StatusCode::NOT_FOUND, "version '7' of model 'loop' is not served"},
+      {"unknown model", [](auto& r) { r.set_model_name("nope"); }, grpc::StatusCode::NOT_FOUND,
+       "unknown model 'nope'"},
+      {"unknown version", [](auto& r) { r.set_model_version("7"); }, grpc::StatusCode::NOT_FOUND,
+       "version '7' of model 'loop' is not served"},
       {"bad datatype", [](auto& r) { r.mutable_inputs(0)->set_datatype("FP8"); },
        grpc::StatusCode::INVALID_ARGUMENT, "datatype 'FP8'"},
       // KServe datatypes torch has no dtype for.
@@ -424,9 +424,10 @@ TEST_F(ServerTest, RejectsMalformedRequestsAndKeepsServing) {
        grpc::StatusCode::INVALID_ARGUMENT, "argument 'n' must be an int, got a string"},
       {"unknown parameter",
        [](auto& r) { (*r.mutable_parameters())["bogus"].set_bool_param(true); },
-       grpc::StatusCode::INVALID_ARGUMENT, "has no argument 'bogus'"},
-      {"tensor as parameter",
-       [](auto& r) { (*r.mutable_parameters())["x"].set_int64_param(1); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "has no argument 'bogus' (its arguments: n): a served model takes the arguments its example "
+       "calls passed"},
+      {"tensor as parameter", [](auto& r) { (*r.mutable_parameters())["x"].set_int64_param(1); },
        grpc::StatusCode::INVALID_ARGUMENT, "argument 'x' is a tensor"},
       {"unknown output", [](auto& r) { r.add_outputs()->set_name("logits"); },
        grpc::StatusCode::INVALID_ARGUMENT, "has no output 'logits'"},
