@@ -4,7 +4,8 @@ the indices it sees in the exported graph (index_fences.py), but nll_loss's
 targets become indices only inside Inductor, which lowers the op to a
 gather that checks them with a device-side assert. Example calls stay within
 the four classes; a call with large values fails that assert, a sticky
-error, so that every later call on the device fails. tests/device/
+error, so that every later call on the device fails (on the CPU, the check
+throws inside an OpenMP region and ends the process). tests/device/
 gpu_check.sh serves it to see the server stop calling itself live."""
 
 import torch

@@ -256,8 +256,8 @@ done
 # table must fail alone (INVALID_ARGUMENT) and leave the device working. On
 # CUDA the poisoned server must then stop calling itself live, so that the
 # orchestrator restarts it, and on SIGTERM drain and exit 3. (On the CPU
-# nll_loss checks its targets where an exception reaches the caller: the dry
-# run only exercises the steps.)
+# the same call ends the process: Inductor's check throws inside an OpenMP
+# region. The dry run only exercises the steps.)
 DEVICE_LOST=0
 within 150 "the device-lost probe" "$PYTHON" - "$BUNDLE/bin" "$LOST_REPO" "$DEVICE" \
   "$((${PORT:-28501} + 10))" "$OUT" "$W" <<'EOF' || DEVICE_LOST=1
