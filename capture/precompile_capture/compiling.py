@@ -82,7 +82,8 @@ def graph_break_detail(text: str) -> str:
     """What to show of a graph break: Dynamo's first lines, the first (which
     every short form of the message keeps) ending with where in the user's
     code the break is: the innermost frame of Dynamo's "from user code"
-    trace, which would otherwise be cut off with the rest."""
+    trace (file name, line, function, code), which would otherwise be cut
+    off with the rest."""
     detail = first_lines(text)
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n[ \t]*([^\n]*)',
                         text.partition("\nfrom user code:\n")[2])
@@ -90,7 +91,9 @@ def graph_break_detail(text: str) -> str:
         return detail
     path, line, function, code = frames[-1]
     first, newline, rest = detail.partition("\n")
-    return f"{first} (at {path}:{line} in {function}: {code.strip()}){newline}{rest}"
+    # The file's name alone: the detail is saved in the artifact, which must
+    # not depend on where the capture ran.
+    return f"{first} (at {os.path.basename(path)}:{line} in {function}: {code.strip()}){newline}{rest}"
 
 
 def first_lines(text: str, n: int = _DETAIL_LINES) -> str:

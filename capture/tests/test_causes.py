@@ -108,7 +108,7 @@ def test_a_graph_break_says_where_in_the_users_code_it_is(tmp_path):
         cap.save(tmp_path / "out")
     msg = str(e.value)
     line = SetUpOnFirstCall.forward.__code__.co_firstlineno + 2
-    assert f"Unsupported context manager (at {__file__}:{line} in forward: with self.lock:)" in msg
+    assert f"Unsupported context manager (at {os.path.basename(__file__)}:{line} in forward: with self.lock:)" in msg
     assert "call the model once before capturing it" in msg
 
 
