@@ -214,11 +214,11 @@ def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
     compute one more token)."""
     positions = _takes(client, model, "position_ids")
     ids, mask = left_padded(prompts, pad)  # Everything so far.
+    generated = ids.shape[1]  # Where the generated tokens start.
     held = 0  # Positions the server's cache holds.
 
     for step in range(tokens):
-        if _ended([row[len(ids[0]) - step:] for row in ids.tolist()], eos):
-            tokens = step
+        if _ended(ids[:, generated:].tolist(), eos):
             break
         last = step == tokens - 1
         try:
@@ -233,7 +233,7 @@ def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
         held = ids.shape[1]
         ids = np.concatenate([ids, chosen[:, None]], axis=1)
         mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
-    return _cut([row[-tokens:].tolist() for row in ids] if tokens else [[] for _ in prompts], eos)
+    return _cut(ids[:, generated:].tolist(), eos)
 
 
 def generate_stateful(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
