@@ -359,6 +359,22 @@ _INDEX_LISTS = {
     _aten.index.Tensor, _aten._unsafe_index.Tensor, _aten.index_put.default,
     _aten._unsafe_index_put.default,
 }
+# Ops whose index tensor, at position 2, indexes dimension args[1] of their
+# first argument, as index_select's does; and whether a negative index counts
+# from the end.
+_INDEX_ALONG_DIM = {
+    _aten.index_add.default: False, _aten.index_copy.default: False,
+    _aten.index_fill.int_Scalar: True, _aten.index_fill.int_Tensor: True,
+}
+# Losses whose integer targets (argument 1) are classes: indices into the
+# classes' dimension of their input (argument 0), which become a gather only
+# inside Inductor; and the argument that holds the class the loss skips.
+_CLASS_TARGET_LOSSES = {
+    _aten.cross_entropy_loss.default: 4, _aten.nll_loss_nd.default: 4, _aten.nll_loss.default: 4,
+    _aten.nll_loss_forward.default: 4, _aten.nll_loss2d_forward.default: 4,
+    _aten.multi_margin_loss.default: None,
+}
+_IGNORE_INDEX_DEFAULT = -100
 
 
 class IndexedDim(NamedTuple):
@@ -368,8 +384,9 @@ class IndexedDim(NamedTuple):
     index: Any  # The index tensor's node.
     negative: bool  # Whether negative indices count from the end.
     table: Any  # The indexed tensor's node.
-    dim: int
+    dim: Optional[int]  # None: the table's elements, counted flat (take).
     place: ArgumentPlace  # Where the op takes the index tensor.
+    ignored: Optional[int] = None  # A value taken besides: a loss's ignore_index.
 
 
 def _indexed_dimensions(node: Any) -> List[IndexedDim]:
@@ -386,8 +403,27 @@ def _indexed_dimensions(node: Any) -> List[IndexedDim]:
     target, args = node.target, node.args
     if target is _aten.embedding.default:
         return [IndexedDim(size(args[0], 0), args[1], False, args[0], 0, 1)]
+    if target in (_aten.embedding_bag.default, _aten.embedding_bag.padding_idx, _aten._embedding_bag.default):
+        return [IndexedDim(size(args[0], 0), args[1], False, args[0], 0, 1)]
     if target is _aten.index_select.default or target in _SCATTER_GATHER:
         return [IndexedDim(size(args[0], args[1]), args[2], False, args[0], args[1], 2)]
+    if target in _INDEX_ALONG_DIM:
+        return [IndexedDim(size(args[0], args[1]), args[2], _INDEX_ALONG_DIM[target], args[0], args[1], 2)]
+    if target is _aten.take.default:
+        t = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
+        elements = t.numel() if isinstance(t, torch.Tensor) else None
+        return [IndexedDim(elements, args[1], True, args[0], None, 1)]
+    if target in _CLASS_TARGET_LOSSES and isinstance(args[1], torch.fx.Node) and _is_integer_input(args[1]):
+        t = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
+        if not isinstance(t, torch.Tensor):
+            return []
+        classes = t.dim() - 1 if target is _aten.multi_margin_loss.default else min(1, t.dim() - 1)
+        ignore_at = _CLASS_TARGET_LOSSES[target]
+        ignored = None
+        if ignore_at is not None:
+            ignored = args[ignore_at] if len(args) > ignore_at else node.kwargs.get(
+                "ignore_index", _IGNORE_INDEX_DEFAULT)
+        return [IndexedDim(size(args[0], classes), args[1], False, args[0], classes, 1, ignored)]
     if target in _INDEX_LISTS:
         # Negative indices count from the end, as in Python.
         return [IndexedDim(size(args[0], d), index, True, args[0], d, (1, d))
@@ -513,7 +549,10 @@ def _index_limits(
             continue
         for indexed in _indexed_dimensions(node):
             rows, index, negative = indexed.size, indexed.index, indexed.negative
-            source = _index_source(index) if isinstance(rows, int) else None
+            # A range of an input's values cannot say "or the ignore_index":
+            # a loss's targets are proved from the sizes or fenced.
+            takes_ignored = indexed.ignored is not None
+            source = _index_source(index) if isinstance(rows, int) and not takes_ignored else None
             if source is not None:
                 kind, origin, offset = source
                 if isinstance(offset, sympy.Expr) and not offset.is_Integer:
@@ -538,7 +577,7 @@ def _index_limits(
             size = None if rows is None else as_roots(
                 sympy.sympify(rows.node.expr if isinstance(rows, torch.SymInt) else rows))
             found = within(computed.of(index), size, negative)
-            if found is None:
+            if found is None and not takes_ignored:
                 # From an input's values: fenced by a range for those values.
                 for assumed in assumptions(index):
                     found = within(ValueRanges(program_tensors, assumed).of(index), size, negative)
@@ -565,9 +604,13 @@ def _index_limits(
                         limit(symbol, largest)
     checks = []
     for node, indexed in fences:
-        what = (f"{node.target}'s indices into dimension {indexed.dim} ({indexed.size}) of "
-                f"{indexed.table.name}")
-        fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what)
+        into = (f"the {indexed.size} elements" if indexed.dim is None else
+                f"dimension {indexed.dim} ({indexed.size})")
+        what = f"{node.target}'s indices into {into} of {indexed.table.name}"
+        if indexed.ignored is not None:
+            what += f" (or {indexed.ignored}, its ignore_index)"
+        fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what,
+                    indexed.ignored)
         checks.append(what)
     if fences:
         ep.graph.lint()

@@ -10,7 +10,9 @@ computed from a floating-point input's values, T5's logarithmic position
 buckets) is fenced here, in the exported graph before it is compiled:
 
     within = (index >= low) & (index < size)    low: -size where negative
-                                                indices count from the end
+                                                indices count from the end;
+             | (index == ignore_index)          a loss's targets: the class
+                                                whose rows it skips
     _assert_scalar(within.all().item())         the wrapper's check, outside
                                                 every kernel: an exception the
                                                 AOTInductor runner returns as
@@ -28,7 +30,7 @@ for the device.
 from __future__ import annotations
 
 import operator
-from typing import Any, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 
@@ -40,15 +42,19 @@ ArgumentPlace = Union[int, Tuple[int, int]]
 
 
 def fence_index(graph: torch.fx.Graph, op: torch.fx.Node, place: ArgumentPlace, table: torch.fx.Node,
-                dim: int, negative: bool, what: str) -> None:
+                dim: Optional[int], negative: bool, what: str, ignored: Optional[int] = None) -> None:
     """Rewrites `op` so that the index tensor at `place` is checked against
-    dimension `dim` of `table` before use (module docstring). `what` says in
-    the failed run's message what was out of range."""
+    dimension `dim` of `table` (None: its elements, counted flat) before use
+    (module docstring); `ignored` is a value the op takes besides (a loss's
+    ignore_index, whose rows it skips). `what` says in the failed run's
+    message what was out of range."""
     index = op.args[place] if isinstance(place, int) else op.args[place[0]][place[1]]
-    size: Any = table.meta["val"].shape[dim]
+    val = table.meta["val"]
+    size: Any = val.numel() if dim is None else val.shape[dim]
     with graph.inserting_before(op):
         if not isinstance(size, int):
-            size = graph.call_function(_aten.sym_size.int, (table, dim))
+            size = (graph.call_function(_aten.sym_numel.default, (table,)) if dim is None else
+                    graph.call_function(_aten.sym_size.int, (table, dim)))
         if not negative:
             low: Any = 0
         elif isinstance(size, int):
@@ -59,6 +65,9 @@ def fence_index(graph: torch.fx.Graph, op: torch.fx.Node, place: ArgumentPlace, 
             _aten.logical_and.default,
             (graph.call_function(_aten.ge.Scalar, (index, low)),
              graph.call_function(_aten.lt.Scalar, (index, size))))
+        if ignored is not None:
+            within = graph.call_function(
+                _aten.logical_or.default, (within, graph.call_function(_aten.eq.Scalar, (index, ignored))))
         every = graph.call_function(_aten._local_scalar_dense.default,
                                     (graph.call_function(_aten.all.default, (within,)),))
         graph.call_function(_aten._assert_scalar.default, (every, what))

@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.export import Dim
 
 from precompile_capture.guards import extract_guards
@@ -292,3 +293,87 @@ def test_positions_scaled_and_shifted_bound_the_size(offset, largest):
     guards, warned = guards_and_warnings(Scaled(), (torch.randn(5),), ({0: AUTO},))
     assert symbol_of(guards, 0, 0).max == largest
     assert warned == []
+
+
+class LabelledHead(torch.nn.Module):
+    """A language model's head called with labels, as transformers' models
+    compute their loss: the labels are class indices into the logits' last
+    dimension only inside cross_entropy (Inductor lowers it to a gather),
+    and -100 marks a position the loss skips."""
+
+    def __init__(self, classes):
+        super().__init__()
+        self.head = torch.nn.Linear(4, classes)
+
+    def forward(self, hidden, labels):
+        logits = self.head(hidden)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
+
+
+def test_loss_targets_are_checked_as_classes_or_the_ignore_index():
+    model = LabelledHead(10)
+    hidden, labels = torch.randn(2, 3, 4), torch.tensor([[1, 9, -100], [0, 4, 5]])
+    program, warned = fenced(model, (hidden, labels), ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
+    assert len(warned) == 1
+    assert "aten.cross_entropy_loss.default indexes a dimension of size 10" in warned[0]
+    assert "checks them before the op reads them" in warned[0]
+    assert torch.equal(program(hidden, labels), model(hidden, labels))
+    for outside in (10, -1, -99, 2**40):
+        bad = labels.clone()
+        bad[1, 2] = outside
+        with pytest.raises(RuntimeError, match=r"indices into dimension 1 \(10\) .* \(or -100, its ignore_index\)"):
+            program(hidden, bad)
+
+
+def test_a_loss_s_own_ignore_index_is_taken_and_no_other():
+    class Scored(torch.nn.Module):
+        def forward(self, scores, labels):
+            return F.nll_loss(scores.log_softmax(-1), labels, ignore_index=7, reduction="none")
+
+    model = Scored()
+    scores, labels = torch.randn(4, 5), torch.tensor([0, 4, 7, 2])
+    program, warned = fenced(model, (scores, labels), ({0: AUTO}, {0: AUTO}))
+    assert len(warned) == 1 and "aten.nll_loss_nd.default" in warned[0]
+    assert torch.equal(program(scores, labels), model(scores, labels))
+    with pytest.raises(RuntimeError, match=r"\(or 7, its ignore_index\)"):
+        program(scores, torch.tensor([0, 4, -100, 2]))
+
+
+def test_probabilities_as_targets_index_nothing():
+    class Soft(torch.nn.Module):
+        def forward(self, scores, targets):
+            return F.cross_entropy(scores, targets)
+
+    _, warned = fenced(Soft(), (torch.randn(4, 5), torch.rand(4, 5)), ({0: AUTO}, {0: AUTO}))
+    assert warned == []
+
+
+class IndexedBy(torch.nn.Module):
+    """An op that takes indices computed from a float input's values."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, table, x):
+        return self.op(table, (x * 3).long())
+
+
+@pytest.mark.parametrize("op, within, outside", [
+    # take counts a [4, 5] table's 20 elements flat, negative from the end.
+    (lambda t, i: torch.take(t, i), [-20 / 3, 19 / 3], [20 / 3, -21 / 3]),
+    (lambda t, i: t.index_add(0, i, torch.ones(i.shape[0], 5)), [0.0, 1.0], [4 / 3, -1 / 3]),
+    (lambda t, i: t.index_copy(0, i, torch.ones(i.shape[0], 5)), [0.0, 1.0], [4 / 3, -1 / 3]),
+    (lambda t, i: t.index_fill(0, i, 2.0), [-4 / 3, 1.0], [4 / 3, -5 / 3]),
+    (lambda t, i: F.embedding_bag(i, t, torch.tensor([0])), [0.0, 1.0], [4 / 3, -1 / 3]),
+], ids=["take", "index_add", "index_copy", "index_fill", "embedding_bag"])
+def test_indices_of_ops_that_take_them_along_a_dimension_are_checked(op, within, outside):
+    model = IndexedBy(op)
+    table = torch.randn(4, 5)
+    program, warned = fenced(model, (table, torch.tensor([0.0, 1.0])), (None, None))
+    assert len(warned) == 1 and "checks them before the op reads them" in warned[0]
+    x = torch.tensor(within) + 1e-4
+    assert torch.equal(program(table, x), model(table, x))
+    for value in outside:
+        with pytest.raises(RuntimeError, match="'s indices into"):
+            program(table, torch.tensor([0.0, value + (1e-4 if value > 0 else -1e-4)]))

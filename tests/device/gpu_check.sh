@@ -249,15 +249,14 @@ for m in bert resnet18; do
 done
 
 # 2b. A call that poisons the device: a server of its own serves a model
-# whose nll_loss targets come from a float input's values (indices only
-# inside Inductor, which the capture does not see); a call with large values
-# fails Inductor's device-side assert. First, the same server's
-# value_indexed, whose indices the capture sees and fences: a call past its
-# table must fail alone (INVALID_ARGUMENT) and leave the device working. On
-# CUDA the poisoned server must then stop calling itself live, so that the
-# orchestrator restarts it, and on SIGTERM drain and exit 3. (On the CPU
-# the same call ends the process: Inductor's check throws inside an OpenMP
-# region. The dry run only exercises the steps.)
+# that asserts its input's values with torch._assert_async (a device-side
+# assert in Inductor's kernel); a call with large values fails it. First,
+# the same server's value_indexed, whose indices the capture fences: a call
+# past its table must fail alone (INVALID_ARGUMENT) and leave the device
+# working. On CUDA the poisoned server must then stop calling itself live,
+# so that the orchestrator restarts it, and on SIGTERM drain and exit 3.
+# (On the CPU the assert fails that call only. The dry run only exercises
+# the steps.)
 DEVICE_LOST=0
 within 150 "the device-lost probe" "$PYTHON" - "$BUNDLE/bin" "$LOST_REPO" "$DEVICE" \
   "$((${PORT:-28501} + 10))" "$OUT" "$W" <<'EOF' || DEVICE_LOST=1

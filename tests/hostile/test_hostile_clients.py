@@ -8,7 +8,7 @@ its peak memory within a bound and drain with exit 0 on SIGTERM.
 
 Needs the Bazel build outputs: bazel build //server:precompile_server
 //examples:artifacts //gallery:gpt2 //tests/output_sizes:tiles
-//tests/value_indices:value_indexed. Runs with the project's environment:
+//tests/value_indices:value_indexed //tests/value_indices:labelled_head. Runs with the project's environment:
 .venv/bin/python -m pytest tests/hostile
 """
 
@@ -57,6 +57,8 @@ def server(tmp_path_factory):
     copy_tree(built(BIN / "tests" / "output_sizes" / "tiles"), root / "repository" / "tiles" / "1")
     copy_tree(built(BIN / "tests" / "value_indices" / "value_indexed"),
               root / "repository" / "value_indexed" / "1")
+    copy_tree(built(BIN / "tests" / "value_indices" / "labelled_head"),
+              root / "repository" / "labelled_head" / "1")
     # The same program with a shorter limit of its own.
     copy_tree(built(BIN / "examples" / "loop"), root / "repository" / "loop_quick" / "1")
     (root / "repository" / "loop_quick" / "config.pbtxt").write_text(
@@ -418,6 +420,49 @@ def test_indices_a_model_computes_from_values_past_its_table_fail_only_that_call
         answer = post(server, "/v2/models/value_indexed/infer", body)
         assert status_of(answer) == 400 and named in error_of(answer), answer[:400]
         assert np.array_equal(call(x), table[(np.abs(x) * 4).astype(np.int64)] + x)
+    assert_still_serving(server)
+
+
+def test_labels_past_a_loss_s_classes_fail_only_that_call(server):
+    # labelled_head returns logits over 1000 classes and their mean cross
+    # entropy against the request's labels, -100 marking a skipped position,
+    # as transformers' models do when called with labels=. The labels become
+    # indices only inside Inductor's lowering of the loss: unchecked, one
+    # label of 32000 ended the process.
+    rng = np.random.default_rng(3)
+    hidden = rng.standard_normal((4, 20, 32)).astype(np.float32)
+    labels = rng.integers(0, 1000, (4, 20))
+    labels[:, :5] = -100
+
+    def call(values):
+        request = inference_pb2.ModelInferRequest(model_name="labelled_head")
+        request.inputs.add(name="hidden", datatype="FP32", shape=[4, 20, 32])
+        request.inputs.add(name="labels", datatype="INT64", shape=[4, 20])
+        request.raw_input_contents.extend([hidden.tobytes(), values.astype(np.int64).tobytes()])
+        response = stub.ModelInfer(request, timeout=30)
+        logits = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(4, 20, 1000)
+        return logits, float(np.frombuffer(response.raw_output_contents[1], np.float32)[0])
+
+    def cross_entropy(logits, values):
+        rows, targets = logits.reshape(-1, 1000).astype(np.float64), values.reshape(-1)
+        kept = targets != -100
+        shifted = rows - rows.max(axis=1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        return -log_probs[kept, targets[kept]].mean()
+
+    named = "aten.cross_entropy_loss.default's indices into dimension 1 (1000)"
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        logits, loss = call(labels)
+        assert loss == pytest.approx(cross_entropy(logits, labels), rel=1e-4)
+        for outside in (1000, 32000, -1, -101, 2**62):
+            values = labels.copy()
+            values[2, 7] = outside
+            with pytest.raises(grpc.RpcError) as failed:
+                call(values)
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, failed.value
+            assert named in failed.value.details() and "-100, its ignore_index" in failed.value.details()
+        assert call(labels)[1] == loss
     assert_still_serving(server)
 
 
