@@ -5,7 +5,9 @@
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "runtime/cuda_support.h"
 #include "runtime/inference_memory.h"
 #include "runtime/torch_errors.h"
@@ -16,6 +18,12 @@ namespace {
 // AOTIModelPackageLoader's constructor unpacks into a temporary directory
 // and registers global state without locking: load packages one at a time.
 std::mutex loader_mutex;
+
+// How AOTInductor's runner reports any exception of the compiled code
+// ("run_func_(...) API call failed at <its own source file>, line N"),
+// having written the exception's message to stderr: the client gets what
+// happened without the runner's source line.
+constexpr absl::string_view kRunnerFailed = "API call failed at";
 
 }  // namespace
 
@@ -74,7 +82,7 @@ absl::StatusOr<std::vector<at::Tensor>> Variant::Run(
 
 absl::StatusOr<std::vector<at::Tensor>> Variant::RunLoader(
     std::vector<at::Tensor> inputs) const {
-  return CallTorch(run_what_, [&] {
+  absl::StatusOr<std::vector<at::Tensor>> out = CallTorch(run_what_, [&] {
     for (at::Tensor& t : inputs) {
       if (device_ == DeviceType::kCuda && !t.is_cuda()) {
         t = t.to(at::kCUDA, /*non_blocking=*/false);
@@ -84,6 +92,13 @@ absl::StatusOr<std::vector<at::Tensor>> Variant::RunLoader(
     }
     return loader_->boxed_run(std::move(inputs));
   });
+  if (!out.ok() && absl::StrContains(out.status().message(), kRunnerFailed)) {
+    return absl::Status(out.status().code(),
+                        absl::StrCat(run_what_,
+                                     ": the compiled code raised an error, whose message is in "
+                                     "the server's log"));
+  }
+  return out;
 }
 
 }  // namespace precompile

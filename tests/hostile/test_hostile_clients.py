@@ -462,6 +462,9 @@ def test_labels_past_a_loss_s_classes_fail_only_that_call(server):
                 call(values)
             assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, failed.value
             assert named in failed.value.details() and "-100, its ignore_index" in failed.value.details()
+            # What failed, not the runner's own source line.
+            assert "API call failed" not in failed.value.details()
+            assert "raised an error, whose message is in the server's log" in failed.value.details()
         assert call(labels)[1] == loss
     assert_still_serving(server)
 
