@@ -99,6 +99,8 @@ def _capture_impl(ctx):
         args.add("--allow-incomplete")
     if ctx.attr.static_shapes:
         args.add("--static-shapes")
+    for limit in ctx.attr.max_sizes:
+        args.add("--max-size", limit)
 
     return _run_capture(ctx, out, args, inputs, roots = ["$PWD"],
                         progress = "Capturing precompile artifact %s" % ctx.label)
@@ -120,6 +122,7 @@ _capture = rule(
         ),
         "allow_incomplete": attr.bool(default = False, doc = "Save a capture that is not complete"),
         "static_shapes": attr.bool(default = False, doc = "Each new shape a static variant (--static-shapes)"),
+        "max_sizes": attr.string_list(doc = "The largest sizes the variants take: NAME[.DIM]=N (--max-size)"),
         "wrapper_opt_level": attr.string(
             default = "O0",
             values = ["O0", "O1", "O2", "O3"],
@@ -209,7 +212,7 @@ def precompile_artifact(name, model_name = None, visibility = None, testonly = N
         not by //...).
       **kwargs: the capture's attributes (model, calls, frames, deps, srcs,
         device, recompile_limit, eager, allow_incomplete, static_shapes,
-        wrapper_opt_level).
+        max_sizes, wrapper_opt_level).
     """
     _captured_and_copied(_capture, name, visibility, testonly, tags, model_name = model_name or name, **kwargs)
 

@@ -314,6 +314,10 @@ def frames_text(contents: ArtifactContents) -> str:
             lines.append(f"  {v.id}: {v.guards.describe(names, contents.device)}")
             for check in v.guards.index_checks:
                 lines.append(f"    checks as it runs: {check} (from the inputs' values)")
+        for param_name, dims in frame.size_limits.items():
+            for dim, size in dims.items():
+                where = "every dimension" if dim is None else f"dimension {dim}"
+                lines.append(f"  {param_name}: {where} at most {size} (--max-size)")
         for i, (lo, hi) in index_ranges(frame).items():
             lines.append(f"  {frame.params[i].name}: values in [{lo}, {hi}) (indices into a table)")
         if frame.outputs is not None:
@@ -391,6 +395,15 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
             structure = f.structures.add()
             structure.parameter = name
             structure.tree_spec = _dumped_tree_spec(spec)
+        for param_name, dims in frame.size_limits.items():
+            if all(p.name != param_name for p in frame.params):
+                raise PrecompileError(
+                    f"max_sizes names '{param_name}', which no call passed to the entry frame "
+                    f"'{frame.name}' (its parameters: {', '.join(p.name for p in frame.params)})")
+            for dim, size in dims.items():
+                limit = f.size_limits.add(parameter=param_name, max=size)
+                if dim is not None:
+                    limit.dim = dim
         for i, (lo, hi) in index_ranges(frame).items():
             f.parameters[i].index_range.min = lo
             f.parameters[i].index_range.max = hi

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -137,6 +137,24 @@ class _Interceptor:
             self.set(previous)
 
 
+def _checked_size_limits(max_sizes: Mapping[str, Mapping[Optional[int], int]],
+                         entry: Frame) -> Dict[str, Dict[Optional[int], int]]:
+    names = {p.name for p in entry.params}
+    limits: Dict[str, Dict[Optional[int], int]] = {}
+    for name, dims in max_sizes.items():
+        if name not in names and entry.var_keyword is None:
+            raise PrecompileError(
+                f"max_sizes names '{name}', which is not a parameter of the entry frame '{entry.name}' "
+                f"(its parameters: {', '.join(sorted(names)) or 'none'})")
+        for dim, size in dims.items():
+            if (dim is not None and (not isinstance(dim, int) or dim < 0)) or not isinstance(size, int) or size < 1:
+                raise PrecompileError(
+                    f"max_sizes for '{name}': dimension {dim!r} at most {size!r}; a dimension is an index "
+                    "from 0 (or None for every one) and a size at least 1")
+        limits[name] = dict(dims)
+    return limits
+
+
 class Capture:
     """A program under capture: `capture(model_or_fn, name=...)` starts one.
 
@@ -170,6 +188,12 @@ class Capture:
         variant (a server padding merged batches up to one of their batch
         sizes, say). True is not offered: Dynamo's marks every dimension
         dynamic, including sizes the model needs fixed.
+      max_sizes: per tensor parameter of the entry frame, per dimension
+        (None: every dimension), the largest size its variants take: a
+        dynamic size is otherwise unbounded, and compiled code runs at
+        whatever size a client sends (one 2048x2048 image can hold a core
+        for a minute). The server refuses a larger call, or runs it eagerly
+        where the frame is flagged. An example call past a limit is an error.
     """
 
     def __init__(
@@ -184,6 +208,7 @@ class Capture:
         decline: Optional[Callable[[torch.export.ExportedProgram], Any]] = None,
         eager: str = "auto",
         dynamic: Optional[bool] = None,
+        max_sizes: Optional[Mapping[str, Mapping[Optional[int], int]]] = None,
     ) -> None:
         if dynamic not in (None, False):
             raise PrecompileError(f"dynamic must be None (automatic) or False (static), not {dynamic!r}")
@@ -215,6 +240,7 @@ class Capture:
             )
         self.entry = entry
         self._frames[entry.name] = entry
+        entry.size_limits = _checked_size_limits(max_sizes or {}, entry)
         for spec in frames:
             frame = self._make_subframe(spec)
             if frame.name in self._frames:

@@ -3,7 +3,7 @@ recapture a served model from the calls its server missed.
 
     python -m precompile_capture --model pkg.module:factory --calls calls.json \\
         --name NAME --out DIR [--device cpu] [--frames a,b] [--eager auto|torchscript|python]
-        [--static-shapes] [--suppress-errors] [--allow-incomplete]
+        [--static-shapes] [--max-size NAME[.DIM]=N ...] [--suppress-errors] [--allow-incomplete]
 
     python -m precompile_capture --model pkg.module:factory \\
         --recapture REPOSITORY/MODEL --misses misses.json [--int-range NAME=LO:HI ...] \\
@@ -203,6 +203,27 @@ def load_calls(path: str, device: str = "cpu") -> List[Tuple[List[Any], Dict[str
     return calls
 
 
+def parse_max_sizes(texts: Sequence[str]) -> Dict[str, Dict[Optional[int], int]]:
+    """--max-size NAME=N (every dimension of NAME) and NAME.DIM=N."""
+    limits: Dict[str, Dict[Optional[int], int]] = {}
+    for text in texts:
+        target, _, size = text.partition("=")
+        name, dot, dim = target.partition(".")
+        try:
+            key = int(dim) if dot else None
+            largest = int(size)
+        except ValueError:
+            key = largest = -1
+        if not name or (key is not None and key < 0) or largest < 1:
+            raise PrecompileError(
+                f"--max-size {text!r}: expected NAME=N or NAME.DIM=N with N at least 1, e.g. "
+                "pixel_values.2=1024")
+        if key in limits.setdefault(name, {}):
+            raise PrecompileError(f"--max-size gives {target} twice")
+        limits[name][key] = largest
+    return limits
+
+
 def _capture(args: argparse.Namespace) -> int:
     try:
         module, factory = import_object(args.model)
@@ -221,6 +242,7 @@ def _capture(args: argparse.Namespace) -> int:
             eager=args.eager,
             dynamic=False if args.static_shapes else None,
             suppress_errors=args.suppress_errors,
+            max_sizes=parse_max_sizes(args.max_size),
         )
         results: List[Any] = []
         for call_args, call_kwargs in calls:
@@ -307,6 +329,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--static-shapes", action="store_true",
                         help="never a dynamic dimension: each new shape compiles a static variant "
                         "(torch.compile's dynamic=False); default: Dynamo's automatic dynamic shapes")
+    parser.add_argument("--max-size", action="append", default=[], metavar="NAME[.DIM]=N",
+                        help="the largest size of dimension DIM (without .DIM: of every dimension) of "
+                        "the entry's tensor parameter NAME that the variants take: the server refuses "
+                        "a larger call (runs it eagerly where the frame is flagged) instead of running "
+                        "compiled code at whatever size a client sends; kept by recaptures")
     parser.add_argument("--suppress-errors", action="store_true",
                         help="a call whose compile fails (an Inductor error) runs eagerly and leaves "
                         "its frame uncovered, instead of ending the capture; with --allow-incomplete")
@@ -330,6 +357,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--recapture needs --misses (the server's MissesResponse JSON)")
     if args.out:
         parser.error("--recapture writes REPOSITORY/MODEL/<N+1>; --out does not apply")
+    if args.max_size:
+        parser.error("--max-size applies to a first capture: a recapture keeps the previous version's")
     if args.static_shapes:
         parser.error("--static-shapes applies to a first capture: a recapture compiles what the "
                      "misses need, as Dynamo would")

@@ -17,10 +17,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import dataclasses
 import re
 import time
 import warnings
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch._dynamo.exc as dynamo_exc
@@ -210,6 +211,36 @@ def _merged_symbols(guards: GuardSet, relations: Relations) -> Relations:
     return merged
 
 
+def limited_sizes(guards: GuardSet, frame: Frame, values: Sequence[Any], captured_from: str) -> GuardSet:
+    """`guards` with each dimension that `frame.size_limits` bounds at most
+    its limit: the symbol it is bound to gets the limit as its largest
+    value, so that the server refuses a larger call before compiled code
+    runs at any size a client sends. A call that passes a limit itself
+    cannot be captured."""
+    largest: Dict[int, int] = {}
+    for g in guards.args:
+        name = frame.params[g.parameter].name
+        limits = frame.size_limits.get(name)
+        if limits is None or g.tensor is None:
+            continue
+        for d, dim in enumerate(g.tensor.dims):
+            limit = limits.get(d, limits.get(None))
+            if limit is None:
+                continue
+            size = int(values[g.parameter].shape[d])
+            if size > limit:
+                raise PrecompileError(
+                    f"{captured_from}: '{name}' has {size} in dimension {d}, more than the {limit} "
+                    f"that --max-size {name}{'' if d not in limits else f'.{d}'}={limit} allows")
+            if dim.symbol is not None:
+                largest[dim.symbol] = min(largest.get(dim.symbol, limit - dim.offset), limit - dim.offset)
+    symbols = tuple(
+        dataclasses.replace(s, max=largest[s.symbol] if s.max is None else min(s.max, largest[s.symbol]))
+        if s.symbol in largest else s
+        for s in guards.symbols)
+    return dataclasses.replace(guards, symbols=symbols)
+
+
 class VariantCompiler:
     """Compiles variants into packages under `workdir`. `decline` is the
     capture's decline hook (or None); `outside_capture` makes a context in
@@ -364,6 +395,8 @@ class VariantCompiler:
         (in the frame's order), `captured_from` naming that call; Fallback
         or CompileError where there is none."""
         ep, guards, tensor_inputs = self._trace(frame, values)
+        if frame.size_limits:
+            guards = limited_sizes(guards, frame, values, captured_from)
         if self.decline is not None:
             try:
                 with self._outside_capture():

@@ -293,6 +293,9 @@ class Frame:
         self.compiled_shapes: List[List[Optional[Tuple[int, ...]]]] = []
         # The structure of each parameter whose leaves are inputs, by name.
         self.trees: Dict[str, pytree.TreeSpec] = {}
+        # The entry's largest sizes its variants take (capture's max_sizes):
+        # per parameter name, per dimension (None: every one), the size.
+        self.size_limits: Dict[str, Dict[Optional[int], int]] = {}
         # Per parameter that a call passed an empty structure (no tensor
         # leaves: a cache before its first call, as model.generate() passes
         # it), that structure's spec: where the parameter's leaves are

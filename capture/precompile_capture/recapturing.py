@@ -594,6 +594,27 @@ def _checked_int_ranges(
     return ranges
 
 
+def size_limits(frame: pb.Frame) -> Dict[str, Dict[Optional[int], int]]:
+    """A frame's --max-size limits, as capture()'s max_sizes takes them."""
+    limits: Dict[str, Dict[Optional[int], int]] = {}
+    for limit in frame.size_limits:
+        limits.setdefault(limit.parameter, {})[limit.dim if limit.HasField("dim") else None] = limit.max
+    return limits
+
+
+def _past_size_limit(call: pb.CallSignature, limits: Mapping[str, Mapping[Optional[int], int]]) -> Optional[str]:
+    """How a call's tensor passes a limit, in words, if one does."""
+    for a in call.arguments:
+        dims = limits.get(a.name)
+        if dims is None or a.WhichOneof("value") != "tensor":
+            continue
+        for d, size in enumerate(a.tensor.shape):
+            largest = dims.get(d, dims.get(None))
+            if largest is not None and size > largest:
+                return f"its '{a.name}' has {size} in dimension {d}, more than {largest}"
+    return None
+
+
 def _entry_misses(
     proto: admin_pb2.MissesResponse, old: pb.Manifest
 ) -> Tuple[List[pb.CallSignature], Dict[bytes, str]]:
@@ -602,6 +623,8 @@ def _entry_misses(
     entry_misses: List[pb.CallSignature] = []
     seen = set()
     skipped: Dict[bytes, str] = {}
+    entry = frame_of(old, old.entry_frame)
+    limits = size_limits(entry) if entry is not None else {}
     for fm in proto.frames:
         if fm.frame != old.entry_frame:
             continue
@@ -617,6 +640,10 @@ def _entry_misses(
                     f"its tensor '{off_device[0]}' is not on '{old.device}', the device the variants are "
                     "compiled for, so no variant can take it; not replayed"
                 )
+                continue
+            past = _past_size_limit(ms.call, limits)
+            if past is not None:
+                skipped[key] = f"{past}, the largest the model's variants take (--max-size); not replayed"
                 continue
             entry_misses.append(ms.call)
     return entry_misses, skipped
@@ -767,7 +794,7 @@ def recapture(
         model = model.to(old.device)
     name = name or old.model_name
     cap = capture(model, name=name, device=old.device, frames=frames, recompile_limit=recompile_limit,
-                  eager=eager)
+                  eager=eager, max_sizes=size_limits(entry))
     new_version = old_version + 1
     target = os.path.join(model_dir, str(new_version))
     try:

@@ -8,7 +8,8 @@ its peak memory within a bound and drain with exit 0 on SIGTERM.
 
 Needs the Bazel build outputs: bazel build //server:precompile_server
 //examples:artifacts //gallery:gpt2 //tests/output_sizes:tiles
-//tests/value_indices:value_indexed //tests/value_indices:labelled_head. Runs with the project's environment:
+//tests/value_indices:value_indexed //tests/value_indices:labelled_head
+//tests/size_limits:bounded_images. Runs with the project's environment:
 .venv/bin/python -m pytest tests/hostile
 """
 
@@ -59,6 +60,8 @@ def server(tmp_path_factory):
               root / "repository" / "value_indexed" / "1")
     copy_tree(built(BIN / "tests" / "value_indices" / "labelled_head"),
               root / "repository" / "labelled_head" / "1")
+    copy_tree(built(BIN / "tests" / "size_limits" / "bounded_images"),
+              root / "repository" / "bounded_images" / "1")
     # The same program with a shorter limit of its own.
     copy_tree(built(BIN / "examples" / "loop"), root / "repository" / "loop_quick" / "1")
     (root / "repository" / "loop_quick" / "config.pbtxt").write_text(
@@ -466,6 +469,32 @@ def test_labels_past_a_loss_s_classes_fail_only_that_call(server):
             assert "API call failed" not in failed.value.details()
             assert "raised an error, whose message is in the server's log" in failed.value.details()
         assert call(labels)[1] == loss
+    assert_still_serving(server)
+
+
+def test_images_past_the_sizes_a_model_was_captured_to_take_are_refused_before_running(server):
+    # bounded_images takes images of any size, captured with --max-size
+    # images.2=256 and images.3=256. Compiled code cannot be stopped once it
+    # runs: without the limit, an image as large as a request may carry
+    # holds an inference thread for as long as that size takes.
+    def call(height, width):
+        request = inference_pb2.ModelInferRequest(model_name="bounded_images")
+        request.inputs.add(name="images", datatype="FP32", shape=[2, 3, height, width])
+        request.raw_input_contents.append(np.zeros((2, 3, height, width), np.float32).tobytes())
+        return stub.ModelInfer(request, timeout=30)
+
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        served = call(256, 100)
+        assert served.parameters["precompile_outcome"].string_param == "variant"
+        assert list(served.outputs[0].shape) == [2, 10]
+        for height, width, named in ((257, 64, "images.size(2): expected a size in [2, 256], got 257"),
+                                     (8, 4096, "images.size(3): expected a size in [2, 256], got 4096"),
+                                     (300, 100, "images.size(2): expected a size in [2, 256], got 300")):
+            with pytest.raises(grpc.RpcError) as refused:
+                call(height, width)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value
+            assert named in refused.value.details()
     assert_still_serving(server)
 
 
