@@ -85,11 +85,10 @@ absl::Status ExplainFailedRun(const artifact::v1::Variant& variant, DeviceType d
   if (DeviceLostReason()) return failure;
   return absl::InvalidArgumentError(absl::StrCat(
       "variant ", variant.id(),
-      " failed as it ran; it checks that the indices it computes from "
-      "the inputs' values lie within their tables (",
+      " failed as it ran; it checks indices that come from the inputs' values, which the "
+      "capture could not prove within range (",
       absl::StrJoin(variant.index_checks(), "; "),
-      "), which the capture could not prove, so this call's values may take them outside (",
-      failure.message(), ")"));
+      "), and this call's values may be outside them (", failure.message(), ")"));
 }
 
 }  // namespace

@@ -95,8 +95,8 @@ absl::StatusOr<std::vector<at::Tensor>> Variant::RunLoader(
   if (!out.ok() && absl::StrContains(out.status().message(), kRunnerFailed)) {
     return absl::Status(out.status().code(),
                         absl::StrCat(run_what_,
-                                     ": the compiled code raised an error, whose message is in "
-                                     "the server's log"));
+                                     ": the compiled code raised an error, which AOTInductor "
+                                     "writes only to the server's log"));
   }
   return out;
 }

@@ -313,7 +313,7 @@ def frames_text(contents: ArtifactContents) -> str:
         for v in frame.variants:
             lines.append(f"  {v.id}: {v.guards.describe(names, contents.device)}")
             for check in v.guards.index_checks:
-                lines.append(f"    checks as it runs: {check} (from the inputs' values)")
+                lines.append(f"    checks as it runs: {check}")
         for param_name, dims in frame.size_limits.items():
             for dim, size in dims.items():
                 where = "every dimension" if dim is None else f"dimension {dim}"

@@ -364,7 +364,7 @@ class VariantCompiler:
             except Exception as e:  # noqa: BLE001 - every other failure is a compile error
                 raise CompileError("torch.export", e) from e
             try:
-                guards, tensor_inputs = extract_guards(ep, values)
+                guards, tensor_inputs = extract_guards(ep, values, [p.name for p in frame.params])
             except NotPlainSymbol as e:
                 # A size that is an expression of symbols: capture those dims static.
                 relations = {}

@@ -205,8 +205,11 @@ def _symbol_plus_constant(expr: sympy.Expr) -> Optional[Tuple[sympy.Symbol, int]
     return None
 
 
-def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> Tuple[GuardSet, List[int]]:
-    """The guards of `ep`, captured from a call with `values` (signature order).
+def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
+                   names: Optional[Sequence[str]] = None) -> Tuple[GuardSet, List[int]]:
+    """The guards of `ep`, captured from a call with `values` (signature order)
+    to parameters `names` (by default the exported program's input names;
+    used in the index checks' descriptions).
 
     Returns the guard set and the parameters whose tensors the compiled program
     takes, in order. Raises NotPlainSymbol when a size is an expression.
@@ -266,7 +269,7 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any]) -> T
     if not_plain:
         raise NotPlainSymbol(not_plain)
     inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
-    index_ranges, symbol_limits, index_checks = _index_limits(ep, inputs, related, values)
+    index_ranges, symbol_limits, index_checks = _index_limits(ep, inputs, related, values, names)
     symbols = []
     for root, sid in symbol_ids.items():
         # The intersection of the ranges of the class's input symbols.
@@ -466,7 +469,7 @@ def _input_symbols(ep: torch.export.ExportedProgram, inputs: Dict[str, int],
 
 def _index_limits(
     ep: torch.export.ExportedProgram, inputs: Dict[str, int], related: Callable[[sympy.Symbol], sympy.Symbol],
-    values: Sequence[Any],
+    values: Sequence[Any], names: Optional[Sequence[str]] = None,
 ) -> Tuple[Dict[int, Tuple[int, int]], Dict[sympy.Symbol, int], List[str]]:
     """What indexing a table requires of the inputs.
 
@@ -591,8 +594,8 @@ def _index_limits(
                     fences.append((node, indexed))
                 warnings.warn(
                     f"precompile capture: {node.target} indexes a dimension of size {size} with values "
-                    "the capture cannot prove within it (computed from an input's values, or from sizes "
-                    "it cannot relate to that one): " + (
+                    "the capture cannot prove within it (an input's values or values computed from them, "
+                    "or sizes it cannot relate to that one): " + (
                         "the compiled code checks them before the op reads them, and a call that takes "
                         "them outside fails" if fenced else
                         "a call that takes them outside ends the serving process"),
@@ -602,13 +605,25 @@ def _index_limits(
                 for symbol in input_symbols:
                     if roots[symbol] == root:
                         limit(symbol, largest)
+    # What a client knows the tensors by: the parameters, the model's own
+    # tensors by their names in it, without the capture's wrapper of the
+    # frame's module (compiling.py); the graph's other nodes have no name.
+    known = {p: names[i] if names is not None else p for p, i in inputs.items()}
+    known.update((spec.arg.name, spec.target.removeprefix("frame_module."))
+                 for spec in ep.graph_signature.input_specs
+                 if spec.kind != InputKind.USER_INPUT and isinstance(spec.arg, TensorArgument) and spec.target)
     checks = []
     for node, indexed in fences:
         into = (f"the {indexed.size} elements" if indexed.dim is None else
                 f"dimension {indexed.dim} ({indexed.size})")
-        what = f"{node.target}'s indices into {into} of {indexed.table.name}"
+        table = known.get(indexed.table.name)
+        sources = sorted(known[p] for p in placeholders_upstream(indexed.index) & inputs.keys())
         if indexed.ignored is not None:
-            what += f" (or {indexed.ignored}, its ignore_index)"
+            what = (f"{node.target}'s class targets{' from ' + ', '.join(sources) if sources else ''}: "
+                    f"indices into {into} of {table or 'its input'}, or {indexed.ignored} (its ignore_index)")
+        else:
+            what = (f"{node.target}'s indices{' from ' + ', '.join(sources) if sources else ''} into {into}"
+                    f"{' of ' + table if table else ''}")
         fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what,
                     indexed.ignored)
         checks.append(what)
