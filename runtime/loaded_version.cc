@@ -165,7 +165,8 @@ class LoadedVersion::Impl final : public FrameCaller {
   // request cannot make the model compute what no response could carry.
   absl::Status CheckOutputSizes(const LoadedFrame& frame, int hit,
                                 absl::Span<const ArgView> views) const;
-  std::string Refusal(const LoadedFrame& frame, const MissExplanation& why) const;
+  std::string Refusal(const LoadedFrame& frame, const MissExplanation& why,
+                      absl::Span<const ArgView> views) const;
   MissExplanation Explain(const LoadedFrame& frame, absl::Span<const ArgView> views,
                           const GlobalState& state) const;
   // `explain` gives the miss's explanation, computed at most once per miss.
@@ -345,12 +346,40 @@ MissExplanation LoadedVersion::Impl::Explain(const LoadedFrame& frame,
   return {frame.proto->variants(why->variant).id(), std::move(why->reason)};
 }
 
-std::string LoadedVersion::Impl::Refusal(const LoadedFrame& frame,
-                                         const MissExplanation& why) const {
+namespace {
+
+// A call's first size past the frame's limits (the capture's --max-size),
+// in words: no variant takes it, nor will a recapture compile one, which a
+// guard's own words cannot say.
+std::optional<std::string> PastSizeLimit(const LoadedFrame& frame,
+                                         absl::Span<const ArgView> views) {
+  for (const artifact::v1::SizeLimit& limit : frame.proto->size_limits()) {
+    const auto& names = frame.parameter_names;
+    const auto it = std::find(names.begin(), names.end(), limit.parameter());
+    if (it == names.end()) continue;
+    const ArgView& arg = views[it - names.begin()];
+    if (arg.kind != ArgView::Kind::kTensor) continue;
+    for (int d = 0; d < arg.rank; ++d) {
+      if ((!limit.has_dim() || limit.dim() == d) && arg.sizes[d] > limit.max()) {
+        return absl::StrCat(limit.parameter(), ".size(", d, ") is ", arg.sizes[d],
+                            ", more than the ", limit.max(),
+                            " the model was captured to take at most (--max-size)");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string LoadedVersion::Impl::Refusal(const LoadedFrame& frame, const MissExplanation& why,
+                                         absl::Span<const ArgView> views) const {
   std::string message = absl::StrCat(
       "no captured variant matches this call of frame '", frame.proto->name(),
       "' (model '", options.name, "')");
-  if (!why.closest_variant.empty()) {
+  if (std::optional<std::string> past = PastSizeLimit(frame, views)) {
+    absl::StrAppend(&message, ": ", *past);
+  } else if (!why.closest_variant.empty()) {
     absl::StrAppend(&message, ": closest variant ", why.closest_variant, ": ",
                     why.failing_guard);
   } else {
@@ -476,7 +505,7 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
   }
   if (!frame.proto->eager_fallback()) {
     const MissExplanation why = Explain(frame, views, state);
-    absl::Status refusal = absl::FailedPreconditionError(Refusal(frame, why));
+    absl::Status refusal = absl::FailedPreconditionError(Refusal(frame, why, views));
     const absl::Time refused = absl::Now();
     const size_t signatures = misses->Record(
         frame.index, views, Outcome::kRefused, [&] { return why; }, refused);

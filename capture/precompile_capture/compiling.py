@@ -223,6 +223,12 @@ def limited_sizes(guards: GuardSet, frame: Frame, values: Sequence[Any], capture
         limits = frame.size_limits.get(name)
         if limits is None or g.tensor is None:
             continue
+        rank = len(g.tensor.dims)
+        beyond = sorted(d for d in limits if d is not None and d >= rank)
+        if beyond:
+            raise PrecompileError(
+                f"{captured_from}: --max-size {name}.{beyond[0]}={limits[beyond[0]]} names dimension "
+                f"{beyond[0]} of '{name}', which has {rank}")
         for d, dim in enumerate(g.tensor.dims):
             limit = limits.get(d, limits.get(None))
             if limit is None:

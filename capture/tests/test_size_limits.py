@@ -60,6 +60,17 @@ def test_an_example_call_past_a_limit_is_an_error_before_any_compile():
         cap.close()
 
 
+def test_a_limit_must_name_a_dimension_the_tensor_has():
+    cap = precompile_capture.capture(MLP().eval(), name="mlp", max_sizes={"x": {2: 10}})
+    try:
+        with pytest.raises(precompile_capture.PrecompileError,
+                           match=r"--max-size x.2=10 names dimension 2 of 'x', which has 2"):
+            cap(torch.randn(8, 4))
+        assert cap.compile_log == []
+    finally:
+        cap.close()
+
+
 def test_a_limit_must_name_a_parameter_of_the_entry():
     with pytest.raises(precompile_capture.PrecompileError, match="'pixels', which is not a parameter"):
         precompile_capture.capture(MLP().eval(), name="mlp", max_sizes={"pixels": {0: 8}})
