@@ -657,9 +657,16 @@ def _replay_plan(
     entry_misses: List[pb.CallSignature],
     where: str,
     ranges: Mapping[str, Tuple[int, int]],
+    model: Any,
+    skipped: Dict[bytes, str],
 ) -> _Replay:
     """The calls to replay, in order, each with what to call it in an error
     and a function that makes its arguments.
+
+    A miss that the model itself raises on, called eagerly with the values
+    it will be replayed with, is not replayed but recorded in `skipped`: the
+    server records any client's call, and one that sent floats where the
+    model takes token ids would otherwise end the recapture.
 
     A call that makes Dynamo give up on a frame ends that frame's compiles
     (Dynamo skips it from then on), so the calls version N compiled go first,
@@ -684,11 +691,28 @@ def _replay_plan(
         replay.append((f"extra call {i}", lambda args=args, kwargs=kwargs: (args, kwargs)))
     for j, sig in enumerate(entry_misses):
         words = signature_words(old.entry_frame, sig, old.device)
-        replay.append((f"the missed signature {words} ({where})",
-                       _maker(sig, entry, len(old.captured_calls) + j, ranges)))
+        make = _maker(sig, entry, len(old.captured_calls) + j, ranges)
+        rejection = _rejection(model, make)
+        if rejection is not None:
+            skipped[sig.SerializeToString(deterministic=True)] = rejection
+            continue
+        replay.append((f"the missed signature {words} ({where})", make))
     for i, sig in served_eagerly:
         add_captured(i, sig)
     return replay
+
+
+def _rejection(model: Any, make: Callable[[], Tuple[List[Any], Dict[str, Any]]]) -> Optional[str]:
+    """Why a missed call is not replayed, if the model raises on it."""
+    try:
+        args, kwargs = make()
+    except PrecompileError:
+        return None  # The replay names it.
+    error = _model_error(model, args, kwargs)
+    if error is None:
+        return None
+    return (f"the model raises {type(error).__name__} on it ({first_lines(str(error)).splitlines()[0]}), "
+            "called eagerly with values made from its signature; not replayed")
 
 
 def _replay(
@@ -755,7 +779,8 @@ def recapture(
 
     Returns a RecaptureReport. Raises PrecompileError, leaving the repository
     as it was, for misses of another model, torch or device, signatures that
-    do not fit the entry frame, a made-up call the model raises on, a new
+    do not fit the entry frame, a replayed call the model raises on (a miss
+    it raises on is not replayed, and misses it all raise on are an error), a new
     version that would not cover a captured call the previous one covered,
     or an incomplete capture (unless allow_incomplete).
     """
@@ -786,12 +811,20 @@ def recapture(
             "replay, and no extra calls were given: nothing to recapture"
         )
 
-    replay = _replay_plan(old, old_version, entry, calls, entry_misses, where, ranges)
+    if isinstance(model, torch.nn.Module):
+        model = model.to(old.device)
+    replay = _replay_plan(old, old_version, entry, calls, entry_misses, where, ranges, model, skipped)
+    replayed_misses = len(replay) - len(old.captured_calls) - len(calls)
+    if not replayed_misses and not calls:
+        raise PrecompileError(
+            f"{where}: the model raises on every missed call of the entry frame '{old.entry_frame}', "
+            "called eagerly with values made from its signature, and no extra calls were given: "
+            "nothing to recapture (" + "; ".join(
+                f"{signature_words(old.entry_frame, sig, old.device)}: "
+                f"{skipped[sig.SerializeToString(deterministic=True)]}" for sig in entry_misses) + ")")
 
     if frames is None:
         frames = _default_frames(old, old_dir, model, model_module)
-    if isinstance(model, torch.nn.Module):
-        model = model.to(old.device)
     name = name or old.model_name
     cap = capture(model, name=name, device=old.device, frames=frames, recompile_limit=recompile_limit,
                   eager=eager, max_sizes=size_limits(entry))
@@ -846,7 +879,7 @@ def recapture(
         misses_version=proto.version,
         replayed_captured=len(old.captured_calls),
         replayed_extra=len(calls),
-        replayed_misses=len(entry_misses),
+        replayed_misses=replayed_misses,
         variants_per_frame={f.name: len(f.variants) for f in new.frames},
         eager_fallbacks=tuple(new.summary.eager_fallbacks),
         complete=new.summary.complete,

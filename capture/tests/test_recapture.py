@@ -118,13 +118,14 @@ def v1(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def recaptured(v1, tmp_path_factory):
-    """REPO/mlp/1 = v1, recaptured from misses: a refused batch 3, and a call
-    on cuda (which a cpu artifact cannot take: not replayed)."""
+    """REPO/mlp/1 = v1, recaptured from misses: a refused batch 3, a call
+    on cuda (which a cpu artifact cannot take: not replayed), and one the
+    model raises on (a client's mistake: not replayed)."""
     tmp = tmp_path_factory.mktemp("recapture")
     model_dir = repository_with(v1, tmp)
     v1_bytes = (model_dir / "1" / "MANIFEST.pb").read_bytes()
     cuda = miss([tensor_arg("x", [8, 4], device="cuda")], count=1)
-    path = write_json(tmp / "misses.json", misses_doc([MISS_3, cuda]))
+    path = write_json(tmp / "misses.json", misses_doc([MISS_3, cuda, miss([tensor_arg("x", [3, 5])], count=2)]))
     report = precompile_capture.recapture(make_mlp(), model_dir, path)
     return model_dir, report, v1_bytes
 
@@ -194,12 +195,16 @@ def test_recapture_writes_the_next_version_covering_the_miss(recaptured):
 def test_recapture_report_says_what_covers_each_miss(recaptured):
     model_dir, report, _ = recaptured
     m = read_manifest(model_dir / "2")
-    covered, cuda = report.results
+    covered, cuda, rejected = report.results
     assert covered.frame == "forward" and covered.signature == "forward(x: float32[3, 4])"
     assert (covered.count, covered.outcome, covered.status) == (5, "REFUSED", "covered")
     assert covered.variant == covering(m, torch.randn(3, 4))
     assert cuda.signature == "forward(x: float32[8, 4] on cuda)"
     assert cuda.status == "not covered" and "not on 'cpu'" in cuda.detail
+    assert (rejected.signature, rejected.status) == ("forward(x: float32[3, 5])", "not covered")
+    assert rejected.detail == (
+        "the model raises RuntimeError on it (mat1 and mat2 shapes cannot be multiplied (3x5 and 4x8)), "
+        "called eagerly with values made from its signature; not replayed")
     text = report.format()
     assert f"precompile_capture: recaptured model 'mlp' as version 2: {model_dir / '2'}" in text
     assert f"forward(x: float32[3, 4]): 5 calls, REFUSED; covered by variant {covered.variant}" in text
@@ -287,15 +292,16 @@ def test_the_cli_names_the_error_and_exits_2(v1, tmp_path, capsys):
     assert snapshot(model_dir) == before
 
 
-def test_a_signature_the_model_rejects_is_named_with_its_error(v1, tmp_path):
+def test_misses_the_model_rejects_alone_leave_nothing_to_recapture(v1, tmp_path):
     model_dir = repository_with(v1, tmp_path)
     before = snapshot(model_dir)
     path = write_json(tmp_path / "misses.json", misses_doc([miss([tensor_arg("x", [3, 5])])]))
     with pytest.raises(PrecompileError) as e:
         precompile_capture.recapture(make_mlp(), model_dir, path)
     msg = str(e.value)
-    assert "the model rejects the missed signature forward(x: float32[3, 5])" in msg
-    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied (3x5 and 4x8)" in msg
+    assert "the model raises on every missed call of the entry frame 'forward'" in msg
+    assert ("forward(x: float32[3, 5]): the model raises RuntimeError on it (mat1 and mat2 shapes cannot be "
+            "multiplied (3x5 and 4x8))") in msg
     assert snapshot(model_dir) == before
 
 
