@@ -179,6 +179,9 @@ def generate_seq2seq_stateful(client: triton.InferenceServerClient, model: str,
     out: List[int] = []
     for step in range(tokens):
         if _ended([out], eos):
+            # Ended by one more call (generate_stateful_batch()).
+            _end_sequence(client, model, sequence_id,
+                          inputs + [_input("decoder_input_ids", np.asarray([[token]], dtype=np.int64))])
             break
         inputs.append(_input("decoder_input_ids", np.asarray([[token]], dtype=np.int64)))
         result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=step == 0,
@@ -200,6 +203,17 @@ def _not_active(error: InferenceServerException) -> bool:
         "is not active" in (error.message() or "")
 
 
+def _end_sequence(client: triton.InferenceServerClient, model: str, sequence_id: Union[int, str],
+                  inputs: List[triton.InferInput]) -> None:
+    """Ends sequence `sequence_id` with one more step (what it computes is
+    not kept); one the server no longer holds is ended already."""
+    try:
+        client.infer(model, inputs, sequence_id=sequence_id, sequence_end=True)
+    except InferenceServerException as e:
+        if not _not_active(e):
+            raise
+
+
 def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
                             prompts: Sequence[Sequence[int]], tokens: int,
                             sequence_id: Union[int, str], pad: int = 0,
@@ -208,10 +222,11 @@ def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
     `sequence_id`: started by the first call, ended by the last. A sequence
     the server no longer holds is started again with everything so far, the
     prompts and the tokens generated, as the server's refusal says to. One
-    whose rows all reach `eos` before the last call is not ended by a call:
-    the server drops it once it has been idle its
-    max_sequence_idle_microseconds (its end rides on a request, which would
-    compute one more token)."""
+    whose rows all reach `eos` before the last call is ended by one more
+    call, whose token is not kept: a sequence's end rides on a request, and
+    left to the server's max_sequence_idle_microseconds its cache would be
+    held, and counted against the server's memory for sequences, until
+    then."""
     positions = _takes(client, model, "position_ids")
     ids, mask = left_padded(prompts, pad)  # Everything so far.
     generated = ids.shape[1]  # Where the generated tokens start.
@@ -219,6 +234,9 @@ def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
 
     for step in range(tokens):
         if _ended(ids[:, generated:].tolist(), eos):
+            if held:
+                _end_sequence(client, model, sequence_id,
+                              token_inputs(ids[:, held:], mask, positions))
             break
         last = step == tokens - 1
         try:

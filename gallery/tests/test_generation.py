@@ -301,6 +301,18 @@ def test_generation_ends_at_the_end_of_sequence_token_as_model_generate_does(cli
 
 
 @pytest.mark.parametrize("model", sorted(STATEFUL))
+def test_a_sequence_that_ends_at_its_end_of_sequence_token_is_ended_on_the_server(client, model):
+    # Every row ends before the last step: the client ends the sequence with
+    # one more call rather than leave its cache held until it is idle too long.
+    tokens = _in_process(PROMPT, 12, model)
+    eos = tokens[3]
+    assert generate.generate_stateful(client, STATEFUL[model], PROMPT, 12, sequence_id=23, eos=eos) == \
+        tokens[:tokens.index(eos) + 1]
+    message = _refused(lambda: _step(client, STATEFUL[model], [6], len(PROMPT) + 5, 23), "FAILED_PRECONDITION")
+    assert f"sequence 23 of model '{STATEFUL[model]}' is not active: it ended" in message
+
+
+@pytest.mark.parametrize("model", sorted(STATEFUL))
 def test_a_stateful_batch_generates_as_model_generate_does(client, model):
     # A sequence's state is the whole batch's cache.
     assert generate.generate_stateful_batch(client, STATEFUL[model], BATCH, 12, sequence_id=13) == \
