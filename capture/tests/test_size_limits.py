@@ -3,50 +3,50 @@
 A dynamic size is otherwise unbounded: compiled code runs at whatever size a
 client sends, and cannot be stopped once it runs. The limits bound the
 symbols of the entry's variants (the server refuses a larger call before
-any code runs: tests/hostile, bounded_images), are recorded in the
-manifest, and a recapture keeps them.
+any code runs, naming the limit: tests/hostile, bounded_images, whose
+capture writes them into its manifest), and a recapture keeps them.
 
-Two AOTInductor compiles.
+Exports only (no AOTInductor compile): fast.
 """
-
-import os
 
 import pytest
 import torch
+from torch.export import Dim
 
 import precompile_capture
 import proto.artifact_pb2 as pb
-from conftest import frame_proto, read_manifest
 from models_for_tests import MLP
 from precompile_capture.cli import parse_max_sizes
-from precompile_capture.recapturing import _past_size_limit, size_limits
+from precompile_capture.compiling import limited_sizes
+from precompile_capture.frames import Frame
+from precompile_capture.guards import extract_guards
+from precompile_capture.recapturing import _past_size_limit
 
 
-@pytest.fixture(scope="module")
-def bounded(tmp_path_factory):
-    cap = precompile_capture.capture(MLP().eval(), name="mlp", max_sizes={"x": {0: 64}})
-    cap(torch.randn(8, 4))
-    cap(torch.randn(16, 4))  # the batch becomes dynamic, up to 64
-    yield cap, cap.save(tmp_path_factory.mktemp("bounded") / "mlp")
-    cap.close()
+class Masked(torch.nn.Module):
+    def forward(self, x, mask):
+        return x * mask
 
 
-def test_a_limited_dimension_s_symbol_ends_at_the_limit(bounded):
-    cap, directory = bounded
-    assert cap.frame("forward").variants[1] == ("forward#1", "x: float32[s0 in [2, 64], 4]")
-    entry = frame_proto(read_manifest(directory), "forward")
-    assert [(s.min, s.max) for s in entry.variants[1].symbols] == [(2, 64)]
-    assert size_limits(entry) == {"x": {0: 64}}
-    with open(os.path.join(directory, "FRAMES")) as frames:
-        assert "  x: dimension 0 at most 64 (--max-size)" in frames.read().splitlines()
+def guards_of(limits, x, mask):
+    """The guards of Masked exported with dynamic sizes, limited by `limits`."""
+    ep = torch.export.export(Masked(), (x, mask), dynamic_shapes=({0: Dim.AUTO, 1: Dim.AUTO},) * 2)
+    frame = Frame("forward", is_entry=True, module=Masked())
+    frame.size_limits = limits
+    guards, _ = extract_guards(ep, [x, mask], ["x", "mask"])
+    return limited_sizes(guards, frame, [x, mask], "call 1: forward(x, mask)")
 
 
-def test_a_call_within_the_limit_is_served_by_the_bounded_variant(bounded):
-    cap = bounded[0]
-    compiles = len(cap.compile_log)
-    x = torch.randn(64, 4)
-    assert torch.equal(cap(x), MLP().eval()(x))
-    assert len(cap.compile_log) == compiles
+def ranges(guards):
+    return [(s.min, s.max) for s in sorted(guards.symbols, key=lambda s: s.symbol)]
+
+
+def test_a_limited_dimension_s_symbol_ends_at_the_limit():
+    x = torch.randn(4, 6)
+    assert ranges(guards_of({}, x, x)) == [(2, None), (2, None)]
+    assert ranges(guards_of({"x": {1: 64}}, x, x)) == [(2, None), (2, 64)]
+    # One symbol for both tensors' sizes: the tighter limit holds for it.
+    assert ranges(guards_of({"x": {None: 100}, "mask": {0: 8}}, x, x)) == [(2, 8), (2, 100)]
 
 
 def test_an_example_call_past_a_limit_is_an_error_before_any_compile():
@@ -61,14 +61,9 @@ def test_an_example_call_past_a_limit_is_an_error_before_any_compile():
 
 
 def test_a_limit_must_name_a_dimension_the_tensor_has():
-    cap = precompile_capture.capture(MLP().eval(), name="mlp", max_sizes={"x": {2: 10}})
-    try:
-        with pytest.raises(precompile_capture.PrecompileError,
-                           match=r"--max-size x.2=10 names dimension 2 of 'x', which has 2"):
-            cap(torch.randn(8, 4))
-        assert cap.compile_log == []
-    finally:
-        cap.close()
+    with pytest.raises(precompile_capture.PrecompileError,
+                       match=r"--max-size x.2=10 names dimension 2 of 'x', which has 2"):
+        guards_of({"x": {2: 10}}, torch.randn(4, 6), torch.randn(4, 6))
 
 
 def test_a_limit_must_name_a_parameter_of_the_entry():
