@@ -128,8 +128,9 @@ absl::Status StoreJsonValue(const std::string& datatype, std::string& data, int6
 void Fill(const std::string& datatype, std::string& data, int64_t count,
           std::optional<double> value, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> real(-1.0, 1.0);
-  const bool is_unsigned = datatype.rfind("UINT", 0) == 0;
-  std::uniform_int_distribution<int64_t> integer(is_unsigned ? 0 : -10, 10);
+  // As the capture's example calls default to: token ids and class labels
+  // start at 0, and a server refuses negative ones.
+  std::uniform_int_distribution<int64_t> integer(0, 9);
   std::bernoulli_distribution coin(0.5);
   for (int64_t i = 0; i < count; ++i) {
     if (IsFloatingDatatype(datatype)) {

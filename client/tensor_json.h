@@ -8,7 +8,7 @@
 //                                                               or a number
 //   {"npy": "x.npy"}                                            a .npy file
 // "datatype" defaults to FP32. Random fills are uniform in [-1, 1) for
-// floating types, in [-10, 10] for signed and [0, 10] for unsigned integers.
+// floating types and in [0, 10) for integers.
 //
 // Thread safety: free functions; the generator passed in is the caller's.
 #ifndef PRECOMPILE_CLIENT_TENSOR_JSON_H_
