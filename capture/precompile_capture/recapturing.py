@@ -602,6 +602,38 @@ def size_limits(frame: pb.Frame) -> Dict[str, Dict[Optional[int], int]]:
     return limits
 
 
+def _bounded_sizes(frame: pb.Frame) -> Dict[str, Dict[Optional[int], int]]:
+    """Per parameter, the dimensions that every variant with a size symbol
+    for them bounds, and the largest size any of them takes there.
+
+    Such a bound is the capture's proof that a larger size reads past a
+    table the model indexes (or fails a check of the model's own): no variant
+    can serve it, and replaying it would run the model eagerly at a size a
+    client chose, as large as a request may carry (a GPT-2 miss of 30 million
+    token ids would allocate their embeddings before failing)."""
+    largest: Dict[Tuple[str, int], int] = {}
+    unbounded = set()
+    for variant in frame.variants:
+        maxima = {s.symbol: s.max for s in variant.symbols if s.HasField("max")}
+        for guard in variant.guards:
+            if guard.WhichOneof("check") != "tensor" or guard.tensor.is_none:
+                continue
+            name = frame.parameters[guard.parameter].name
+            for d, dim in enumerate(guard.tensor.dims):
+                if dim.WhichOneof("size") != "symbol":
+                    continue
+                if dim.symbol not in maxima:
+                    unbounded.add((name, d))
+                    continue
+                bound = maxima[dim.symbol] + dim.symbol_offset
+                largest[(name, d)] = max(largest.get((name, d), bound), bound)
+    bounds: Dict[str, Dict[Optional[int], int]] = {}
+    for (name, d), bound in largest.items():
+        if (name, d) not in unbounded:
+            bounds.setdefault(name, {})[d] = bound
+    return bounds
+
+
 def _past_size_limit(call: pb.CallSignature, limits: Mapping[str, Mapping[Optional[int], int]]) -> Optional[str]:
     """How a call's tensor passes a limit, in words, if one does."""
     for a in call.arguments:
@@ -625,6 +657,7 @@ def _entry_misses(
     skipped: Dict[bytes, str] = {}
     entry = frame_of(old, old.entry_frame)
     limits = size_limits(entry) if entry is not None else {}
+    bounded = _bounded_sizes(entry) if entry is not None else {}
     for fm in proto.frames:
         if fm.frame != old.entry_frame:
             continue
@@ -644,6 +677,11 @@ def _entry_misses(
             past = _past_size_limit(ms.call, limits)
             if past is not None:
                 skipped[key] = f"{past}, the largest the model's variants take (--max-size); not replayed"
+                continue
+            past = _past_size_limit(ms.call, bounded)
+            if past is not None:
+                skipped[key] = (f"{past}, the most any variant takes: a table the model indexes, or a check "
+                                "of its own, ends there; not replayed")
                 continue
             entry_misses.append(ms.call)
     return entry_misses, skipped

@@ -21,7 +21,8 @@ from precompile_capture import PrecompileError, cli
 from precompile_capture.artifact import build_manifest, guards_from_proto, guards_proto
 from precompile_capture.frames import Kind
 from precompile_capture.guards import ArgGuard, Dim, GuardSet, SymbolRange, TensorSpec
-from precompile_capture.recapturing import _Judge, call_from_signature, parse_int_range, signature_words
+from precompile_capture.recapturing import (_entry_misses, _Judge, call_from_signature, load_misses, parse_int_range,
+                                            signature_words)
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -303,6 +304,33 @@ def test_misses_the_model_rejects_alone_leave_nothing_to_recapture(v1, tmp_path)
     assert ("forward(x: float32[3, 5]): the model raises RuntimeError on it (mat1 and mat2 shapes cannot be "
             "multiplied (3x5 and 4x8))") in msg
     assert snapshot(model_dir) == before
+
+
+def test_a_miss_past_the_size_every_variant_bounds_is_not_replayed(tmp_path):
+    # Variants whose sequence ends at 128 (a position table): a client's miss
+    # of 300 tokens is not run, nor is one past a bound another variant of
+    # the dimension lifts.
+    m = pb.Manifest(entry_frame="forward", device="cpu")
+    frame = m.frames.add(name="forward")
+    frame.parameters.add(name="x")
+    for i, (batch, largest) in enumerate(((2, 128), (1, 64))):
+        v = frame.variants.add(id=f"forward#{i}")
+        dims = v.guards.add(parameter=0).tensor.dims
+        dims.add(static_size=batch)
+        dims.add(symbol=0, symbol_offset=1)
+        v.symbols.add(symbol=0, min=2, max=largest - 1)
+    proto, _ = load_misses(write_json(tmp_path / "misses.json", misses_doc(
+        [miss([tensor_arg("x", shape)]) for shape in ([2, 300], [2, 100], [3, 128])])))
+    replayed, skipped = _entry_misses(proto, m)
+    assert [list(c.arguments[0].tensor.shape) for c in replayed] == [[2, 100], [3, 128]]
+    assert list(skipped.values()) == [
+        "its 'x' has 300 in dimension 1, more than 128, the most any variant takes: a table the model "
+        "indexes, or a check of its own, ends there; not replayed"]
+    # A variant that takes any length for the dimension: nothing is skipped.
+    v = frame.variants.add(id="forward#2")
+    v.guards.add(parameter=0).tensor.dims.extend([pb.DimGuard(static_size=4), pb.DimGuard(symbol=0)])
+    v.symbols.add(symbol=0, min=2)
+    assert len(_entry_misses(proto, m)[0]) == 3
 
 
 def test_a_recapture_that_loses_coverage_is_refused(recaptured, tmp_path, capsys):
