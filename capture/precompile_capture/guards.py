@@ -475,7 +475,8 @@ def _index_limits(
 
     Returns the value range [min, max) of each integer input (by parameter)
     used as indices into a dimension of static size (an embedding's rows;
-    index, index_select, gather, scatter, index_put), and the largest size of
+    index, index_select, gather, scatter, index_put, take, index_add, index_copy,
+    index_fill, embedding_bag), and the largest size of
     each symbol that is the length of an arange used so (position ids), of a
     cache that such an arange's positions follow, or of a dimension that
     bounds indices the graph computes (RoBERTa's position ids count the
@@ -492,7 +493,9 @@ def _index_limits(
     dimension of dynamic size that they may pass (unless the guards make
     the two sizes one: `related`), are checked at run time instead: such an
     op is fenced in `ep`'s graph (index_fences.py), and the capture warns of
-    it. The third value describes each fence.
+    it. A loss's class targets, which may also be its ignore_index, get no
+    range of an input's values: they are proved from the sizes or fenced.
+    The third value describes each fence, naming `names` (the parameters).
     """
     ranges: Dict[int, Tuple[int, int]] = {}
     limits: Dict[sympy.Symbol, int] = {}
