@@ -226,6 +226,7 @@ def parse_max_sizes(texts: Sequence[str]) -> Dict[str, Dict[Optional[int], int]]
 
 def _capture(args: argparse.Namespace) -> int:
     try:
+        max_sizes = parse_max_sizes(args.max_size)  # Before the model is built.
         module, factory = import_object(args.model)
         model = factory if isinstance(factory, torch.nn.Module) else factory()
         device = args.device or "cpu"
@@ -242,7 +243,7 @@ def _capture(args: argparse.Namespace) -> int:
             eager=args.eager,
             dynamic=False if args.static_shapes else None,
             suppress_errors=args.suppress_errors,
-            max_sizes=parse_max_sizes(args.max_size),
+            max_sizes=max_sizes,
         )
         results: List[Any] = []
         for call_args, call_kwargs in calls:

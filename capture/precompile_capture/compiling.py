@@ -15,9 +15,9 @@ business (capture.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
-import dataclasses
 import re
 import time
 import warnings
