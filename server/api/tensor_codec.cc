@@ -113,7 +113,8 @@ absl::StatusOr<TensorArg> DecodeInput(const inference::ModelInferRequest& reques
       return absl::InvalidArgumentError(absl::StrCat(
           "the request has ", request.inputs_size(), " inputs but ",
           request.raw_input_contents_size(),
-          " raw_input_contents; with raw contents, every input needs one"));
+          " raw_input_contents: either every input's data is in raw_input_contents, in the "
+          "inputs' order, or every input's is in its own contents"));
     }
     if (input.has_contents()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -119,6 +119,20 @@ TEST(TensorCodec, RefusesWhatCannotBeDecoded) {
     cases.push_back({r, "more elements than any request can carry"});
   }
   {
+    // A second input whose data is in its contents, beside a raw first.
+    auto r = OneInput("FP32", {1});
+    r.add_raw_input_contents(std::string(4, '\0'));
+    auto* typed = r.add_inputs();
+    typed->set_name("y");
+    typed->set_datatype("FP32");
+    typed->add_shape(1);
+    typed->mutable_contents()->add_fp32_contents(1);
+    cases.push_back({r,
+                     "the request has 2 inputs but 1 raw_input_contents: either every input's "
+                     "data is in raw_input_contents, in the inputs' order, or every input's is "
+                     "in its own contents"});
+  }
+  {
     auto r = OneInput("STRING", {1});
     cases.push_back({r, "datatype 'STRING', which is not one of BOOL"});
   }
