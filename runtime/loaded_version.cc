@@ -72,8 +72,10 @@ void ProbeDeviceAfterFailure(DeviceType device, int index, const absl::Status& f
 }
 
 // A variant's failed run, said as the client's doing where the variant checks
-// indices it computes from the inputs' values (artifact Variant.index_checks):
-// such a check fails the run, as compiled code cannot refuse a call before.
+// as it runs what its guards do not ensure (artifact Variant.index_checks:
+// indices from the inputs' values, and shape guards that torch.export keeps
+// only as code): such a check fails the run, as compiled code cannot refuse
+// a call before.
 // On CUDA the device is probed first: a device that no longer works is the
 // failure to report, whatever the call sent.
 absl::Status ExplainFailedRun(const artifact::v1::Variant& variant, DeviceType device,
@@ -85,10 +87,9 @@ absl::Status ExplainFailedRun(const artifact::v1::Variant& variant, DeviceType d
   if (DeviceLostReason()) return failure;
   return absl::InvalidArgumentError(absl::StrCat(
       "variant ", variant.id(),
-      " failed as it ran; it checks indices that come from the inputs' values, which the "
-      "capture could not prove within range (",
-      absl::StrJoin(variant.index_checks(), "; "),
-      "), and this call's values may be outside them (", failure.message(), ")"));
+      " failed as it ran; it checks, as it runs, what its guards do not ensure of the inputs (",
+      absl::StrJoin(variant.index_checks(), "; "), "), and this call may not meet those checks (",
+      failure.message(), ")"));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ import torch
 from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils._sympy.numbers import IntInfinity
 
+from .export_guards import check_export_guards
 from .index_fences import ArgumentPlace, fence_index
 from .index_values import SAME_VALUES, ValueRanges, limits_within, placeholders_upstream
 
@@ -87,9 +88,10 @@ class GuardSet:
     # serve other values, and compiled code cannot report an index out of
     # range without ending the process): the runtime refuses such calls.
     index_ranges: Tuple[Tuple[int, int, int], ...] = ()
-    # Indices the compiled code computes from the inputs' values and checks
-    # as it runs, in words (index_fences.py): a run that fails may have
-    # failed one of these checks, and the server says so.
+    # What the compiled code checks as it runs, in words: indices from the
+    # inputs' values (index_fences.py) and shape guards that torch.export
+    # keeps only as code (export_guards.py); a run that fails may have failed
+    # one of these, and the server says so.
     index_checks: Tuple[str, ...] = ()
 
     def holds(self, values: Sequence[Any]) -> bool:
@@ -270,6 +272,7 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
         raise NotPlainSymbol(not_plain)
     inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
     index_ranges, symbol_limits, index_checks = _index_limits(ep, inputs, related, values, names)
+    index_checks += check_export_guards(ep, names)
     symbols = []
     for root, sid in symbol_ids.items():
         # The intersection of the ranges of the class's input symbols.

@@ -416,7 +416,7 @@ def test_indices_a_model_computes_from_values_past_its_table_fail_only_that_call
             with pytest.raises(grpc.RpcError) as failed:
                 call(values)
             assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, failed.value
-            assert "indices that come from the inputs' values" in failed.value.details()
+            assert "it checks, as it runs, what its guards do not ensure of the inputs" in failed.value.details()
             assert named in failed.value.details()
         body = json.dumps({"inputs": [{"name": "x", "shape": [8, 4], "datatype": "FP32",
                                        "data": [16.0] * 32}]}).encode()
@@ -469,6 +469,22 @@ def test_labels_past_a_loss_s_classes_fail_only_that_call(server):
             # What failed, not the runner's own source line.
             assert "API call failed" not in failed.value.details()
             assert "the compiled code raised an error" in failed.value.details()
+        assert call(labels)[1] == loss
+        # Labels that are not one for each position: eager refuses them, and
+        # the compiled loss, given 79 or 81 targets for 80 rows, read past
+        # its logits (a different loss each time) before the capture checked
+        # the shape guard torch.export keeps only as code.
+        for short in (19, 21):
+            request = inference_pb2.ModelInferRequest(model_name="labelled_head")
+            request.inputs.add(name="hidden", datatype="FP32", shape=[4, 20, 32])
+            request.inputs.add(name="labels", datatype="INT64", shape=[4, short])
+            request.raw_input_contents.extend([hidden.tobytes(), labels[:, :short].tobytes()
+                                               if short < 20 else np.zeros((4, short), np.int64).tobytes()])
+            with pytest.raises(grpc.RpcError) as failed:
+                stub.ModelInfer(request, timeout=30)
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, failed.value
+            assert ("shape guard: (hidden.size(1)*hidden.size(0)) == (labels.size(0)*labels.size(1))"
+                    in failed.value.details()), failed.value.details()
         assert call(labels)[1] == loss
     assert_still_serving(server)
 
