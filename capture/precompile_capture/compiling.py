@@ -21,7 +21,7 @@ import os
 import re
 import time
 import warnings
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch._dynamo.exc as dynamo_exc
@@ -211,6 +211,12 @@ def _merged_symbols(guards: GuardSet, relations: Relations) -> Relations:
     return merged
 
 
+def limit_of(limits: Mapping[Optional[int], int], dim: int) -> Optional[int]:
+    """The largest size `limits` (--max-size, per dimension, None for every
+    one) allow in dimension `dim`: its own limit, else every dimension's."""
+    return limits.get(dim, limits.get(None))
+
+
 def limited_sizes(guards: GuardSet, frame: Frame, values: Sequence[Any], captured_from: str) -> GuardSet:
     """`guards` with each dimension that `frame.size_limits` bounds at most
     its limit: the symbol it is bound to gets the limit as its largest
@@ -230,7 +236,7 @@ def limited_sizes(guards: GuardSet, frame: Frame, values: Sequence[Any], capture
                 f"{captured_from}: --max-size {name}.{beyond[0]}={limits[beyond[0]]} names dimension "
                 f"{beyond[0]} of '{name}', which has {rank}")
         for d, dim in enumerate(g.tensor.dims):
-            limit = limits.get(d, limits.get(None))
+            limit = limit_of(limits, d)
             if limit is None:
                 continue
             size = int(values[g.parameter].shape[d])

@@ -87,6 +87,18 @@ def check_export_guards(ep: torch.export.ExportedProgram, names: Optional[Sequen
     def words(code: str) -> str:
         return _SIZE.sub(lambda m: f"{shown[int(m.group(1))]}.size({m.group(2)})", code)
 
+    def node_size(i: int, d: int) -> Any:
+        size = fake_size(i, d)
+        return size if isinstance(size, int) else ep.graph.call_function(_aten.sym_size.int, (inputs[i], d))
+
+    def emit(fn: Callable[..., Any], *args: Any) -> Any:
+        if all(isinstance(a, int) for a in args):
+            return fn(*args)
+        return ep.graph.call_function(fn, args)
+
+    # Each check goes before the graph's first op: before any kernel reads
+    # the inputs.
+    first_op = next(n for n in ep.graph.nodes if n.op != "placeholder")
     checks: List[str] = []
     for code in getattr(ep, "_guards_code", None) or []:
         try:
@@ -109,18 +121,8 @@ def check_export_guards(ep: torch.export.ExportedProgram, names: Optional[Sequen
         elif value:
             continue
 
-        def node_size(i: int, d: int) -> Any:
-            size = fake_size(i, d)
-            return size if isinstance(size, int) else ep.graph.call_function(_aten.sym_size.int, (inputs[i], d))
-
-        def emit(fn: Callable[..., Any], *args: Any) -> Any:
-            if all(isinstance(a, int) for a in args):
-                return fn(*args)
-            return ep.graph.call_function(fn, args)
-
         described = words(code)
-        # Before every op: checked before any kernel reads the inputs.
-        with ep.graph.inserting_before(_first_op(ep.graph)):
+        with ep.graph.inserting_before(first_op):
             condition = _evaluate(tree, node_size, emit)
             ep.graph.call_function(_aten._assert_scalar.default, (condition, f"shape guard: {described}"))
         checks.append(f"shape guard: {described}")
@@ -128,7 +130,3 @@ def check_export_guards(ep: torch.export.ExportedProgram, names: Optional[Sequen
         ep.graph.lint()
         ep.graph_module.recompile()
     return checks
-
-
-def _first_op(graph: torch.fx.Graph) -> torch.fx.Node:
-    return next(n for n in graph.nodes if n.op != "placeholder")

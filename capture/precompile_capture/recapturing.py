@@ -64,7 +64,7 @@ import precompile_eager
 
 from .artifact import MANIFEST, dtype_from_proto, guards_from_proto, scalar_value
 from .capture import capture
-from .compiling import first_lines
+from .compiling import first_lines, limit_of
 from .errors import PrecompileError
 from .guards import DTYPE_NAMES
 from .names import resolve_frames
@@ -553,7 +553,7 @@ def _judge_miss(
         cause = FallbackCause(name).describe() if name in FallbackCause.__members__ else name
         first = frame.fallback_detail.splitlines()[0] if frame.fallback_detail else ""
         return result(status=EAGER, detail=f"{cause}: {first}")
-    key = ms.call.SerializeToString(deterministic=True)
+    key = _signature_key(ms.call)
     if frame_name == new.entry_frame and key in skipped:
         return result(status=NOT_COVERED, detail=skipped[key])
     if frame_name != new.entry_frame:
@@ -592,6 +592,11 @@ def _checked_int_ranges(
         if lo >= hi:
             raise PrecompileError(f"--int-range for '{param}': the range [{lo}, {hi}) is empty")
     return ranges
+
+
+def _signature_key(sig: pb.CallSignature) -> bytes:
+    """A missed signature's key in `skipped` and among those seen."""
+    return sig.SerializeToString(deterministic=True)
 
 
 def size_limits(frame: pb.Frame) -> Dict[str, Dict[Optional[int], int]]:
@@ -641,7 +646,7 @@ def _past_size_limit(call: pb.CallSignature, limits: Mapping[str, Mapping[Option
         if dims is None or a.WhichOneof("value") != "tensor":
             continue
         for d, size in enumerate(a.tensor.shape):
-            largest = dims.get(d, dims.get(None))
+            largest = limit_of(dims, d)
             if largest is not None and size > largest:
                 return f"its '{a.name}' has {size} in dimension {d}, more than {largest}"
     return None
@@ -662,7 +667,7 @@ def _entry_misses(
         if fm.frame != old.entry_frame:
             continue
         for ms in fm.signatures:
-            key = ms.call.SerializeToString(deterministic=True)
+            key = _signature_key(ms.call)
             if key in seen:
                 continue
             seen.add(key)
@@ -732,7 +737,7 @@ def _replay_plan(
         make = _maker(sig, entry, len(old.captured_calls) + j, ranges)
         rejection = _rejection(model, make)
         if rejection is not None:
-            skipped[sig.SerializeToString(deterministic=True)] = rejection
+            skipped[_signature_key(sig)] = rejection
             continue
         replay.append((f"the missed signature {words} ({where})", make))
     for i, sig in served_eagerly:
@@ -859,7 +864,7 @@ def recapture(
             "called eagerly with values made from its signature, and no extra calls were given: "
             "nothing to recapture (" + "; ".join(
                 f"{signature_words(old.entry_frame, sig, old.device)}: "
-                f"{skipped[sig.SerializeToString(deterministic=True)]}" for sig in entry_misses) + ")")
+                f"{skipped[_signature_key(sig)]}" for sig in entry_misses) + ")")
 
     if frames is None:
         frames = _default_frames(old, old_dir, model, model_module)
