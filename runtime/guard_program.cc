@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/size_program.h"
 
 namespace precompile {
 namespace {
@@ -51,6 +52,85 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
 // A dimension may be its symbol plus an offset (a mask one longer than a
 // cache); offsets stay small so that no size arithmetic comes near overflow.
 constexpr int64_t kMaxSymbolOffset = int64_t{1} << 31;
+
+using artifact::v1::SizeProgram;
+using artifact::v1::SizeRelation;
+
+absl::string_view ComparisonText(SizeRelation::Comparison comparison) {
+  switch (comparison) {
+    case SizeRelation::EQ:
+      return "==";
+    case SizeRelation::NE:
+      return "!=";
+    case SizeRelation::LT:
+      return "<";
+    case SizeRelation::LE:
+      return "<=";
+    case SizeRelation::GT:
+      return ">";
+    case SizeRelation::GE:
+      return ">=";
+    default:
+      return "?";
+  }
+}
+
+bool Compare(int64_t a, SizeRelation::Comparison comparison, int64_t b) {
+  switch (comparison) {
+    case SizeRelation::EQ:
+      return a == b;
+    case SizeRelation::NE:
+      return a != b;
+    case SizeRelation::LT:
+      return a < b;
+    case SizeRelation::LE:
+      return a <= b;
+    case SizeRelation::GT:
+      return a > b;
+    case SizeRelation::GE:
+      return a >= b;
+    default:
+      return false;
+  }
+}
+
+// `program` with each symbol step renamed to the slot that holds its value;
+// an error if a symbol has no slot, or if the program does not leave exactly
+// one value (an operation without its two operands).
+absl::StatusOr<SizeProgram> ToSlots(const SizeProgram& program,
+                                    const absl::flat_hash_map<uint32_t, uint16_t>& slots) {
+  SizeProgram renamed = program;
+  int depth = 0;
+  for (SizeProgram::Step& step : *renamed.mutable_steps()) {
+    switch (step.step_case()) {
+      case SizeProgram::Step::kConstant:
+        ++depth;
+        break;
+      case SizeProgram::Step::kSymbol: {
+        const auto slot =
+            step.symbol() < 0 ? slots.end() : slots.find(static_cast<uint32_t>(step.symbol()));
+        if (slot == slots.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("it uses size symbol ", step.symbol(), ", which no dimension binds"));
+        }
+        step.set_symbol(slot->second);
+        ++depth;
+        break;
+      }
+      case SizeProgram::Step::kOp:
+        if (step.op() == SizeProgram::OP_UNSPECIFIED || !SizeProgram::Op_IsValid(step.op()) ||
+            depth < 2) {
+          return absl::InvalidArgumentError("it has an operation without its two operands");
+        }
+        --depth;
+        break;
+      default:
+        return absl::InvalidArgumentError("it has an empty step");
+    }
+  }
+  if (depth != 1) return absl::InvalidArgumentError("a side does not compute one value");
+  return renamed;
+}
 
 }  // namespace
 
@@ -201,8 +281,43 @@ absl::StatusOr<GuardProgram> GuardProgram::Compile(
       program.checks_.push_back(c);
     }
   }
+  for (const SizeRelation& relation : variant.size_relations()) {
+    const SizeRelation::Comparison comparison = relation.comparison();
+    absl::StatusOr<SizeProgram> left = ToSlots(relation.left(), slot_of_symbol);
+    absl::StatusOr<SizeProgram> right = ToSlots(relation.right(), slot_of_symbol);
+    absl::Status bad = !left.ok() ? left.status() : right.status();
+    if (bad.ok() && (comparison == SizeRelation::COMPARISON_UNSPECIFIED ||
+                     !SizeRelation::Comparison_IsValid(comparison))) {
+      bad = absl::InvalidArgumentError("it compares with no known comparison");
+    }
+    if (!bad.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the size relation '", relation.text(), "' is malformed: ", bad.message()));
+    }
+    Check c{Op::kSizeRelation};
+    c.value = static_cast<int64_t>(program.relations_.size());
+    program.relations_.push_back(
+        {*std::move(left), *std::move(right), comparison, relation.text()});
+    program.checks_.push_back(c);
+  }
   return program;
 }
+
+namespace {
+
+// Both sides of `relation` for a call whose symbol slots hold `symbols`.
+std::pair<SizeValue, SizeValue> Sides(const SizeProgram& left, const SizeProgram& right,
+                                      const int64_t* symbols) {
+  auto slot = [symbols](int32_t s) -> std::optional<int64_t> { return symbols[s]; };
+  return {EvaluateSigned(left, slot), EvaluateSigned(right, slot)};
+}
+
+bool Known(const std::pair<SizeValue, SizeValue>& sides) {
+  return sides.first.kind == SizeValue::Kind::kKnown &&
+         sides.second.kind == SizeValue::Kind::kKnown;
+}
+
+}  // namespace
 
 bool GuardProgram::Holds(const Check& c, absl::Span<const ArgView> args,
                          const GlobalState& state, int64_t* symbols) const {
@@ -210,6 +325,11 @@ bool GuardProgram::Holds(const Check& c, absl::Span<const ArgView> args,
     case Op::kGradMode: return state.grad_enabled == (c.value != 0);
     case Op::kDefaultDType:
       return static_cast<int64_t>(state.default_dtype) == c.value;
+    case Op::kSizeRelation: {
+      const Relation& r = relations_[c.value];
+      const auto sides = Sides(r.left, r.right, symbols);
+      return Known(sides) && Compare(sides.first.value, r.comparison, sides.second.value);
+    }
     default: break;
   }
   const ArgView& a = args[c.arg];
@@ -296,6 +416,18 @@ std::string GuardProgram::Describe(const Check& c,
       return absl::StrCat("default dtype: expected ",
                           DTypeName(static_cast<DType>(c.value)), ", got ",
                           DTypeName(state.default_dtype));
+    case Op::kSizeRelation: {
+      const Relation& r = relations_[c.value];
+      const auto sides = Sides(r.left, r.right, symbols);
+      if (!Known(sides)) {
+        const bool overflow = sides.first.kind == SizeValue::Kind::kOverflow ||
+                              sides.second.kind == SizeValue::Kind::kOverflow;
+        return absl::StrCat("shape guard: expected ", r.text, ", got sizes whose ",
+                            overflow ? "arithmetic leaves 64 bits" : "arithmetic divides by zero");
+      }
+      return absl::StrCat("shape guard: expected ", r.text, ", got ", sides.first.value, " ",
+                          ComparisonText(r.comparison), " ", sides.second.value);
+    }
     default: break;
   }
   const ArgView& a = args[c.arg];

@@ -4,8 +4,10 @@
 // guards recorded at capture: the structure of the arguments (a tensor, None
 // or a scalar of a given type), each tensor's dtype, device, rank and sizes
 // (static, or bound to a size symbol with a range, where dimensions sharing a
-// symbol must be equal), the specialized values of non-tensor arguments, and
-// the global state the compiled code assumed (grad mode, default dtype).
+// symbol must be equal), relations between the sizes that torch.export keeps
+// only as code (a product of sizes against another, a divisibility), the
+// specialized values of non-tensor arguments, and the global state the
+// compiled code assumed (grad mode, default dtype).
 //
 // Matches() is the hot path: it allocates nothing and stops at the first
 // failing check. ExplainMismatch() re-runs the checks to say, in words, which
@@ -58,7 +60,8 @@ class GuardProgram {
   // Compiles `variant`'s guards for a frame whose parameters are
   // `parameter_names` (in signature order). INVALID_ARGUMENT if a guard names
   // a parameter that does not exist, uses an unknown dtype, device or symbol,
-  // binds too many symbols, or has an empty range.
+  // binds too many symbols, or has an empty range, or if a size relation is
+  // not a well-formed comparison of symbols that the dimensions bind.
   static absl::StatusOr<GuardProgram> Compile(
       const artifact::v1::Variant& variant,
       const std::vector<std::string>& parameter_names);
@@ -98,6 +101,7 @@ class GuardProgram {
     kIntEquals,
     kFloatEquals,
     kStringEquals,
+    kSizeRelation,  // After every dimension: all symbols are bound.
   };
   struct Check {
     Op op;
@@ -106,7 +110,8 @@ class GuardProgram {
     uint16_t slot = 0;  // Symbol slot for kBindSymbol / kSymbolEqual.
     // kBindSymbol / kSymbolEqual: the size is the symbol's value plus this.
     int64_t offset = 0;
-    int64_t value = 0;  // Expected size, int, bool, dtype, device or string index.
+    // Expected size, int, bool, dtype, device, string index or relation index.
+    int64_t value = 0;
     int64_t max = 0;    // kBindSymbol: inclusive upper bound (if has_max).
     bool has_max = false;
     double float_value = 0;
@@ -126,6 +131,14 @@ class GuardProgram {
   std::vector<Check> checks_;
   std::vector<std::string> parameter_names_;
   std::vector<std::string> strings_;
+  // A SizeRelation whose programs' symbol steps name symbol slots.
+  struct Relation {
+    artifact::v1::SizeProgram left;
+    artifact::v1::SizeProgram right;
+    artifact::v1::SizeRelation::Comparison comparison;
+    std::string text;
+  };
+  std::vector<Relation> relations_;
   // For each slot: the argument and dimension that first bind it, and that
   // dimension's offset from the symbol.
   struct SlotBinder {

@@ -3,12 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
 #include "runtime/frame_dispatcher.h"
 
@@ -315,6 +317,153 @@ TEST(GuardProgram, ADimensionMayBeItsSymbolPlusAnOffset) {
   call.x_shape = {5, 4};
   call.y_shape = {std::numeric_limits<int64_t>::max()};
   EXPECT_THAT(Explain(r, call), HasSubstr("y.size(0): expected x.size(0)-1 (4)"));
+}
+
+// forward(x, y, n): x is [s0, s1] and y [s2], with s0 * s1 == s2 (a view of
+// x's rows as y's) and s1 divisible by 4: relations torch.export keeps only
+// as code. In postfix over the symbols, as the capture writes them.
+const char kRelated[] = R"pb(
+  id: "forward#5"
+  global_state { grad_enabled: false default_dtype: DTYPE_FLOAT32 }
+  symbols { symbol: 0 min: 2 name: "s0" }
+  symbols { symbol: 1 min: 2 name: "s1" }
+  symbols { symbol: 2 min: 2 name: "s2" }
+  guards {
+    parameter: 0
+    tensor {
+      dtype: DTYPE_FLOAT32
+      device: "cpu"
+      dims { symbol: 0 }
+      dims { symbol: 1 }
+    }
+  }
+  guards {
+    parameter: 1
+    tensor {
+      dtype: DTYPE_FLOAT32
+      device: "cpu"
+      dims { symbol: 2 }
+    }
+  }
+  size_relations {
+    left {
+      steps { symbol: 0 }
+      steps { symbol: 1 }
+      steps { op: MUL }
+    }
+    comparison: EQ
+    right { steps { symbol: 2 } }
+    text: "x.size(0)*x.size(1) == y.size(0)"
+  }
+  size_relations {
+    left {
+      steps { symbol: 1 }
+      steps { constant: 4 }
+      steps { op: MOD }
+    }
+    comparison: EQ
+    right { steps { constant: 0 } }
+    text: "x.size(1) % 4 == 0"
+  }
+)pb";
+
+TEST(GuardProgram, SizesMustKeepTheRelationsTheCaptureRecorded) {
+  GuardProgram p = Compile(kRelated);
+  Call call;
+  call.x_shape = {3, 8};
+  call.y_shape = {24};
+  EXPECT_EQ(Explain(p, call), "matches");
+  call.y_shape = {23};
+  EXPECT_EQ(Explain(p, call),
+            "shape guard: expected x.size(0)*x.size(1) == y.size(0), got 24 == 23");
+  call.x_shape = {4, 6};
+  call.y_shape = {24};
+  EXPECT_EQ(Explain(p, call), "shape guard: expected x.size(1) % 4 == 0, got 2 == 0");
+  // An earlier guard fails first: the relations come after every dimension.
+  call.x_dtype = DType::kFloat64;
+  EXPECT_EQ(Explain(p, call), "x.dtype: expected float32, got float64");
+  // A product past 64 bits is no match, never a wrapped one: 2^62 * 8
+  // wraps to 0 in 64 bits, which a y of 0 rows would equal.
+  call.x_dtype = DType::kFloat32;
+  call.x_shape = {int64_t{1} << 62, 8};
+  call.y_shape = {0};
+  EXPECT_EQ(Explain(p, call), "y.size(0): expected a size in [2, inf), got 0");
+  call.y_shape = {2};
+  EXPECT_EQ(Explain(p, call),
+            "shape guard: expected x.size(0)*x.size(1) == y.size(0), got sizes whose arithmetic "
+            "leaves 64 bits");
+}
+
+TEST(GuardProgram, EachComparisonOfARelationHoldsOnlyOnItsSide) {
+  const std::pair<const char*, std::vector<int64_t>> holding[] = {
+      {"EQ", {5}}, {"NE", {4, 6}}, {"LT", {4}}, {"LE", {4, 5}}, {"GT", {6}}, {"GE", {5, 6}}};
+  for (const auto& [comparison, sizes] : holding) {
+    GuardProgram p = Compile(absl::StrCat(R"pb(
+                                            id: "v"
+                                            symbols { symbol: 0 min: 0 name: "s0" }
+                                            guards {
+                                              parameter: 1
+                                              tensor {
+                                                dtype: DTYPE_FLOAT32
+                                                device: "cpu"
+                                                dims { symbol: 0 }
+                                              }
+                                            }
+                                            size_relations { left { steps { symbol: 0 } }
+                                                             comparison:)pb",
+                                          comparison, R"pb(
+                       right { steps { constant: 5 } } text: "y.size(0) ? 5" }
+                             )pb")
+                                 .c_str());
+    for (int64_t size : {4, 5, 6}) {
+      Call call;
+      call.y_shape = {size};
+      const bool expected = std::find(sizes.begin(), sizes.end(), size) != sizes.end();
+      EXPECT_EQ(p.Matches(call.Views(), GlobalState{}), expected) << comparison << " " << size;
+    }
+  }
+}
+
+TEST(GuardProgram, RejectsMalformedSizeRelations) {
+  auto relation = [](const char* fields) {
+    return GuardProgram::Compile(ParseVariant(absl::StrCat(R"pb(
+                                                             id: "v"
+                                                             symbols { symbol: 0 min: 0 name: "s0" }
+                                                             symbols { symbol: 3 min: 0 name: "s3" }
+                                                             guards {
+                                                               parameter: 1
+                                                               tensor {
+                                                                 dtype: DTYPE_FLOAT32
+                                                                 device: "cpu"
+                                                                 dims { symbol: 0 }
+                                                               }
+                                                             }
+                                                             size_relations { text: "bad")pb",
+                                                           fields, "}")),
+                                 kNames)
+        .status();
+  };
+  EXPECT_TRUE(
+      relation("left { steps { symbol: 0 } } comparison: LE right { steps { constant: 1 } }").ok());
+  EXPECT_THAT(
+      relation("left { steps { symbol: 3 } } comparison: LE right { steps { constant: 1 } }")
+          .message(),
+      HasSubstr("size symbol 3, which no dimension binds"));
+  EXPECT_THAT(relation("left { steps { symbol: 0 } steps { op: MUL } } comparison: LE "
+                       "right { steps { constant: 1 } }")
+                  .message(),
+              HasSubstr("an operation without its two operands"));
+  EXPECT_THAT(relation("left { steps { symbol: 0 } steps { symbol: 0 } } comparison: LE "
+                       "right { steps { constant: 1 } }")
+                  .message(),
+              HasSubstr("does not compute one value"));
+  EXPECT_THAT(relation("left { } comparison: LE right { steps { constant: 1 } }").message(),
+              HasSubstr("does not compute one value"));
+  const absl::Status no_comparison =
+      relation("left { steps { symbol: 0 } } right { steps { constant: 1 } }");
+  EXPECT_EQ(no_comparison.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_comparison.message(),
+              HasSubstr("the size relation 'bad' is malformed: it compares with no known"));
 }
 
 TEST(GuardProgram, RejectsMalformedGuards) {

@@ -73,9 +73,8 @@ void ProbeDeviceAfterFailure(DeviceType device, int index, const absl::Status& f
 
 // A variant's failed run, said as the client's doing where the variant checks
 // as it runs what its guards do not ensure (artifact Variant.index_checks:
-// indices from the inputs' values, and shape guards that torch.export keeps
-// only as code): such a check fails the run, as compiled code cannot refuse
-// a call before.
+// indices from the inputs' values): such a check fails the run, as compiled
+// code cannot refuse a call before.
 // On CUDA the device is probed first: a device that no longer works is the
 // failure to report, whatever the call sent.
 absl::Status ExplainFailedRun(const artifact::v1::Variant& variant, DeviceType device,

@@ -1,7 +1,8 @@
 #include "runtime/size_program.h"
 
 #include <algorithm>
-#include <vector>
+
+#include "absl/container/inlined_vector.h"
 
 namespace precompile {
 namespace {
@@ -22,13 +23,10 @@ Wide FloorDiv(Wide a, Wide b) {
 }
 Wide FloorMod(Wide a, Wide b) { return a - FloorDiv(a, b) * b; }
 
-}  // namespace
-
-SizeValue EvaluateSize(const SizeProgram& program,
-                       absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value) {
+SizeValue Evaluate(const SizeProgram& program,
+                   absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value) {
   const SizeValue unknown{SizeValue::Kind::kUnknown, 0};
-  std::vector<Wide> stack;
-  stack.reserve(program.steps_size());
+  absl::InlinedVector<Wide, 16> stack;
   for (const SizeProgram::Step& step : program.steps()) {
     switch (step.step_case()) {
       case SizeProgram::Step::kConstant:
@@ -68,8 +66,22 @@ SizeValue EvaluateSize(const SizeProgram& program,
     // Operands within 64 bits keep a sum or a product exact in 128.
     if (result > kLimit || result < -kLimit) return {SizeValue::Kind::kOverflow, 0};
   }
-  if (stack.size() != 1 || stack.back() < 0) return unknown;
+  if (stack.size() != 1) return unknown;
   return {SizeValue::Kind::kKnown, static_cast<int64_t>(stack.back())};
+}
+
+}  // namespace
+
+SizeValue EvaluateSize(const SizeProgram& program,
+                       absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value) {
+  const SizeValue size = Evaluate(program, symbol_value);
+  if (size.kind == SizeValue::Kind::kKnown && size.value < 0) return {};
+  return size;
+}
+
+SizeValue EvaluateSigned(const SizeProgram& program,
+                         absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value) {
+  return Evaluate(program, symbol_value);
 }
 
 }  // namespace precompile

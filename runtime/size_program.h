@@ -31,6 +31,12 @@ struct SizeValue {
 SizeValue EvaluateSize(const artifact::v1::SizeProgram& program,
                        absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value);
 
+// The same for one side of a relation between sizes (SizeRelation), whose
+// value may be negative (a difference of sizes). Allocates nothing for
+// programs of up to 16 values on the stack at once.
+SizeValue EvaluateSigned(const artifact::v1::SizeProgram& program,
+                         absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value);
+
 }  // namespace precompile
 
 #endif  // PRECOMPILE_RUNTIME_SIZE_PROGRAM_H_

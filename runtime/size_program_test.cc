@@ -85,5 +85,29 @@ TEST(EvaluateSize, WhatCannotBeComputedIsUnknown) {
   EXPECT_EQ(Eval(empty_step).kind, unknown);
 }
 
+TEST(EvaluateSigned, ASideOfARelationMayBeNegativeButNotWrapped) {
+  auto symbols = [](int32_t symbol) -> std::optional<int64_t> {
+    if (symbol == 0) return 10;
+    if (symbol == 2) return INT64_MAX;
+    return std::nullopt;
+  };
+  // 3 - s0, as the capture writes a difference.
+  const SizeValue difference = EvaluateSigned(
+      Program({int64_t{3}, Symbol{0}, int64_t{-1}, SizeProgram::MUL, SizeProgram::ADD}), symbols);
+  EXPECT_EQ(difference.kind, SizeValue::Kind::kKnown);
+  EXPECT_EQ(difference.value, -7);
+  // The same program is no size.
+  EXPECT_EQ(
+      Eval(Program({int64_t{3}, Symbol{0}, int64_t{-1}, SizeProgram::MUL, SizeProgram::ADD})).kind,
+      SizeValue::Kind::kUnknown);
+  EXPECT_EQ(EvaluateSigned(Program({Symbol{2}, int64_t{-1}, SizeProgram::MUL, Symbol{2},
+                                    int64_t{-1}, SizeProgram::MUL, SizeProgram::ADD}),
+                           symbols)
+                .kind,
+            SizeValue::Kind::kOverflow);
+  EXPECT_EQ(EvaluateSigned(Program({Symbol{0}, int64_t{0}, SizeProgram::MOD}), symbols).kind,
+            SizeValue::Kind::kUnknown);
+}
+
 }  // namespace
 }  // namespace precompile

@@ -34,6 +34,7 @@ from proto import artifact_pb2 as pb
 from . import __version__
 from .errors import PrecompileError
 from .frames import Binding, Frame, Kind
+from .export_guards import SizeRelation
 from .guards import ArgGuard, Dim, GuardSet, SymbolRange, TensorSpec
 from .summary import PrecompileSummary
 
@@ -176,6 +177,12 @@ def guards_proto(variant_proto: pb.Variant, guards: GuardSet, kinds: Sequence[Ki
         if s.max is not None:
             r.max = s.max
         r.name = s.name
+    for relation in guards.size_relations:
+        rp = variant_proto.size_relations.add()
+        size_program_proto(rp.left, relation.left)
+        rp.comparison = pb.SizeRelation.Comparison.Value(relation.comparison)
+        size_program_proto(rp.right, relation.right)
+        rp.text = relation.text
     variant_proto.global_state.grad_enabled = guards.grad_enabled
     variant_proto.global_state.default_dtype = dtype_to_proto(guards.default_dtype)
 
@@ -215,12 +222,27 @@ def guards_from_proto(variant_proto: pb.Variant) -> GuardSet:
         SymbolRange(symbol=r.symbol, min=r.min, max=r.max if r.HasField("max") else None, name=r.name)
         for r in variant_proto.symbols
     )
+    relations = tuple(
+        SizeRelation(left=_size_steps(r.left), comparison=pb.SizeRelation.Comparison.Name(r.comparison),
+                     right=_size_steps(r.right), text=r.text)
+        for r in variant_proto.size_relations
+    )
     return GuardSet(
         args=tuple(args),
         symbols=symbols,
         grad_enabled=variant_proto.global_state.grad_enabled,
         default_dtype=dtype_from_proto(variant_proto.global_state.default_dtype, f"{where}, global state"),
+        size_relations=relations,
     )
+
+
+def _size_steps(program: pb.SizeProgram) -> Tuple[Tuple[str, Any], ...]:
+    """The steps of a size program as guards.size_program writes them."""
+    steps = []
+    for step in program.steps:
+        kind = step.WhichOneof("step")
+        steps.append((kind, pb.SizeProgram.Op.Name(step.op) if kind == "op" else getattr(step, kind)))
+    return tuple(steps)
 
 
 def _dumped_tree_spec(spec: pytree.TreeSpec) -> str:

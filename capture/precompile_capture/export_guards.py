@@ -1,34 +1,34 @@
-"""Guards torch.export keeps only as code, checked as the compiled code runs.
+"""Guards torch.export keeps only as code, as relations between sizes.
 
 An exported program's shape guards that are not a symbol's range or two
-sizes being one (which the capture's guards express: guards.py) survive
-only in `ExportedProgram._guards_code`, Python that `ep.module()` runs
-before each call and that AOTInductor's package never runs: a product of
-sizes against another (a token classifier's logits.view(-1, C) against
+sizes being one (which the capture's dimension guards express: guards.py)
+survive only in `ExportedProgram._guards_code`, Python that `ep.module()`
+runs before each call and that AOTInductor's package never runs: a product
+of sizes against another (a token classifier's logits.view(-1, C) against
 labels.view(-1)), a divisibility (a reshape into heads), the side of a
 branch on a product of sizes. Compiled code given a call that breaks one
 reads past its buffers or computes the other branch's answer.
 
-Each such guard is asserted in the exported graph before it is compiled:
-`_assert_scalar` of a size expression, which AOTInductor checks in its
-wrapper before any kernel, so that such a call fails as a call. The capture
-describes each in the variant's run-time checks. (Such a call is one that
-Dynamo would not match with the variant: as a check it fails, where a guard
-would miss and the server would look for another variant.)
+Each such guard becomes one of the variant's guards (a SizeRelation of
+proto/artifact.proto: two size programs and a comparison), checked with the
+others before the variant is chosen: a call that breaks it misses the
+variant, as Dynamo's guards would have it, and the server looks for another
+variant, runs a flagged frame eagerly, or refuses it naming the guard.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import operator
 import re
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import sympy
 import torch
 from torch.export.graph_signature import InputKind
 
-_aten = torch.ops.aten
 _SIZE = re.compile(r"L\['flat_args'\]\[(\d+)\]\.size\(\)\[(\d+)\]")
 _ARITHMETIC: Dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -38,16 +38,33 @@ _COMPARISON: Dict[type, Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
     ast.Gt: operator.gt, ast.GtE: operator.ge,
 }
+# sympy's relation -> SizeRelation.Comparison's name, and what it computes.
+_RELATIONS: Dict[type, Tuple[str, Callable[[int, int], bool]]] = {
+    sympy.Eq: ("EQ", operator.eq), sympy.Ne: ("NE", operator.ne),
+    sympy.StrictLessThan: ("LT", operator.lt), sympy.LessThan: ("LE", operator.le),
+    sympy.StrictGreaterThan: ("GT", operator.gt), sympy.GreaterThan: ("GE", operator.ge),
+}
+COMPARE: Dict[str, Callable[[int, int], bool]] = dict(_RELATIONS.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeRelation:
+    """`left comparison right`, each side a size program (guards.SizeStep)
+    over the guards' symbol ids; `text` says it with the inputs' names."""
+    left: Tuple[Tuple[str, Any], ...]
+    comparison: str
+    right: Tuple[Tuple[str, Any], ...]
+    text: str
 
 
 class _Unreadable(Exception):
     pass
 
 
-def _evaluate(tree: ast.AST, size: Callable[[int, int], Any], apply: Callable[..., Any]) -> Any:
-    """A guard's value: sizes from `size`, operations through `apply`."""
+def _evaluate(tree: ast.AST, size: Callable[[int, int], Any]) -> Any:
+    """A guard's value, sizes from `size`."""
     if isinstance(tree, ast.Expression):
-        return _evaluate(tree.body, size, apply)
+        return _evaluate(tree.body, size)
     if isinstance(tree, ast.Constant) and isinstance(tree.value, int) and not isinstance(tree.value, bool):
         return tree.value
     if isinstance(tree, ast.Subscript):
@@ -56,22 +73,24 @@ def _evaluate(tree: ast.AST, size: Callable[[int, int], Any], apply: Callable[..
             raise _Unreadable(ast.unparse(tree))
         return size(int(match.group(1)), int(match.group(2)))
     if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.USub):
-        return apply(operator.neg, _evaluate(tree.operand, size, apply))
+        return -_evaluate(tree.operand, size)
     if isinstance(tree, ast.BinOp) and type(tree.op) in _ARITHMETIC:
-        return apply(_ARITHMETIC[type(tree.op)], _evaluate(tree.left, size, apply),
-                     _evaluate(tree.right, size, apply))
+        return _ARITHMETIC[type(tree.op)](_evaluate(tree.left, size), _evaluate(tree.right, size))
     if isinstance(tree, ast.Compare) and len(tree.ops) == 1 and type(tree.ops[0]) in _COMPARISON:
-        return apply(_COMPARISON[type(tree.ops[0])], _evaluate(tree.left, size, apply),
-                     _evaluate(tree.comparators[0], size, apply))
+        return _COMPARISON[type(tree.ops[0])](_evaluate(tree.left, size), _evaluate(tree.comparators[0], size))
     raise _Unreadable(ast.unparse(tree))
 
 
-def check_export_guards(ep: torch.export.ExportedProgram, names: Optional[Sequence[str]] = None) -> List[str]:
-    """Asserts in `ep`'s graph each guard of its code that its symbols'
-    ranges do not already imply (module docstring); returns each in words,
-    the inputs named `names` (by default their placeholders' names). A
-    guard this cannot read is warned of: served unchecked, a call can break
-    it."""
+def export_size_relations(
+    ep: torch.export.ExportedProgram,
+    program: Callable[[sympy.Expr], Optional[List[Tuple[str, Any]]]],
+    names: Optional[Sequence[str]] = None,
+) -> List[SizeRelation]:
+    """Each guard of `ep`'s code that its symbols' ranges and equalities do
+    not already imply, as a relation whose sides `program` writes as size
+    programs; the inputs named `names` (by default their placeholders'
+    names). A guard this cannot read is warned of: served unchecked, a call
+    can break it."""
     specs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     inputs = [placeholders.get(getattr(s.arg, "name", None)) for s in specs]
@@ -87,46 +106,36 @@ def check_export_guards(ep: torch.export.ExportedProgram, names: Optional[Sequen
     def words(code: str) -> str:
         return _SIZE.sub(lambda m: f"{shown[int(m.group(1))]}.size({m.group(2)})", code)
 
-    def node_size(i: int, d: int) -> Any:
-        size = fake_size(i, d)
-        return size if isinstance(size, int) else ep.graph.call_function(_aten.sym_size.int, (inputs[i], d))
+    def unreadable(code: str, why: str) -> None:
+        warnings.warn(
+            f"precompile capture: torch.export guards the sizes with {words(code)!r}, which the "
+            f"capture cannot read ({why}): a call that breaks it runs compiled code that assumes it",
+            RuntimeWarning, stacklevel=3)
 
-    def emit(fn: Callable[..., Any], *args: Any) -> Any:
-        if all(isinstance(a, int) for a in args):
-            return fn(*args)
-        return ep.graph.call_function(fn, args)
-
-    # Each check goes before the graph's first op: before any kernel reads
-    # the inputs.
-    first_op = next(n for n in ep.graph.nodes if n.op != "placeholder")
-    checks: List[str] = []
+    relations: List[SizeRelation] = []
     for code in getattr(ep, "_guards_code", None) or []:
         try:
-            tree = ast.parse(code, mode="eval")
-            value = _evaluate(tree, fake_size, lambda fn, *args: fn(*args))
+            value = _evaluate(ast.parse(code, mode="eval"), fake_size)
         except (_Unreadable, SyntaxError) as e:
-            warnings.warn(
-                f"precompile capture: torch.export guards the sizes with {words(code)!r}, which the "
-                f"capture cannot read ({e}): a call that breaks it runs compiled code that assumes it",
-                RuntimeWarning, stacklevel=2)
+            unreadable(code, str(e))
             continue
-        if isinstance(value, torch.SymBool):
-            expr = value.node.expr
-            # From the symbols' ranges and equalities alone, which the
-            # guards check: the other guards, this one among them, are not
-            # facts here.
-            static = value.node.shape_env._maybe_evaluate_static(expr, axioms=())
-            if static is not None and bool(static):
+        if not isinstance(value, torch.SymBool):
+            if value:
                 continue
-        elif value:
+            # False at the sizes the capture traced with: no call passes it.
+            unreadable(code, "it does not hold for the example call")
             continue
-
-        described = words(code)
-        with ep.graph.inserting_before(first_op):
-            condition = _evaluate(tree, node_size, emit)
-            ep.graph.call_function(_aten._assert_scalar.default, (condition, f"shape guard: {described}"))
-        checks.append(f"shape guard: {described}")
-    if checks:
-        ep.graph.lint()
-        ep.graph_module.recompile()
-    return checks
+        expr = value.node.expr
+        # From the symbols' ranges and equalities alone, which the guards
+        # check: the other guards, this one among them, are not facts here.
+        static = value.node.shape_env._maybe_evaluate_static(expr, axioms=())
+        if static is not None and bool(static):
+            continue
+        relation = _RELATIONS.get(type(expr))
+        left = program(expr.lhs) if relation else None
+        right = program(expr.rhs) if relation else None
+        if relation is None or left is None or right is None:
+            unreadable(code, f"as {expr}")
+            continue
+        relations.append(SizeRelation(tuple(left), relation[0], tuple(right), words(code)))
+    return relations

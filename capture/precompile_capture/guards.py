@@ -3,15 +3,17 @@
 Read off a strict torch.export program: per parameter in signature order, a
 tensor's dtype, device type, rank and sizes (static, or a size symbol with a
 range; dimensions sharing a symbol must be equal), the specialized value of a
-non-tensor argument, and the global state the compiled code assumed. The same
-guards are evaluated here in Python, so the capture dispatches exactly as the
-runtime will.
+non-tensor argument, relations between sizes that torch.export keeps only as
+code (export_guards.py), and the global state the compiled code assumed. The
+same guards are evaluated here in Python, so the capture dispatches exactly
+as the runtime will.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import warnings
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -20,7 +22,7 @@ import torch
 from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils._sympy.numbers import IntInfinity
 
-from .export_guards import check_export_guards
+from .export_guards import COMPARE, SizeRelation, export_size_relations
 from .index_fences import ArgumentPlace, fence_index
 from .index_values import SAME_VALUES, ValueRanges, limits_within, placeholders_upstream
 
@@ -89,10 +91,11 @@ class GuardSet:
     # range without ending the process): the runtime refuses such calls.
     index_ranges: Tuple[Tuple[int, int, int], ...] = ()
     # What the compiled code checks as it runs, in words: indices from the
-    # inputs' values (index_fences.py) and shape guards that torch.export
-    # keeps only as code (export_guards.py); a run that fails may have failed
-    # one of these, and the server says so.
+    # inputs' values (index_fences.py); a run that fails may have failed one
+    # of these, and the server says so.
     index_checks: Tuple[str, ...] = ()
+    # Relations between the symbols' values, checked after every dimension.
+    size_relations: Tuple[SizeRelation, ...] = ()
 
     def holds(self, values: Sequence[Any]) -> bool:
         if torch.is_grad_enabled() != self.grad_enabled:
@@ -129,6 +132,11 @@ class GuardSet:
                         bound[dim.symbol] = size
             elif not same_scalar(g.value, v):
                 return False
+        for relation in self.size_relations:
+            left = evaluate_size_program(relation.left, bound)
+            right = evaluate_size_program(relation.right, bound)
+            if left is None or right is None or not COMPARE[relation.comparison](left, right):
+                return False
         return True
 
     def describe(self, names: Sequence[str], device: str = "cpu") -> str:
@@ -159,6 +167,7 @@ class GuardSet:
                 )
             else:
                 parts.append(f"{name} == {g.value!r}")
+        parts.extend(f"shape guard: {r.text}" for r in self.size_relations)
         return ", ".join(parts) if parts else "(no arguments)"
 
 
@@ -272,15 +281,14 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
         raise NotPlainSymbol(not_plain)
     inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
     index_ranges, symbol_limits, index_checks = _index_limits(ep, inputs, related, values, names)
-    index_checks += check_export_guards(ep, names)
     symbols = []
     for root, sid in symbol_ids.items():
         # The intersection of the ranges of the class's input symbols.
         lower: Optional[int] = None
         upper: Optional[int] = None
-        names: List[str] = []
+        exported: List[str] = []
         for sym in dict.fromkeys(members[root]):
-            names.append(str(sym))
+            exported.append(str(sym))
             vr = ep.range_constraints.get(sym)
             lo = _int_bound(vr.lower) if vr is not None else None
             hi = _int_bound(vr.upper) if vr is not None else None
@@ -293,9 +301,11 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
         lower = lower if lower is not None else 0
         if upper is not None and upper < lower:
             raise GuardExtractionError(
-                f"size symbols {', '.join(names)} must be equal but their ranges do not meet"
+                f"size symbols {', '.join(exported)} must be equal but their ranges do not meet"
             )
-        symbols.append(SymbolRange(symbol=sid, min=lower, max=upper, name="=".join(names)))
+        symbols.append(SymbolRange(symbol=sid, min=lower, max=upper, name="=".join(exported)))
+    ids = _symbol_ids(symbols)
+    relations = export_size_relations(ep, lambda expr: size_program(expr, ids), names)
     guards = GuardSet(
         args=tuple(args),
         symbols=tuple(symbols),
@@ -303,6 +313,7 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
         default_dtype=torch.get_default_dtype(),
         index_ranges=tuple((i, lo, hi) for i, (lo, hi) in sorted(index_ranges.items())),
         index_checks=tuple(index_checks),
+        size_relations=tuple(relations),
     )
     return guards, tensor_inputs
 
@@ -729,6 +740,44 @@ def _related_symbols(ep: torch.export.ExportedProgram) -> Callable[[sympy.Symbol
 SizeStep = Tuple[str, Any]
 
 
+def _symbol_ids(symbols: Sequence[SymbolRange]) -> Dict[str, int]:
+    """The export's name of each symbol -> the guard symbol that stands for
+    it: a guard symbol's name joins them ("s6=s27", see extract_guards)."""
+    return {name: r.symbol for r in symbols for name in r.name.split("=")}
+
+
+# Where a size program's arithmetic leaves 64 bits, the runtime's evaluation
+# (runtime/size_program.cc) fails it.
+_INT64_MAX = 2**63 - 1
+
+
+def evaluate_size_program(steps: Sequence[SizeStep], symbols: Dict[int, int]) -> Optional[int]:
+    """A size program's value (of any sign) given the symbols' values; None
+    where the runtime's is not known: a symbol without a value, a division by
+    zero, a value past 64 bits, a malformed program."""
+    stack: List[int] = []
+    for kind, value in steps:
+        if kind == "constant":
+            stack.append(value)
+            continue
+        if kind == "symbol":
+            if value not in symbols:
+                return None
+            stack.append(symbols[value])
+            continue
+        if len(stack) < 2:
+            return None
+        b, a = stack.pop(), stack.pop()
+        if value in ("FLOOR_DIV", "MOD") and b == 0:
+            return None
+        result = {"ADD": operator.add, "MUL": operator.mul, "FLOOR_DIV": operator.floordiv,
+                  "MOD": operator.mod, "MAX": max, "MIN": min}[value](a, b)
+        if abs(result) > _INT64_MAX:
+            return None
+        stack.append(result)
+    return stack[0] if len(stack) == 1 else None
+
+
 def size_program(expr: sympy.Expr, ids: Dict[str, int]) -> Optional[List[SizeStep]]:
     """`expr`, an integer expression of size symbols, as a postfix program
     over the guards' symbol ids; None when it uses what a program cannot say
@@ -801,9 +850,7 @@ def output_specs(
     symbol id that such a dimension equals, or -1 (static, or an expression
     of symbols); in `programs`, such an expression as a size program
     (size_program), or None."""
-    # A guard symbol's name joins the export's names of the symbols it stands
-    # for ("s6=s27", see extract_guards).
-    ids = {name: r.symbol for r in guards.symbols for name in r.name.split("=")}
+    ids = _symbol_ids(guards.symbols)
     nodes = {n.name: n for n in ep.graph.nodes}
     specs = []
     for s in ep.graph_signature.output_specs:

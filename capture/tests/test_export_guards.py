@@ -1,5 +1,5 @@
-"""Shape guards that torch.export keeps only as code, checked as the compiled
-code runs (export_guards.py). Before, the capture dropped them: a token
+"""Shape guards that torch.export keeps only as code become guards of the
+variant (export_guards.py). Before, the capture dropped them: a token
 classifier given labels of another size read past its logits, and a model
 that branches on a product of sizes computed the other branch's answer.
 
@@ -11,18 +11,37 @@ import torch
 import torch.nn.functional as F
 from torch.export import Dim
 
-from precompile_capture.guards import extract_guards
+from precompile_capture.artifact import guards_from_proto, guards_proto
+from precompile_capture.frames import Kind
+from precompile_capture.guards import evaluate_size_program, extract_guards
+from proto import artifact_pb2 as pb
 
 AUTO = Dim.AUTO
 
 
-def checked(module, args):
-    """`module` exported with every dimension dynamic, its guards read, and
-    its graph as the capture compiles it, run eagerly without export's own
-    check of its guards code (which AOTInductor's package does not run)."""
+def exported(module, args):
+    """`module` exported with every dimension dynamic, and its guards."""
     ep = torch.export.export(module, args, dynamic_shapes=tuple({0: AUTO, 1: AUTO} for _ in args), strict=True)
     guards, _ = extract_guards(ep, list(args))
-    return guards.index_checks, ep.module(check_guards=False)
+    return guards, ep
+
+
+def saved(guards, arity):
+    """`guards` written into a manifest's variant and read back, as a
+    recapture reads them."""
+    variant = pb.Variant(id="forward#0")
+    guards_proto(variant, guards, [Kind.TENSOR] * arity)
+    return guards_from_proto(variant)
+
+
+def guard_fails(module, *args):
+    """torch.export's own check of its guards code refuses `args`."""
+    try:
+        module(*args)
+    except AssertionError as e:
+        assert "Guard failed" in str(e), e
+        return True
+    return False
 
 
 class TokenClassifier(torch.nn.Module):
@@ -35,18 +54,19 @@ class TokenClassifier(torch.nn.Module):
 
 
 def test_a_loss_s_targets_must_be_one_for_each_row():
-    model = TokenClassifier()
     hidden, labels = torch.randn(2, 8, 4), torch.randint(0, 5, (2, 8))
-    checks, program = checked(model, (hidden, labels))
-    guard = "shape guard: (hidden.size(1)*hidden.size(0)) == (labels.size(0)*labels.size(1))"
-    assert guard in checks
-    assert torch.equal(program(hidden, labels), model(hidden, labels))
-    # 30 rows as 2 x 15 labels, as eager takes them.
-    hidden, labels = torch.randn(3, 10, 4), torch.randint(0, 5, (2, 15))
-    assert torch.equal(program(hidden, labels), model(hidden, labels))
-    for shape in ((3, 9), (3, 11), (2, 4000)):
-        with pytest.raises(RuntimeError, match=r"shape guard: \(hidden.size\(1\)\*hidden.size\(0\)\)"):
-            program(torch.randn(3, 10, 4), torch.zeros(shape, dtype=torch.int64))
+    guards, ep = exported(TokenClassifier(), (hidden, labels))
+    assert [r.text for r in guards.size_relations] == [
+        "(hidden.size(1)*hidden.size(0)) == (labels.size(0)*labels.size(1))"]
+    assert "shape guard: (hidden.size(1)*hidden.size(0))" in guards.describe(["hidden", "labels"])
+    module = ep.module()
+    for g in (guards, saved(guards, 2)):
+        # 30 rows as 2 x 15 labels, as eager takes them.
+        assert g.holds([torch.randn(3, 10, 4), torch.zeros(2, 15, dtype=torch.int64)])
+        for shape in ((3, 9), (3, 11), (2, 4000)):
+            call = [torch.randn(3, 10, 4), torch.zeros(shape, dtype=torch.int64)]
+            assert not g.holds(call), shape
+            assert guard_fails(module, *call), shape
 
 
 class Branch(torch.nn.Module):
@@ -55,16 +75,33 @@ class Branch(torch.nn.Module):
 
 
 def test_a_branch_on_a_product_of_sizes_is_not_taken_for_the_other_side():
-    checks, program = checked(Branch(), (torch.randn(3, 8),))
-    assert checks == ("shape guard: x.size(1)*x.size(0) <= 100",)
-    assert torch.equal(program(torch.ones(4, 25)), torch.ones(4, 25))
-    with pytest.raises(RuntimeError, match=r"shape guard: x.size\(1\)\*x.size\(0\) <= 100"):
-        program(torch.ones(4, 26))
+    guards, _ = exported(Branch(), (torch.randn(3, 8),))
+    assert [r.text for r in guards.size_relations] == ["x.size(1)*x.size(0) <= 100"]
+    assert guards.holds([torch.ones(4, 25)])
+    assert not guards.holds([torch.ones(4, 26)])
+    # The other side is a variant of its own, with the opposite guard.
+    other, _ = exported(Branch(), (torch.randn(30, 8),))
+    assert [r.text for r in other.size_relations] == ["x.size(1)*x.size(0) > 100"]
+    assert other.holds([torch.ones(4, 26)]) and not other.holds([torch.ones(4, 25)])
 
 
-def test_guards_the_symbols_ranges_imply_are_not_checked_again():
+def test_a_relation_s_arithmetic_is_the_runtime_s():
+    # runtime/size_program.cc: any sign, Python's floor division, and no
+    # value past 64 bits (a tensor of 2^62 x 8 rows with a dimension of 0
+    # is a request of no bytes).
+    product = [("symbol", 0), ("symbol", 1), ("op", "MUL")]
+    assert evaluate_size_program(product, {0: 2**60, 1: 7}) == 7 * 2**60
+    assert evaluate_size_program(product, {0: 2**62, 1: 8}) is None
+    difference = [("constant", 3), ("symbol", 0), ("constant", -1), ("op", "MUL"), ("op", "ADD")]
+    assert evaluate_size_program(difference, {0: 10}) == -7
+    assert evaluate_size_program([("constant", -7), ("symbol", 0), ("op", "FLOOR_DIV")], {0: 2}) == -4
+    assert evaluate_size_program([("symbol", 0), ("constant", 0), ("op", "MOD")], {0: 2}) is None
+    assert evaluate_size_program(product, {0: 2}) is None
+
+
+def test_guards_the_symbols_ranges_imply_are_no_relations():
     # BERT-like: sizes equal and a position table's bound are the guards'
-    # own (one symbol, a symbol's range), not checks.
+    # own (one symbol, a symbol's range).
     class Positions(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -73,8 +110,8 @@ def test_guards_the_symbols_ranges_imply_are_not_checked_again():
         def forward(self, ids, mask):
             return self.table(torch.arange(ids.shape[1])) * mask.unsqueeze(-1)
 
-    checks, _ = checked(Positions(), (torch.zeros(2, 8, dtype=torch.int64), torch.ones(2, 8)))
-    assert not [c for c in checks if c.startswith("shape guard")]
+    guards, _ = exported(Positions(), (torch.zeros(2, 8, dtype=torch.int64), torch.ones(2, 8)))
+    assert guards.size_relations == ()
 
 
 def test_a_guard_the_capture_cannot_read_is_warned_of():

@@ -216,6 +216,33 @@ def guard_seeds(artifact_pb2, manifests):
         data, [args[0], ("tensor", "int64", [8], 1)] + args[2:], grad=True)
     seeds["all_guards_grad_off"] = encode_guard_call(data, args, grad=False)
 
+    # A relation between sizes (x.size(0) * x.size(1) == y.size(0)), held,
+    # broken, and with a product past 64 bits.
+    frame = artifact_pb2.Frame(name="forward")
+    for p in ("x", "y"):
+        frame.parameters.add(name=p)
+    v = frame.variants.add(id="forward#0", package_path="frames/forward/0.pt2")
+    for symbol in range(3):
+        v.symbols.add(symbol=symbol, min=0, name="s%d" % symbol)
+    for parameter, symbols in ((0, (0, 1)), (1, (2,))):
+        g = v.guards.add(parameter=parameter)
+        g.tensor.dtype = artifact_pb2.DTYPE_FLOAT32
+        g.tensor.device = "cpu"
+        for symbol in symbols:
+            g.tensor.dims.add(symbol=symbol)
+    relation = v.size_relations.add(comparison=artifact_pb2.SizeRelation.EQ,
+                                    text="x.size(0)*x.size(1) == y.size(0)")
+    for step in (dict(symbol=0), dict(symbol=1), dict(op=artifact_pb2.SizeProgram.MUL)):
+        relation.left.steps.add(**step)
+    relation.right.steps.add(symbol=2)
+    data = frame.SerializeToString()
+    seeds["size_relation_hit"] = encode_guard_call(
+        data, [("tensor", "float32", [3, 8]), ("tensor", "float32", [24])])
+    seeds["size_relation_miss"] = encode_guard_call(
+        data, [("tensor", "float32", [3, 8]), ("tensor", "float32", [23])])
+    seeds["size_relation_overflow"] = encode_guard_call(
+        data, [("tensor", "float32", [1 << 62, 8]), ("tensor", "float32", [0])])
+
     # Variants that Compile refuses, beside one it accepts.
     def refused(name, edit):
         f = artifact_pb2.Frame(name="forward")
@@ -247,6 +274,13 @@ def guard_seeds(artifact_pb2, manifests):
     refused("unknown_dtype", lambda v, t: setattr(t, "dtype", 0))
     refused("parameter_range", lambda v, t: setattr(v.guards[0], "parameter", 1))
     refused("empty_scalar", lambda v, t: v.guards.add(parameter=0).equals.SetInParent())
+
+    def unbound_relation(v, t):
+        relation = v.size_relations.add(comparison=artifact_pb2.SizeRelation.LE, text="s3 <= 2")
+        relation.left.steps.add(symbol=3)
+        relation.right.steps.add(constant=2)
+
+    refused("relation_of_an_unbound_symbol", unbound_relation)
     return seeds
 
 

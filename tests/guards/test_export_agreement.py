@@ -240,3 +240,70 @@ def test_torch_export_checks_agree_with_the_guards(runtime, data):
 def test_the_generated_calls_both_hold_and_miss():
     """Runs after the property above (pytest keeps the file's order)."""
     assert OUTCOMES["1"] >= 60 and OUTCOMES["0"] >= 60, OUTCOMES
+
+
+class Related(torch.nn.Module):
+    """Sizes related by guards torch.export keeps only as code (which
+    `ep.module()` checks and AOTInductor's package does not run): a's
+    elements viewed as b's (s0*s1 == s2*s3), a's elements in rows of 4
+    (divisibility), a branch on a's number of elements."""
+
+    def __init__(self, kinds):
+        super().__init__()
+        self.kinds = kinds
+
+    def forward(self, a, b):
+        out = a.sum() + b.sum()
+        if "view" in self.kinds:
+            out = out + (a.reshape(-1) * b.reshape(-1)).sum()
+        if "rows of 4" in self.kinds:
+            out = out + a.reshape(-1, 4).sum(dim=1).max()
+        if "branch" in self.kinds:
+            out = out * 2 if a.shape[0] * a.shape[1] > 24 else out - 1
+        return out
+
+
+RELATED = {"0": 0, "1": 0, "relation": 0}
+
+
+@st.composite
+def factored(draw, elements):
+    """Two sizes of at least 2 whose product is `elements`, when there are."""
+    pairs = [(d, elements // d) for d in range(2, elements // 2 + 1) if elements % d == 0]
+    return draw(st.sampled_from(pairs)) if pairs else (2, 2)
+
+
+@settings(max_examples=25, deadline=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_relations_between_sizes_agree_with_torch_export_s_guards_code(runtime, data):
+    kinds = data.draw(st.sets(st.sampled_from(["view", "rows of 4", "branch"]), min_size=1))
+    rows, columns = data.draw(st.sampled_from([(2, 4), (3, 4), (2, 6), (4, 4), (3, 8), (4, 8), (5, 8)]))
+    b_shape = data.draw(factored(rows * columns)) if "view" in kinds else (3, 5)
+    example = (torch.randn(rows, columns), torch.randn(*b_shape))
+    ep = torch.export.export(Related(kinds), example, dynamic_shapes=({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},) * 2,
+                             strict=True)
+    guards, _ = extract_guards(ep, list(example))
+    module = ep.module()
+    grad, default_dtype = torch.is_grad_enabled(), torch.get_default_dtype()
+    params = [("tensor",), ("tensor",)]
+    for _ in range(12):
+        # Sizes of at least 2, inside every symbol's range (torch.export
+        # lets 0 and 1 through, above): calls differ on the relations only.
+        a = (data.draw(st.integers(2, 9)), data.draw(st.integers(2, 9)))
+        b = data.draw(factored(a[0] * a[1])) if data.draw(st.booleans()) else \
+            (data.draw(st.integers(2, 9)), data.draw(st.integers(2, 9)))
+        values = [("tensor", torch.float32, "cpu", list(a)), ("tensor", torch.float32, "cpu", list(b))]
+        answer = runtime(runtime_record(params, guards, values, grad, default_dtype))
+        assert answer in ("0", "1"), answer
+        holds = answer == "1"
+        where = f"{sorted(kinds)}: guards {guards.describe(['a', 'b'])} on {a}, {b}"
+        assert python_holds(guards, values, grad, default_dtype) == holds, f"the capture differs: {where}"
+        assert module_guards(module, [torch.randn(*a), torch.randn(*b)]) == holds, \
+            f"torch.export's guards code differs: {where}"
+        RELATED["1" if holds else "0"] += 1
+    RELATED["relation"] += len(guards.size_relations)
+
+
+def test_the_related_calls_both_hold_and_miss():
+    assert RELATED["1"] >= 40 and RELATED["0"] >= 40 and RELATED["relation"] >= 25, RELATED

@@ -9,7 +9,8 @@ its peak memory within a bound and drain with exit 0 on SIGTERM.
 Needs the Bazel build outputs: bazel build //server:precompile_server
 //examples:artifacts //gallery:gpt2 //tests/output_sizes:tiles
 //tests/value_indices:value_indexed //tests/value_indices:labelled_head
-//tests/size_limits:bounded_images. Runs with the project's environment:
+//tests/size_limits:bounded_images //tests/size_relations:area_branch. Runs
+with the project's environment:
 .venv/bin/python -m pytest tests/hostile
 """
 
@@ -62,6 +63,8 @@ def server(tmp_path_factory):
               root / "repository" / "labelled_head" / "1")
     copy_tree(built(BIN / "tests" / "size_limits" / "bounded_images"),
               root / "repository" / "bounded_images" / "1")
+    copy_tree(built(BIN / "tests" / "size_relations" / "area_branch"),
+              root / "repository" / "area_branch" / "1")
     # The same program with a shorter limit of its own.
     copy_tree(built(BIN / "examples" / "loop"), root / "repository" / "loop_quick" / "1")
     (root / "repository" / "loop_quick" / "config.pbtxt").write_text(
@@ -471,9 +474,10 @@ def test_labels_past_a_loss_s_classes_fail_only_that_call(server):
             assert "the compiled code raised an error" in failed.value.details()
         assert call(labels)[1] == loss
         # Labels that are not one for each position: eager refuses them, and
-        # the compiled loss, given 79 or 81 targets for 80 rows, read past
-        # its logits (a different loss each time) before the capture checked
-        # the shape guard torch.export keeps only as code.
+        # the compiled loss, given 76 or 84 targets for 80 rows, read past
+        # its logits (a different loss each time) before the capture made
+        # the shape guard torch.export keeps only as code a guard of its own:
+        # now no variant matches such a call, and the refusal names the guard.
         for short in (19, 21):
             request = inference_pb2.ModelInferRequest(model_name="labelled_head")
             request.inputs.add(name="hidden", datatype="FP32", shape=[4, 20, 32])
@@ -482,10 +486,34 @@ def test_labels_past_a_loss_s_classes_fail_only_that_call(server):
                                                if short < 20 else np.zeros((4, short), np.int64).tobytes()])
             with pytest.raises(grpc.RpcError) as failed:
                 stub.ModelInfer(request, timeout=30)
-            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, failed.value
-            assert ("shape guard: (hidden.size(1)*hidden.size(0)) == (labels.size(0)*labels.size(1))"
+            assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION, failed.value
+            assert "no captured variant matches this call" in failed.value.details()
+            assert ("shape guard: expected (hidden.size(1)*hidden.size(0)) == "
+                    f"(labels.size(0)*labels.size(1)), got 80 == {4 * short}"
                     in failed.value.details()), failed.value.details()
         assert call(labels)[1] == loss
+    assert_still_serving(server)
+
+
+def test_each_side_of_a_branch_on_a_product_of_sizes_is_served_by_its_own_variant(server):
+    # area_branch doubles tiles of at most 64 elements and negates larger
+    # ones, captured on both sides. The branch's guard lives only in
+    # torch.export's guards code: without it as a guard of its own, the
+    # first variant with dynamic sizes answered every tile with its side.
+    def call(shape):
+        tile = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 1
+        request = inference_pb2.ModelInferRequest(model_name="area_branch")
+        request.inputs.add(name="tile", datatype="FP32", shape=list(shape))
+        request.raw_input_contents.append(tile.tobytes())
+        response = stub.ModelInfer(request, timeout=30)
+        return tile, np.frombuffer(response.raw_output_contents[0], np.float32).reshape(shape)
+
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for shape in ((5, 6), (4, 16), (16, 4), (3, 21), (9, 9), (4, 17), (2, 33), (30, 3), (5, 6)):
+            tile, out = call(shape)
+            expected = tile * 2 if shape[0] * shape[1] <= 64 else -tile
+            np.testing.assert_array_equal(out, expected, err_msg=str(shape))
     assert_still_serving(server)
 
 
