@@ -350,20 +350,24 @@ namespace {
 
 // A call's first size past the frame's limits (the capture's --max-size),
 // in words: no variant takes it, nor will a recapture compile one, which a
-// guard's own words cannot say.
+// guard's own words cannot say. A dimension's own limit overrides its
+// tensor's every-dimension one, as the capture applies them.
 std::optional<std::string> PastSizeLimit(const LoadedFrame& frame,
                                          absl::Span<const ArgView> views) {
-  for (const artifact::v1::SizeLimit& limit : frame.proto->size_limits()) {
-    const auto& names = frame.parameter_names;
-    const auto it = std::find(names.begin(), names.end(), limit.parameter());
-    if (it == names.end()) continue;
-    const ArgView& arg = views[it - names.begin()];
+  const auto& names = frame.parameter_names;
+  for (size_t p = 0; p < names.size(); ++p) {
+    const ArgView& arg = views[p];
     if (arg.kind != ArgView::Kind::kTensor) continue;
     for (int d = 0; d < arg.rank; ++d) {
-      if ((!limit.has_dim() || limit.dim() == d) && arg.sizes[d] > limit.max()) {
-        return absl::StrCat(limit.parameter(), ".size(", d, ") is ", arg.sizes[d],
-                            ", more than the ", limit.max(),
-                            " the model was captured to take at most (--max-size)");
+      const artifact::v1::SizeLimit* applies = nullptr;
+      for (const artifact::v1::SizeLimit& limit : frame.proto->size_limits()) {
+        if (limit.parameter() != names[p]) continue;
+        if (limit.has_dim() ? limit.dim() == d : applies == nullptr) applies = &limit;
+        if (limit.has_dim() && limit.dim() == d) break;
+      }
+      if (applies != nullptr && arg.sizes[d] > applies->max()) {
+        return absl::StrCat(names[p], ".size(", d, ") is ", arg.sizes[d], ", more than the ",
+                            applies->max(), " the model was captured to take at most (--max-size)");
       }
     }
   }

@@ -133,6 +133,39 @@ TEST(LoadedVersion, RefusesAMissOfAnUnflaggedFrameWithTheClosestVariantsFirstFai
   CallAndCompare(*model, "mlp", "batch8");
 }
 
+TEST(LoadedVersion, ARefusalPastASizeLimitNamesTheLimitThatAppliesToTheDimension) {
+  // mlp's x, as if captured with --max-size x=6 --max-size x.0=100: the
+  // first dimension's own limit overrides the every-dimension one.
+  const std::string limited = testing::NewTempDirectory("limited");
+  testing::CopyTree(ExampleArtifact("mlp"), limited);
+  testing::EditManifest(limited, [](artifact::v1::Manifest& manifest) {
+    artifact::v1::Frame& forward = *manifest.mutable_frames(0);
+    artifact::v1::SizeLimit& every = *forward.add_size_limits();
+    every.set_parameter("x");
+    every.set_max(6);
+    artifact::v1::SizeLimit& rows = *forward.add_size_limits();
+    rows.set_parameter("x");
+    rows.set_dim(0);
+    rows.set_max(100);
+  });
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model = LoadedVersion::Load(limited, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  // Misses by their dtype: within the limits, the failing guard is said.
+  absl::StatusOr<CallResult> within =
+      (*model)->Call({{"x", AsTensorArg(at::ones({16, 4}, at::kDouble))}});
+  ASSERT_EQ(within.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(within.status().message(), AllOf(HasSubstr("x.dtype: expected float32, got float64"),
+                                               Not(HasSubstr("--max-size"))));
+  absl::StatusOr<CallResult> past =
+      (*model)->Call({{"x", AsTensorArg(at::ones({101, 4}, at::kDouble))}});
+  EXPECT_THAT(past.status().message(),
+              HasSubstr("x.size(0) is 101, more than the 100 the model was captured to take at "
+                        "most (--max-size)"));
+  absl::StatusOr<CallResult> wide =
+      (*model)->Call({{"x", AsTensorArg(at::ones({2, 7}, at::kDouble))}});
+  EXPECT_THAT(wide.status().message(), HasSubstr("x.size(1) is 7, more than the 6"));
+}
+
 TEST(LoadedVersion, RunsAFlaggedFramesMissEagerlyAndWarnsOncePerFrame) {
   LogCapture logs;
   auto model = Load("loop");

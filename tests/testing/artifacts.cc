@@ -17,18 +17,25 @@ namespace {
 namespace fs = std::filesystem;
 }  // namespace
 
-void MarkIncomplete(const std::string& directory, const std::string& uncovered_frame) {
+void EditManifest(const std::string& directory,
+                  const std::function<void(artifact::v1::Manifest&)>& edit) {
   const fs::path path = fs::path(directory) / "MANIFEST.pb";
   artifact::v1::Manifest manifest;
   {
     std::ifstream in(path, std::ios::binary);
     ASSERT_TRUE(manifest.ParseFromIstream(&in)) << path;
   }
-  manifest.mutable_summary()->add_uncovered_frames(uncovered_frame);
-  manifest.mutable_summary()->set_truncated(true);
-  manifest.mutable_summary()->set_complete(false);
+  edit(manifest);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   ASSERT_TRUE(manifest.SerializeToOstream(&out)) << path;
+}
+
+void MarkIncomplete(const std::string& directory, const std::string& uncovered_frame) {
+  EditManifest(directory, [&](artifact::v1::Manifest& manifest) {
+    manifest.mutable_summary()->add_uncovered_frames(uncovered_frame);
+    manifest.mutable_summary()->set_truncated(true);
+    manifest.mutable_summary()->set_complete(false);
+  });
 }
 
 std::string ExampleArtifact(const std::string& name) {

@@ -2,7 +2,10 @@
 #ifndef PRECOMPILE_TESTS_TESTING_ARTIFACTS_H_
 #define PRECOMPILE_TESTS_TESTING_ARTIFACTS_H_
 
+#include <functional>
 #include <string>
+
+#include "proto/artifact.pb.h"
 
 namespace precompile::testing {
 
@@ -24,6 +27,10 @@ void CopyTree(const std::string& source, const std::string& destination);
 // an incomplete artifact, as require_complete=False saves one. (The summary
 // is not checksummed: a manifest lists the other files' digests.)
 void MarkIncomplete(const std::string& directory, const std::string& uncovered_frame);
+
+// Rewrites the MANIFEST.pb of the artifact in `directory` (a copy) by `edit`.
+void EditManifest(const std::string& directory,
+                  const std::function<void(artifact::v1::Manifest&)>& edit);
 
 // A model repository in a new temporary directory: each named example
 // artifact copied to <repository>/<name>/1/. Returns the repository root.
