@@ -66,7 +66,7 @@ sources=(
   server/api/tensor_codec.cc server/grpc/infer_response.cc server/grpc/http2_stream_ledger.cc
   server/http/http_codec.cc server/http/http_head.cc server/http/http_routes.cc
   base/json_text.cc base/half_float.cc base/log_text.cc
-  runtime/guard_program.cc runtime/frame_dispatcher.cc
+  runtime/guard_program.cc runtime/size_program.cc runtime/frame_dispatcher.cc
   runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc
   tests/fuzz/fuzz_checks.cc
   "$build/gen/proto/artifact.pb.cc" "$build/gen/proto/inference.pb.cc"
