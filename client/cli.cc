@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "absl/status/status.h"
@@ -11,13 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "base/json_text.h"
+#include "base/proto_json.h"
 #include "client/admin_client.h"
 #include "client/infer_request.h"
 #include "client/inference_client.h"
 #include "client/misses.h"
-#include "base/json_text.h"
 #include "client/npy.h"
-#include "base/proto_json.h"
 #include "client/table.h"
 #include "client/tensor.h"
 #include "client/tensor_json.h"
@@ -71,6 +72,7 @@ constexpr char kInferInputs[] =
     "  --input x=x.npy                              a .npy file (C order, little-endian)\n"
     "  --input 'x={\"shape\":[2,4],\"datatype\":\"FP32\",\"data\":[...]}'   inline values\n"
     "  --input 'x={\"shape\":[8,4],\"fill\":\"random\"}'   zeros, ones, random or a number\n"
+    "      (without \"datatype\": the model's metadata says it, else FP32)\n"
     "  --param n=3   --param scale=0.5   --param check=true   --param name='\"007\"'\n";
 
 // The tool's command line, writing into `o`, which must outlive the app.
@@ -195,9 +197,21 @@ class Cli {
     return kExitOk;
   }
 
+  // The datatype of each input the model's metadata lists, for an inline
+  // spec that names none (a token model's INT64 ids); empty when the server
+  // does not say, and such a spec is FP32.
+  std::map<std::string, std::string> InputDatatypes(const std::string& model) {
+    std::map<std::string, std::string> datatypes;
+    auto metadata = inference_->ModelMetadata(model, options_.model_version);
+    if (!metadata.ok()) return datatypes;
+    for (const auto& input : metadata->inputs()) datatypes[input.name()] = input.datatype();
+    return datatypes;
+  }
+
   int Infer(const std::string& model) {
     std::vector<Tensor> inputs;
     std::mt19937_64 rng(0);
+    std::optional<std::map<std::string, std::string>> datatypes;
     for (const std::string& spec : options_.inputs) {
       const size_t equals = spec.find('=');
       if (equals == 0 || equals == std::string::npos) {
@@ -210,6 +224,12 @@ class Cli {
         absl::StatusOr<Json> json = ParseJson(value);
         if (!json.ok()) {
           return Usage(absl::StrCat("--input ", name, ": ", json.status().message()));
+        }
+        if (json->is_object() && !json->contains("datatype") && !json->contains("npy")) {
+          if (!datatypes) datatypes = InputDatatypes(model);
+          if (auto it = datatypes->find(name); it != datatypes->end()) {
+            (*json)["datatype"] = it->second;
+          }
         }
         tensor = TensorFromJson(name, *json, rng);
       } else {

@@ -148,6 +148,41 @@ TEST_F(CliTest, InferTakesInlineTensorsAndScalarParameters) {
   EXPECT_THAT(r.err, HasSubstr("'n'"));
 }
 
+TEST(Cli, AnInlineInputWithoutADatatypeTakesTheModelsOwn) {
+  // dtypes takes one input of each datatype: FP16 to BOOL.
+  std::unique_ptr<server::Server> server =
+      testing::StartExampleServer([](server::ServerOptions& o) {
+        o.model_repository = precompile::testing::ExampleRepository({"dtypes"});
+      });
+  ASSERT_NE(server, nullptr);
+  std::vector<std::string> args = {"infer", "dtypes", "--json",
+                                   "--address=" + testing::AddressOf(*server)};
+  for (const char* name : {"f16", "bf16", "f32", "f64", "u8", "i8", "i16", "i32", "i64", "b"}) {
+    args.insert(args.end(), {"--input", absl::StrCat(name, R"(={"shape": [2, 3], "fill": 1})")});
+  }
+  std::ostringstream out, err;
+  ASSERT_EQ(RunCli(args, out, err), kExitOk) << err.str();
+  absl::StatusOr<Json> json = ParseJson(out.str());
+  ASSERT_TRUE(json.ok()) << out.str();
+  std::vector<std::string> datatypes;
+  std::vector<double> firsts;
+  for (const Json& output : json->at("outputs")) {
+    datatypes.push_back(output.at("datatype").get<std::string>());
+    firsts.push_back(output.at("data")[0].is_boolean() ? output.at("data")[0].get<bool>()
+                                                       : output.at("data")[0].get<double>());
+  }
+  EXPECT_THAT(datatypes, ElementsAre("FP16", "BF16", "FP32", "FP64", "UINT8", "INT8", "INT16",
+                                     "INT32", "INT64", "BOOL"));
+  // 1 * 2 + 1 for the floats, 1 + 3, 1 - 3, 1 * 3 for the integers, not 1.
+  EXPECT_THAT(firsts, ElementsAre(3, 3, 3, 3, 4, -2, 3, 3, 3, 0));
+
+  // A datatype given is the one sent: the server names the mismatch.
+  std::ostringstream out2, err2;
+  args[5] = R"(f16={"shape": [2, 3], "fill": 1, "datatype": "FP32"})";
+  EXPECT_EQ(RunCli(args, out2, err2), kExitFailed);
+  EXPECT_THAT(err2.str(), HasSubstr("f16.dtype: expected float16, got float32"));
+}
+
 TEST_F(CliTest, InferSavesOutputsAsNpy) {
   const std::string dir = precompile::testing::NewTempDirectory("outputs") + "/saved";
   Result r = Run({"infer", "mlp", "--input", "x=" + ReferenceNpy("mlp", "batch8"), "--output_dir",
