@@ -51,8 +51,10 @@ def _run_capture(ctx, out, args, inputs, roots, progress):
         "export TORCHINDUCTOR_CACHE_DIR={}/cache".format(_INDUCTOR_DIR),
         "export TMPDIR={}/tmp".format(_INDUCTOR_DIR),
         # Inductor proves each vector ISA the CPU reports by compiling a probe
-        # and loading it in a new Python that imports torch: 10 to 30 s of
-        # every capture. The g++ that tools/setup.sh installs builds them all.
+        # and loading it in a new Python; this takes the base ISAs as proven
+        # (the g++ that tools/setup.sh installs builds them all), and the
+        # capture loads the others' probes without importing torch
+        # (capture/precompile_capture/compiling.py).
         "export TORCHINDUCTOR_VEC_ISA_OK=1",
         "export AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL={}".format(ctx.attr.wrapper_opt_level),
         "mkdir -p \"$TORCHINDUCTOR_CACHE_DIR\" \"$TMPDIR\"",

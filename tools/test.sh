@@ -107,9 +107,9 @@ bazel build --noshow_progress "${for_pytest[@]}" || failed=1
 # worker per core up to four: much of a test's time is a server starting or
 # a capture compiling on one core (on 2 cores: 190 s instead of 320 s).
 # Captures run as the capture rule of bazel/capture.bzl runs them: Inductor
-# proves each vector ISA the CPU reports by compiling a probe, 9 s of every
-# process that captures (the g++ of tools/setup.sh builds them all), and each
-# variant's C++ wrapper compiles at -O0 (its kernels stay -O3).
+# takes the base vector ISAs as proven (the g++ of tools/setup.sh builds
+# their probes), and each variant's C++ wrapper compiles at -O0 (its kernels
+# stay -O3).
 echo "[test] pytest capture/tests client/python tests/http tests/hostile tests/recapture tests/python_eager tests/monitoring tools/tests"
 timed pytest env TORCHINDUCTOR_VEC_ISA_OK=1 AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL=O0 .venv/bin/python3 -m pytest capture/tests client/python tests/http tests/hostile tests/recapture \
   tests/python_eager tests/monitoring tools/tests -q -p no:cacheprovider --durations=10 \

@@ -45,6 +45,29 @@ _DETAIL_CHARS = 1500
 # the thread that runs it, which the server sets (--torch_threads).
 AOTI_CONFIGS = {"cpp.dynamic_threads": True}
 
+# Inductor checks each vector ISA the CPU reports (AVX-512's bf16 and VNNI,
+# AMX) by compiling a probe and loading it in a new Python that first imports
+# torch: about 1.5 s a probe, six on a machine with AVX-512, some 10 s of
+# every process that captures. The probes link nothing of torch: each is
+# loaded without it first, and with it only where that fails, so the answer
+# is the one Inductor's own check gives.
+_ISA_PROBE_LOAD = """
+from ctypes import cdll
+try:
+    cdll.LoadLibrary("__lib_path__")
+except OSError:
+    import torch
+    cdll.LoadLibrary("__lib_path__")
+"""
+
+
+def _load_isa_probes_without_torch() -> None:
+    from torch._inductor import cpu_vec_isa
+
+    loader = getattr(cpu_vec_isa.VecISA, "_avx_py_load", None)
+    if isinstance(loader, str) and "__lib_path__" in loader:
+        cpu_vec_isa.VecISA._avx_py_load = _ISA_PROBE_LOAD
+
 
 class Fallback(Exception):
     """Dynamo gives up on the frame for `cause`."""
@@ -421,6 +444,7 @@ class VariantCompiler:
         variant_id = f"{frame.name}#{index}"
         package = os.path.join(self._workdir, f"{len(self.compile_log)}-{index}.pt2")
         start = time.monotonic()
+        _load_isa_probes_without_torch()
         try:
             with self._outside_capture(), quiet():
                 torch._inductor.aoti_compile_and_package(
