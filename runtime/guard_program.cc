@@ -95,13 +95,18 @@ bool Compare(int64_t a, SizeRelation::Comparison comparison, int64_t b) {
 }
 
 // `program` with each symbol step renamed to the slot that holds its value;
-// an error if a symbol has no slot, or if the program does not leave exactly
-// one value (an operation without its two operands).
+// an error if a symbol has no slot, if the program does not leave exactly
+// one value (an operation without its two operands), or if it holds more
+// values at once than EvaluateSigned keeps without allocating.
 absl::StatusOr<SizeProgram> ToSlots(const SizeProgram& program,
                                     const absl::flat_hash_map<uint32_t, uint16_t>& slots) {
   SizeProgram renamed = program;
   int depth = 0;
   for (SizeProgram::Step& step : *renamed.mutable_steps()) {
+    if (depth >= kMaxSizeProgramDepth && step.step_case() != SizeProgram::Step::kOp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("it holds more than ", kMaxSizeProgramDepth, " values at once"));
+    }
     switch (step.step_case()) {
       case SizeProgram::Step::kConstant:
         ++depth;

@@ -459,6 +459,16 @@ TEST(GuardProgram, RejectsMalformedSizeRelations) {
               HasSubstr("does not compute one value"));
   EXPECT_THAT(relation("left { } comparison: LE right { steps { constant: 1 } }").message(),
               HasSubstr("does not compute one value"));
+  // 17 values before the first operation: more than Matches() holds without
+  // allocating. 16 load.
+  auto nested = [](int values) {
+    std::string steps;
+    for (int i = 0; i < values; ++i) absl::StrAppend(&steps, "steps { symbol: 0 } ");
+    for (int i = 1; i < values; ++i) absl::StrAppend(&steps, "steps { op: ADD } ");
+    return absl::StrCat("left { ", steps, "} comparison: GE right { steps { constant: 0 } }");
+  };
+  EXPECT_TRUE(relation(nested(16).c_str()).ok());
+  EXPECT_THAT(relation(nested(17).c_str()).message(), HasSubstr("more than 16 values at once"));
   const absl::Status no_comparison =
       relation("left { steps { symbol: 0 } } right { steps { constant: 1 } }");
   EXPECT_EQ(no_comparison.code(), absl::StatusCode::kInvalidArgument);

@@ -26,7 +26,7 @@ Wide FloorMod(Wide a, Wide b) { return a - FloorDiv(a, b) * b; }
 SizeValue Evaluate(const SizeProgram& program,
                    absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value) {
   const SizeValue unknown{SizeValue::Kind::kUnknown, 0};
-  absl::InlinedVector<Wide, 16> stack;
+  absl::InlinedVector<Wide, kMaxSizeProgramDepth> stack;
   for (const SizeProgram::Step& step : program.steps()) {
     switch (step.step_case()) {
       case SizeProgram::Step::kConstant:

@@ -31,9 +31,12 @@ struct SizeValue {
 SizeValue EvaluateSize(const artifact::v1::SizeProgram& program,
                        absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value);
 
+// Programs that hold at most this many values at once are evaluated without
+// allocating.
+inline constexpr int kMaxSizeProgramDepth = 16;
+
 // The same for one side of a relation between sizes (SizeRelation), whose
-// value may be negative (a difference of sizes). Allocates nothing for
-// programs of up to 16 values on the stack at once.
+// value may be negative (a difference of sizes).
 SizeValue EvaluateSigned(const artifact::v1::SizeProgram& program,
                          absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value);
 

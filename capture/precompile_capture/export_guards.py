@@ -45,6 +45,17 @@ _RELATIONS: Dict[type, Tuple[str, Callable[[int, int], bool]]] = {
     sympy.StrictGreaterThan: ("GT", operator.gt), sympy.GreaterThan: ("GE", operator.ge),
 }
 COMPARE: Dict[str, Callable[[int, int], bool]] = dict(_RELATIONS.values())
+# The most values a side may hold at once (runtime/size_program.h,
+# kMaxSizeProgramDepth): the server refuses to load a deeper one.
+_MAX_DEPTH = 16
+
+
+def _depth(steps: Sequence[Tuple[str, Any]]) -> int:
+    depth = deepest = 0
+    for kind, _ in steps:
+        depth += -1 if kind == "op" else 1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +147,9 @@ def export_size_relations(
         right = program(expr.rhs) if relation else None
         if relation is None or left is None or right is None:
             unreadable(code, f"as {expr}")
+            continue
+        if max(_depth(left), _depth(right)) > _MAX_DEPTH:
+            unreadable(code, f"nested deeper than the server evaluates: {expr}")
             continue
         relations.append(SizeRelation(tuple(left), relation[0], tuple(right), words(code)))
     return relations

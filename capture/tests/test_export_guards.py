@@ -125,3 +125,18 @@ def test_a_guard_the_capture_cannot_read_is_warned_of():
         pytest.skip(f"export wrote this guard as plain arithmetic: {ep._guards_code}")
     with pytest.warns(RuntimeWarning, match="which the capture cannot read"):
         extract_guards(ep, [torch.randn(3, 8)])
+
+
+def test_a_relation_deeper_than_the_server_evaluates_is_warned_of():
+    # The server refuses to load a side holding more than 16 values at once
+    # (runtime/size_program.h); the capture warns instead of writing one.
+    from precompile_capture.export_guards import export_size_relations
+
+    ep = torch.export.export(Branch(), (torch.randn(3, 8),), dynamic_shapes=({0: AUTO, 1: AUTO},), strict=True)
+
+    def nested(values):
+        return [("symbol", 0)] * values + [("op", "ADD")] * (values - 1)
+
+    assert len(export_size_relations(ep, lambda expr: nested(16), ["x"])) == 1
+    with pytest.warns(RuntimeWarning, match="nested deeper than the server evaluates"):
+        assert export_size_relations(ep, lambda expr: nested(17), ["x"]) == []
