@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import sympy
 import torch
 from torch.export.graph_signature import InputKind
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 _SIZE = re.compile(r"L\['flat_args'\]\[(\d+)\]\.size\(\)\[(\d+)\]")
 _ARITHMETIC: Dict[type, Callable[[Any, Any], Any]] = {
@@ -96,12 +97,14 @@ def export_size_relations(
     ep: torch.export.ExportedProgram,
     program: Callable[[sympy.Expr], Optional[List[Tuple[str, Any]]]],
     names: Optional[Sequence[str]] = None,
+    ranges: Optional[Dict[sympy.Symbol, ValueRanges]] = None,
 ) -> List[SizeRelation]:
     """Each guard of `ep`'s code that its symbols' ranges and equalities do
     not already imply, as a relation whose sides `program` writes as size
     programs; the inputs named `names` (by default their placeholders'
-    names). A guard this cannot read is warned of: served unchecked, a call
-    can break it."""
+    names). `ranges`: the ranges the other guards check of the input
+    symbols, under which a guard that always holds is none. A guard this
+    cannot read is warned of: served unchecked, a call can break it."""
     specs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     inputs = [placeholders.get(getattr(s.arg, "name", None)) for s in specs]
@@ -142,6 +145,10 @@ def export_size_relations(
         static = value.node.shape_env._maybe_evaluate_static(expr, axioms=())
         if static is not None and bool(static):
             continue
+        if ranges is not None:
+            bound = bound_sympy(expr, ranges)
+            if bound.is_singleton() and bool(bound.lower):
+                continue
         relation = _RELATIONS.get(type(expr))
         left = program(expr.lhs) if relation else None
         right = program(expr.rhs) if relation else None

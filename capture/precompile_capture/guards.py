@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import sympy
 import torch
 from torch.export.graph_signature import InputKind, TensorArgument
-from torch.utils._sympy.numbers import IntInfinity
+from torch.utils._sympy.numbers import IntInfinity, int_oo
+from torch.utils._sympy.value_ranges import ValueRanges as SizeRange
 
 from .export_guards import COMPARE, SizeRelation, export_size_relations
 from .index_fences import ArgumentPlace, fence_index
@@ -282,6 +283,8 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
     inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
     index_ranges, symbol_limits, index_checks = _index_limits(ep, inputs, related, values, names)
     symbols = []
+    # Each input symbol's range as the guards check it.
+    checked: Dict[sympy.Symbol, SizeRange] = {}
     for root, sid in symbol_ids.items():
         # The intersection of the ranges of the class's input symbols.
         lower: Optional[int] = None
@@ -304,8 +307,10 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
                 f"size symbols {', '.join(exported)} must be equal but their ranges do not meet"
             )
         symbols.append(SymbolRange(symbol=sid, min=lower, max=upper, name="=".join(exported)))
+        for sym in members[root]:
+            checked[sym] = SizeRange(lower, upper if upper is not None else int_oo)
     ids = _symbol_ids(symbols)
-    relations = export_size_relations(ep, lambda expr: size_program(expr, ids), names)
+    relations = export_size_relations(ep, lambda expr: size_program(expr, ids), names, checked)
     guards = GuardSet(
         args=tuple(args),
         symbols=tuple(symbols),
