@@ -56,20 +56,22 @@ constexpr int64_t kMaxSymbolOffset = int64_t{1} << 31;
 using artifact::v1::SizeProgram;
 using artifact::v1::SizeRelation;
 
-absl::string_view ComparisonText(SizeRelation::Comparison comparison) {
+// The comparison that holds where `comparison` does not: a failed guard's
+// sizes said as a fact ("got 81 > 64").
+absl::string_view FailedComparisonText(SizeRelation::Comparison comparison) {
   switch (comparison) {
     case SizeRelation::EQ:
-      return "==";
-    case SizeRelation::NE:
       return "!=";
+    case SizeRelation::NE:
+      return "==";
     case SizeRelation::LT:
-      return "<";
-    case SizeRelation::LE:
-      return "<=";
-    case SizeRelation::GT:
-      return ">";
-    case SizeRelation::GE:
       return ">=";
+    case SizeRelation::LE:
+      return ">";
+    case SizeRelation::GT:
+      return "<=";
+    case SizeRelation::GE:
+      return "<";
     default:
       return "?";
   }
@@ -431,7 +433,7 @@ std::string GuardProgram::Describe(const Check& c,
                             overflow ? "arithmetic leaves 64 bits" : "arithmetic divides by zero");
       }
       return absl::StrCat("shape guard: expected ", r.text, ", got ", sides.first.value, " ",
-                          ComparisonText(r.comparison), " ", sides.second.value);
+                          FailedComparisonText(r.comparison), " ", sides.second.value);
     }
     default: break;
   }

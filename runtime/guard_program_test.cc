@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -375,10 +376,10 @@ TEST(GuardProgram, SizesMustKeepTheRelationsTheCaptureRecorded) {
   EXPECT_EQ(Explain(p, call), "matches");
   call.y_shape = {23};
   EXPECT_EQ(Explain(p, call),
-            "shape guard: expected x.size(0)*x.size(1) == y.size(0), got 24 == 23");
+            "shape guard: expected x.size(0)*x.size(1) == y.size(0), got 24 != 23");
   call.x_shape = {4, 6};
   call.y_shape = {24};
-  EXPECT_EQ(Explain(p, call), "shape guard: expected x.size(1) % 4 == 0, got 2 == 0");
+  EXPECT_EQ(Explain(p, call), "shape guard: expected x.size(1) % 4 == 0, got 2 != 0");
   // An earlier guard fails first: the relations come after every dimension.
   call.x_dtype = DType::kFloat64;
   EXPECT_EQ(Explain(p, call), "x.dtype: expected float32, got float64");
@@ -395,9 +396,12 @@ TEST(GuardProgram, SizesMustKeepTheRelationsTheCaptureRecorded) {
 }
 
 TEST(GuardProgram, EachComparisonOfARelationHoldsOnlyOnItsSide) {
-  const std::pair<const char*, std::vector<int64_t>> holding[] = {
-      {"EQ", {5}}, {"NE", {4, 6}}, {"LT", {4}}, {"LE", {4, 5}}, {"GT", {6}}, {"GE", {5, 6}}};
-  for (const auto& [comparison, sizes] : holding) {
+  // Each comparison, the sizes it holds for, and the comparison a failure is
+  // said with.
+  const std::tuple<const char*, std::vector<int64_t>, const char*> holding[] = {
+      {"EQ", {5}, "!="},   {"NE", {4, 6}, "=="}, {"LT", {4}, ">="},
+      {"LE", {4, 5}, ">"}, {"GT", {6}, "<="},    {"GE", {5, 6}, "<"}};
+  for (const auto& [comparison, sizes, failed] : holding) {
     GuardProgram p = Compile(absl::StrCat(R"pb(
                                             id: "v"
                                             symbols { symbol: 0 min: 0 name: "s0" }
@@ -420,6 +424,10 @@ TEST(GuardProgram, EachComparisonOfARelationHoldsOnlyOnItsSide) {
       call.y_shape = {size};
       const bool expected = std::find(sizes.begin(), sizes.end(), size) != sizes.end();
       EXPECT_EQ(p.Matches(call.Views(), GlobalState{}), expected) << comparison << " " << size;
+      EXPECT_EQ(Explain(p, call), expected
+                                      ? "matches"
+                                      : absl::StrCat("shape guard: expected y.size(0) ? 5, got ",
+                                                     size, " ", failed, " 5"));
     }
   }
 }

@@ -489,7 +489,7 @@ def test_labels_past_a_loss_s_classes_fail_only_that_call(server):
             assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION, failed.value
             assert "no captured variant matches this call" in failed.value.details()
             assert ("shape guard: expected (hidden.size(1)*hidden.size(0)) == "
-                    f"(labels.size(0)*labels.size(1)), got 80 == {4 * short}"
+                    f"(labels.size(0)*labels.size(1)), got 80 != {4 * short}"
                     in failed.value.details()), failed.value.details()
         assert call(labels)[1] == loss
     assert_still_serving(server)
