@@ -312,7 +312,8 @@ absl::StatusOr<GuardProgram> GuardProgram::Compile(
 
 namespace {
 
-// Both sides of `relation` for a call whose symbol slots hold `symbols`.
+// The values of a relation's two sides for a call whose symbol slots hold
+// `symbols`.
 std::pair<SizeValue, SizeValue> Sides(const SizeProgram& left, const SizeProgram& right,
                                       const int64_t* symbols) {
   auto slot = [symbols](int32_t s) -> std::optional<int64_t> { return symbols[s]; };

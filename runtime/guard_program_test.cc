@@ -395,6 +395,26 @@ TEST(GuardProgram, SizesMustKeepTheRelationsTheCaptureRecorded) {
             "leaves 64 bits");
 }
 
+// forward(x, y, n) with y's size the symbol s0 (and a symbol s3 that no
+// dimension binds), and one size relation: `fields`.
+const char kYSizedByS0[] = R"pb(
+  id: "v"
+  symbols { symbol: 0 min: 0 name: "s0" }
+  symbols { symbol: 3 min: 0 name: "s3" }
+  guards {
+    parameter: 1
+    tensor {
+      dtype: DTYPE_FLOAT32
+      device: "cpu"
+      dims { symbol: 0 }
+    }
+  }
+)pb";
+
+std::string WithRelation(const std::string& fields) {
+  return absl::StrCat(kYSizedByS0, "size_relations { ", fields, " }");
+}
+
 TEST(GuardProgram, EachComparisonOfARelationHoldsOnlyOnItsSide) {
   // Each comparison, the sizes it holds for, and the comparison a failure is
   // said with.
@@ -402,23 +422,11 @@ TEST(GuardProgram, EachComparisonOfARelationHoldsOnlyOnItsSide) {
       {"EQ", {5}, "!="},   {"NE", {4, 6}, "=="}, {"LT", {4}, ">="},
       {"LE", {4, 5}, ">"}, {"GT", {6}, "<="},    {"GE", {5, 6}, "<"}};
   for (const auto& [comparison, sizes, failed] : holding) {
-    GuardProgram p = Compile(absl::StrCat(R"pb(
-                                            id: "v"
-                                            symbols { symbol: 0 min: 0 name: "s0" }
-                                            guards {
-                                              parameter: 1
-                                              tensor {
-                                                dtype: DTYPE_FLOAT32
-                                                device: "cpu"
-                                                dims { symbol: 0 }
-                                              }
-                                            }
-                                            size_relations { left { steps { symbol: 0 } }
-                                                             comparison:)pb",
-                                          comparison, R"pb(
-                       right { steps { constant: 5 } } text: "y.size(0) ? 5" }
-                             )pb")
-                                 .c_str());
+    GuardProgram p =
+        Compile(WithRelation(absl::StrCat("left { steps { symbol: 0 } } comparison: ", comparison,
+                                          R"( right { steps { constant: 5 } } )",
+                                          R"(text: "y.size(0) ? 5")"))
+                    .c_str());
     for (int64_t size : {4, 5, 6}) {
       Call call;
       call.y_shape = {size};
@@ -433,22 +441,8 @@ TEST(GuardProgram, EachComparisonOfARelationHoldsOnlyOnItsSide) {
 }
 
 TEST(GuardProgram, RejectsMalformedSizeRelations) {
-  auto relation = [](const char* fields) {
-    return GuardProgram::Compile(ParseVariant(absl::StrCat(R"pb(
-                                                             id: "v"
-                                                             symbols { symbol: 0 min: 0 name: "s0" }
-                                                             symbols { symbol: 3 min: 0 name: "s3" }
-                                                             guards {
-                                                               parameter: 1
-                                                               tensor {
-                                                                 dtype: DTYPE_FLOAT32
-                                                                 device: "cpu"
-                                                                 dims { symbol: 0 }
-                                                               }
-                                                             }
-                                                             size_relations { text: "bad")pb",
-                                                           fields, "}")),
-                                 kNames)
+  auto relation = [](const std::string& fields) {
+    return GuardProgram::Compile(ParseVariant(WithRelation(R"(text: "bad" )" + fields)), kNames)
         .status();
   };
   EXPECT_TRUE(
@@ -475,8 +469,8 @@ TEST(GuardProgram, RejectsMalformedSizeRelations) {
     for (int i = 1; i < values; ++i) absl::StrAppend(&steps, "steps { op: ADD } ");
     return absl::StrCat("left { ", steps, "} comparison: GE right { steps { constant: 0 } }");
   };
-  EXPECT_TRUE(relation(nested(16).c_str()).ok());
-  EXPECT_THAT(relation(nested(17).c_str()).message(), HasSubstr("more than 16 values at once"));
+  EXPECT_TRUE(relation(nested(16)).ok());
+  EXPECT_THAT(relation(nested(17)).message(), HasSubstr("more than 16 values at once"));
   const absl::Status no_comparison =
       relation("left { steps { symbol: 0 } } right { steps { constant: 1 } }");
   EXPECT_EQ(no_comparison.code(), absl::StatusCode::kInvalidArgument);

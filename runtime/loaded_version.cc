@@ -362,8 +362,11 @@ std::optional<std::string> PastSizeLimit(const LoadedFrame& frame,
       const artifact::v1::SizeLimit* applies = nullptr;
       for (const artifact::v1::SizeLimit& limit : frame.proto->size_limits()) {
         if (limit.parameter() != names[p]) continue;
-        if (limit.has_dim() ? limit.dim() == d : applies == nullptr) applies = &limit;
-        if (limit.has_dim() && limit.dim() == d) break;
+        if (limit.has_dim() && limit.dim() == d) {
+          applies = &limit;
+          break;
+        }
+        if (!limit.has_dim() && applies == nullptr) applies = &limit;
       }
       if (applies != nullptr && arg.sizes[d] > applies->max()) {
         return absl::StrCat(names[p], ".size(", d, ") is ", arg.sizes[d], ", more than the ",

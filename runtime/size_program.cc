@@ -23,8 +23,10 @@ Wide FloorDiv(Wide a, Wide b) {
 }
 Wide FloorMod(Wide a, Wide b) { return a - FloorDiv(a, b) * b; }
 
-SizeValue Evaluate(const SizeProgram& program,
-                   absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value) {
+}  // namespace
+
+SizeValue EvaluateSigned(const SizeProgram& program,
+                         absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value) {
   const SizeValue unknown{SizeValue::Kind::kUnknown, 0};
   absl::InlinedVector<Wide, kMaxSizeProgramDepth> stack;
   for (const SizeProgram::Step& step : program.steps()) {
@@ -70,18 +72,11 @@ SizeValue Evaluate(const SizeProgram& program,
   return {SizeValue::Kind::kKnown, static_cast<int64_t>(stack.back())};
 }
 
-}  // namespace
-
 SizeValue EvaluateSize(const SizeProgram& program,
                        absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value) {
-  const SizeValue size = Evaluate(program, symbol_value);
+  const SizeValue size = EvaluateSigned(program, symbol_value);
   if (size.kind == SizeValue::Kind::kKnown && size.value < 0) return {};
   return size;
-}
-
-SizeValue EvaluateSigned(const SizeProgram& program,
-                         absl::FunctionRef<std::optional<int64_t>(int32_t symbol)> symbol_value) {
-  return Evaluate(program, symbol_value);
 }
 
 }  // namespace precompile

@@ -754,6 +754,12 @@ def _symbol_ids(symbols: Sequence[SymbolRange]) -> Dict[str, int]:
 # Where a size program's arithmetic leaves 64 bits, the runtime's evaluation
 # (runtime/size_program.cc) fails it.
 _INT64_MAX = 2**63 - 1
+# SizeProgram.Op's names -> what they compute, as Python's floor division and
+# modulo do (the runtime's).
+_SIZE_OPS: Dict[str, Callable[[int, int], int]] = {
+    "ADD": operator.add, "MUL": operator.mul, "FLOOR_DIV": operator.floordiv,
+    "MOD": operator.mod, "MAX": max, "MIN": min,
+}
 
 
 def evaluate_size_program(steps: Sequence[SizeStep], symbols: Dict[int, int]) -> Optional[int]:
@@ -775,8 +781,7 @@ def evaluate_size_program(steps: Sequence[SizeStep], symbols: Dict[int, int]) ->
         b, a = stack.pop(), stack.pop()
         if value in ("FLOOR_DIV", "MOD") and b == 0:
             return None
-        result = {"ADD": operator.add, "MUL": operator.mul, "FLOOR_DIV": operator.floordiv,
-                  "MOD": operator.mod, "MAX": max, "MIN": min}[value](a, b)
+        result = _SIZE_OPS[value](a, b)
         if abs(result) > _INT64_MAX:
             return None
         stack.append(result)
