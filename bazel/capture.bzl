@@ -32,45 +32,56 @@ AOTInductor compiles C++ for every variant; its cache and precompiled headers
 live in a stable directory under /tmp (TORCHINDUCTOR_CACHE_DIR, TMPDIR) so that
 actions and rebuilds reuse them. That directory is outside Bazel's view by
 design: it only makes compiles faster, never changes what they produce.
+
+Captures run in persistent workers (bazel/capture_worker.py, .bazelrc) that
+import torch, Inductor and transformers once; each capture is a process forked
+from one, which reads the capture tool and the model from the workspace, so
+it captures what a new Python would.
 """
 
 _INDUCTOR_DIR = "/tmp/precompile-serve-inductor"
 
 def _run_capture(ctx, out, args, inputs, roots, progress):
-    """Runs `args` (the interpreter first) as a capture runs, writing the
-    directory `out`: the import roots (absolute; `roots` first, then the
-    generated protos and the capture package) and the compiler caches."""
+    """Runs a capture (`args`: the capture CLI's arguments, or `--script`,
+    the script and its arguments) writing the directory `out`, with the
+    import roots (relative to the execution root; `roots` first, then the
+    generated protos and the capture package) and the compiler caches.
+    Captures run in a persistent worker (bazel/capture_worker.py: each in a
+    process forked after torch is imported)."""
     capture_lib = ctx.attr._capture
     roots = roots + [
-        "$PWD/" + ctx.bin_dir.path,
-        "$PWD/" + (capture_lib.label.workspace_root + "/" if capture_lib.label.workspace_root else "") + capture_lib.label.package,
+        ctx.bin_dir.path,
+        (capture_lib.label.workspace_root + "/" if capture_lib.label.workspace_root else "") + capture_lib.label.package,
     ]
-    command = " && ".join([
-        "export PYTHONPATH=\"{}\"".format(":".join(roots)),
-        "export PYTHONDONTWRITEBYTECODE=1",
-        "export TORCHINDUCTOR_CACHE_DIR={}/cache".format(_INDUCTOR_DIR),
-        "export TMPDIR={}/tmp".format(_INDUCTOR_DIR),
+    startup = ctx.actions.args()
+    startup.add(ctx.file._worker)
+    startup.add_all(roots, before_each = "--root")
+    startup.add_all([
+        "PYTHONDONTWRITEBYTECODE=1",
+        "TORCHINDUCTOR_CACHE_DIR={}/cache".format(_INDUCTOR_DIR),
+        "TMPDIR={}/tmp".format(_INDUCTOR_DIR),
         # Inductor proves each vector ISA the CPU reports by compiling a probe
         # and loading it in a new Python; this takes the base ISAs as proven
         # (the g++ that tools/setup.sh installs builds them all), and the
         # capture loads the others' probes without importing torch
         # (capture/precompile_capture/compiling.py).
-        "export TORCHINDUCTOR_VEC_ISA_OK=1",
-        "export AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL={}".format(ctx.attr.wrapper_opt_level),
-        "mkdir -p \"$TORCHINDUCTOR_CACHE_DIR\" \"$TMPDIR\"",
-        "exec \"$@\"",
-    ])
-    ctx.actions.run_shell(
-        command = command,
-        arguments = [args],
+        "TORCHINDUCTOR_VEC_ISA_OK=1",
+        "AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL={}".format(ctx.attr.wrapper_opt_level),
+    ], before_each = "--env")
+    args.use_param_file("@%s", use_always = True)
+    args.set_param_file_format("multiline")
+    ctx.actions.run(
+        executable = ctx.executable._python,
+        arguments = [startup, args],
         inputs = depset(transitive = [inputs, capture_lib[DefaultInfo].files, capture_lib[DefaultInfo].default_runfiles.files]),
-        tools = [ctx.attr._python[DefaultInfo].files_to_run],
+        tools = [ctx.file._worker],
         outputs = [out],
         use_default_shell_env = True,
         execution_requirements = {
             # The compiler cache under /tmp is shared on purpose: run it here
             # (its result may still come from Bazel's disk cache).
             "no-remote-exec": "1",
+            "supports-workers": "1",
         },
         mnemonic = "PrecompileCapture",
         progress_message = progress + " (AOTInductor compiles take a while)",
@@ -86,8 +97,6 @@ def _capture_impl(ctx):
     inputs = depset(direct = [ctx.file.calls] + ctx.files.srcs, transitive = transitive)
 
     args = ctx.actions.args()
-    args.add(ctx.executable._python)
-    args.add_all(["-m", "precompile_capture"])
     args.add("--model", ctx.attr.model)
     args.add("--calls", ctx.file.calls)
     args.add("--name", ctx.attr.model_name)
@@ -104,7 +113,7 @@ def _capture_impl(ctx):
     for limit in ctx.attr.max_sizes:
         args.add("--max-size", limit)
 
-    return _run_capture(ctx, out, args, inputs, roots = ["$PWD"],
+    return _run_capture(ctx, out, args, inputs, roots = ["."],
                         progress = "Capturing precompile artifact %s" % ctx.label)
 
 _capture = rule(
@@ -136,6 +145,7 @@ _capture = rule(
         "srcs": attr.label_list(allow_files = True, doc = "Other files the model's code reads"),
         "_capture": attr.label(default = Label("//capture:precompile_capture")),
         "_python": attr.label(default = Label("@torch//:python"), executable = True, cfg = "exec"),
+        "_worker": attr.label(default = Label("//bazel:capture_worker.py"), allow_single_file = True),
     },
 )
 
@@ -143,8 +153,7 @@ def _script_capture_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
     inputs = depset([ctx.file.script])
     args = ctx.actions.args()
-    args.add(ctx.executable._python)
-    args.add(ctx.file.script)
+    args.add("--script", ctx.file.script)
     args.add(out.path)
     # No workspace root on the path: the script is all the model's code, as a
     # user's script run as `python script.py` is.
@@ -159,6 +168,7 @@ _script_capture = rule(
         "wrapper_opt_level": attr.string(default = "O0", values = ["O0", "O1", "O2", "O3"]),
         "_capture": attr.label(default = Label("//capture:precompile_capture")),
         "_python": attr.label(default = Label("@torch//:python"), executable = True, cfg = "exec"),
+        "_worker": attr.label(default = Label("//bazel:capture_worker.py"), allow_single_file = True),
     },
 )
 
