@@ -68,6 +68,7 @@ def _run_capture(ctx, out, args, inputs, roots, progress):
         "TORCHINDUCTOR_VEC_ISA_OK=1",
         "AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL={}".format(ctx.attr.wrapper_opt_level),
     ], before_each = "--env")
+    startup.add_all(["{}/cache".format(_INDUCTOR_DIR), "{}/tmp".format(_INDUCTOR_DIR)], before_each = "--directory")
     args.use_param_file("@%s", use_always = True)
     args.set_param_file_format("multiline")
     ctx.actions.run(

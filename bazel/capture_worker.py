@@ -10,17 +10,18 @@ capture tool or model is read again) and exits when the capture ends. So no
 state of Dynamo, Inductor or the model outlives a capture, as when each ran in
 a new Python.
 
-    capture_worker.py [--root DIR]... [--env NAME=VALUE]... ARG...
+    capture_worker.py [--root DIR]... [--env NAME=VALUE]... [--directory DIR]... ARG...
         runs `python -m precompile_capture ARG...` (`--script FILE ARG...`:
         the script as `__main__`) once; ARG may be @FLAGFILE, one per line
-    capture_worker.py [--root DIR]... [--env NAME=VALUE]... --persistent_worker
+    capture_worker.py [--root DIR]... [--env NAME=VALUE]... [--directory DIR]... --persistent_worker
         serves Bazel's WorkRequests (protocol buffers, each after its length
         as a varint) on standard input, one at a time, each answered with a
         WorkResponse on standard output
 
 `--root` puts a directory (relative to the working directory) on the
 captures' import path, before the capture package; `--env` sets a variable
-before torch is imported (Inductor reads its settings then).
+before torch is imported (Inductor reads its settings then); `--directory`
+makes a directory the captures need (the compiler cache, TMPDIR).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def _parse_startup(argv: Sequence[str]) -> Tuple[List[str], List[str], bool]:
         elif arg == "--env":
             name, _, value = argv[i + 1].partition("=")
             os.environ[name] = value
+            i += 2
+        elif arg == "--directory":
+            os.makedirs(argv[i + 1], exist_ok=True)
             i += 2
         elif arg == "--persistent_worker":
             persistent = True

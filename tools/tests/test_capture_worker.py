@@ -141,8 +141,10 @@ def test_without_the_persistent_flag_it_runs_once_from_a_flagfile(tmp_path):
     script.write_text("import os, sys\nprint(os.environ['CAPTURE_WORKER_TEST'], sys.argv[1:])\nsys.exit(4)\n")
     flagfile = tmp_path / "args"
     flagfile.write_text(f"--script\n{script}\nfirst\nsecond\n")
+    made = tmp_path / "compiler" / "cache"
     result = subprocess.run(
         [sys.executable, str(ROOT / "bazel" / "capture_worker.py"), "--env", "CAPTURE_WORKER_TEST=once",
-         f"@{flagfile}"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+         "--directory", str(made), f"@{flagfile}"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 4
     assert "once ['first', 'second']" in result.stdout
+    assert made.is_dir()
