@@ -69,8 +69,10 @@ summarize bazel "" $(bazel query "tests(//...) except tests(set(${sanitized[*]})
 # Not python_eager_test here: LeakSanitizer's check at exit walks the embedded
 # interpreter's memory, which is never freed (CPython is not finalized), and
 # on a fresh environment took over five minutes. ThreadSanitizer runs it.
+# --build_tests_only: the command-line tools' mains, which no test runs, are
+# built plain only.
 echo "[test] AddressSanitizer: bazel test --config=asan ${sanitized[*]} -//tests:python_eager_test"
-timed asan bazel test --config=asan --nocache_test_results "${stacks_on_hang[@]}" --keep_going --build_event_json_file="$events/asan.json" -- \
+timed asan bazel test --config=asan --build_tests_only --nocache_test_results "${stacks_on_hang[@]}" --keep_going --build_event_json_file="$events/asan.json" -- \
   "${sanitized[@]}" -//tests:python_eager_test
 summarize asan --config=asan $(bazel query "tests(set(${sanitized[*]})) except //tests:python_eager_test" 2>/dev/null)
 # It runs under AddressSanitizer on its own, without the leak check;
