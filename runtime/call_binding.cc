@@ -189,11 +189,7 @@ absl::StatusOr<BoundArguments> BindArguments(const artifact::v1::Frame& frame,
     if (index < 0) {
       std::vector<absl::string_view> names;
       for (const Parameter& p : frame.parameters()) names.push_back(p.name());
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model '", model, "' has no argument '", arg.name,
-          "' (its arguments: ", absl::StrJoin(names, ", "),
-          "): a served model takes the arguments its example calls passed, each other one at its "
-          "default"));
+      return UnknownArgumentError(model, arg.name, absl::StrJoin(names, ", "));
     }
     if (bound[index]) {
       return absl::InvalidArgumentError(

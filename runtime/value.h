@@ -10,6 +10,8 @@
 #include <variant>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "runtime/dtype.h"
 
 namespace precompile {
@@ -60,6 +62,13 @@ enum class Outcome : uint8_t {
 };
 
 absl::string_view OutcomeName(Outcome outcome);
+
+// The refusal of an argument `name` that `model` does not take, naming those
+// it takes (`arguments`, already listed). A served model takes the arguments
+// its example calls passed: one its code declares but no call passed is not
+// among them.
+absl::Status UnknownArgumentError(absl::string_view model, absl::string_view name,
+                                  absl::string_view arguments);
 
 struct CallResult {
   std::vector<OutputTensor> outputs;

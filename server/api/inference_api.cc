@@ -34,11 +34,6 @@ constexpr char kServerName[] = "precompile-serve";
 constexpr char kServerVersion[] = "0.1.0";
 constexpr char kPlatform[] = "precompile_serve";
 
-// Why an argument the model's code takes is not one the served model takes.
-constexpr char kUncapturedArguments[] =
-    ": a served model takes the arguments its example calls passed, each other one at its "
-    "default";
-
 // What a log line quotes of what a client sent: a model name or a message
 // that quotes a shape can be as long as the request.
 constexpr size_t kMaxLoggedName = 128;
@@ -807,10 +802,9 @@ absl::Status InferenceApi::Decode(Call& call, RequestState& s) {
       for (const Parameter& q : entry.parameters()) {
         if (!IsTensorKind(q.kind())) arguments.push_back(q.name());
       }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model '", request.model_name(), "' has no argument '", key, "' (its arguments: ",
-          arguments.empty() ? "none but its inputs" : absl::StrJoin(arguments, ", "), ")",
-          kUncapturedArguments));
+      return UnknownArgumentError(
+          request.model_name(), key,
+          arguments.empty() ? "none but its inputs" : absl::StrJoin(arguments, ", "));
     }
     if (IsTensorKind(p->kind())) {
       return absl::InvalidArgumentError(absl::StrCat(
