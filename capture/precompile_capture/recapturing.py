@@ -66,6 +66,7 @@ from .artifact import MANIFEST, dtype_from_proto, guards_from_proto, scalar_valu
 from .capture import capture
 from .compiling import first_lines, limit_of
 from .errors import PrecompileError
+from .outputs import Leaf, OutputSchema, output_schema
 from .guards import DTYPE_NAMES
 from .names import resolve_frames
 from .summary import FallbackCause
@@ -706,10 +707,12 @@ def _replay_plan(
     """The calls to replay, in order, each with what to call it in an error
     and a function that makes its arguments.
 
-    A miss that the model itself raises on, called eagerly with the values
-    it will be replayed with, is not replayed but recorded in `skipped`: the
-    server records any client's call, and one that sent floats where the
-    model takes token ids would otherwise end the recapture.
+    A miss that the model itself raises on, or answers with other outputs
+    than the served model's, called eagerly with the values it will be
+    replayed with, is not replayed but recorded in `skipped`: the server
+    records any client's call, and one that sent floats where the model takes
+    token ids, or labels it was never captured with, would otherwise end the
+    recapture.
 
     A call that makes Dynamo give up on a frame ends that frame's compiles
     (Dynamo skips it from then on), so the calls version N compiled go first,
@@ -735,7 +738,7 @@ def _replay_plan(
     for j, sig in enumerate(entry_misses):
         words = signature_words(old.entry_frame, sig, old.device)
         make = _maker(sig, entry, len(old.captured_calls) + j, ranges)
-        rejection = _rejection(model, make)
+        rejection = _rejection(model, make, entry)
         if rejection is not None:
             skipped[_signature_key(sig)] = rejection
             continue
@@ -745,17 +748,34 @@ def _replay_plan(
     return replay
 
 
-def _rejection(model: Any, make: Callable[[], Tuple[List[Any], Dict[str, Any]]]) -> Optional[str]:
-    """Why a missed call is not replayed, if the model raises on it."""
+def _rejection(model: Any, make: Callable[[], Tuple[List[Any], Dict[str, Any]]], entry: pb.Frame) -> Optional[str]:
+    """Why a missed call is not replayed, if the model raises on it or
+    returns other outputs than the served model's (an optional argument the
+    example calls never passed, such as labels, that adds a loss): a frame
+    returns the same outputs on every call, so the recapture would end there."""
     try:
         args, kwargs = make()
     except PrecompileError:
         return None  # The replay names it.
-    error = _model_error(model, args, kwargs)
-    if error is None:
-        return None
-    return (f"the model raises {type(error).__name__} on it ({first_lines(str(error)).splitlines()[0]}), "
-            "called eagerly with values made from its signature; not replayed")
+    try:
+        with torch.no_grad():
+            result = model(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - named in the report
+        return (f"the model raises {type(error).__name__} on it ({first_lines(str(error)).splitlines()[0]}), "
+                "called eagerly with values made from its signature; not replayed")
+    try:
+        schema = output_schema(entry.name, result)
+    except PrecompileError as error:
+        return f"{first_lines(str(error)).splitlines()[0]}; not replayed"
+    served = entry.outputs
+    leaves = [(leaf.name, leaf.is_tensor, leaf.python_type) for leaf in schema.leaves]
+    if served.leaves and (leaves != [(leaf.name, leaf.is_tensor, leaf.python_type) for leaf in served.leaves]
+                          or schema.tree_spec != served.tree_spec):
+        words = OutputSchema(tuple(Leaf(leaf.name, leaf.is_tensor, leaf.python_type) for leaf in served.leaves),
+                             served.tree_spec).describe()
+        return (f"the model returns {schema.describe()} for it, where the served model returns {words}: "
+                "a served model returns the same outputs on every call; not replayed")
+    return None
 
 
 def _replay(
@@ -823,7 +843,8 @@ def recapture(
     Returns a RecaptureReport. Raises PrecompileError, leaving the repository
     as it was, for misses of another model, torch or device, signatures that
     do not fit the entry frame, a replayed call the model raises on (a miss
-    it raises on is not replayed, and misses it all raise on are an error), a new
+    it raises on or answers with other outputs is not replayed, and misses
+    that all are so are an error), a new
     version that would not cover a captured call the previous one covered,
     or an incomplete capture (unless allow_incomplete).
     """
@@ -860,9 +881,9 @@ def recapture(
     replayed_misses = len(replay) - len(old.captured_calls) - len(calls)
     if not replayed_misses and not calls:
         raise PrecompileError(
-            f"{where}: the model raises on every missed call of the entry frame '{old.entry_frame}', "
-            "called eagerly with values made from its signature, and no extra calls were given: "
-            "nothing to recapture (" + "; ".join(
+            f"{where}: no missed call of the entry frame '{old.entry_frame}' can be replayed (the model, "
+            "called eagerly with values made from each signature, raises on it or returns other outputs), "
+            "and no extra calls were given: nothing to recapture (" + "; ".join(
                 f"{signature_words(old.entry_frame, sig, old.device)}: "
                 f"{skipped[_signature_key(sig)]}" for sig in entry_misses) + ")")
 

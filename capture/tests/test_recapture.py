@@ -300,9 +300,46 @@ def test_misses_the_model_rejects_alone_leave_nothing_to_recapture(v1, tmp_path)
     with pytest.raises(PrecompileError) as e:
         precompile_capture.recapture(make_mlp(), model_dir, path)
     msg = str(e.value)
-    assert "the model raises on every missed call of the entry frame 'forward'" in msg
+    assert "no missed call of the entry frame 'forward' can be replayed" in msg
     assert ("forward(x: float32[3, 5]): the model raises RuntimeError on it (mat1 and mat2 shapes cannot be "
             "multiplied (3x5 and 4x8))") in msg
+    assert snapshot(model_dir) == before
+
+
+class Labelled(torch.nn.Module):
+    """Logits, and a loss as well when labels are given (as transformers'
+    heads do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x, labels=None):
+        logits = self.head(x)
+        if labels is None:
+            return {"logits": logits}
+        return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def test_a_miss_that_returns_other_outputs_is_not_replayed(tmp_path):
+    # The server records a client's call with labels, which the example calls
+    # never passed, as a miss; replayed, it would add a loss to the outputs.
+    torch.manual_seed(0)
+    cap = precompile_capture.capture(Labelled(), name="labelled")
+    cap(torch.randn(2, 4))
+    cap.save(tmp_path / "v1" / "1")
+    cap.close()
+    model_dir = repository_with(tmp_path / "v1" / "1", tmp_path)
+    before = snapshot(model_dir)
+    labels = tensor_arg("labels", [2], dtype="DTYPE_INT64")
+    path = write_json(tmp_path / "misses.json", misses_doc([miss([tensor_arg("x", [2, 4]), labels])],
+                                                           model_name="labelled"))
+    with pytest.raises(PrecompileError) as e:
+        precompile_capture.recapture(Labelled(), model_dir, path, int_ranges={"labels": (0, 3)})
+    msg = str(e.value)
+    assert ("forward(x: float32[2, 4], labels: int64[2]): the model returns [loss, logits] for it, where the "
+            "served model returns [logits]: a served model returns the same outputs on every call; "
+            "not replayed") in msg
     assert snapshot(model_dir) == before
 
 
