@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import operator
 import re
 import warnings
@@ -35,6 +36,10 @@ _ARITHMETIC: Dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
 }
+# max() and min() of sizes (a pooling's output size with ceil_mode, the
+# product of clamped sizes): torch's symbolic forms, which size programs
+# write as MAX and MIN.
+_EXTREMA: Dict[str, Callable[[Any, Any], Any]] = {"max": torch.sym_max, "min": torch.sym_min}
 _COMPARISON: Dict[type, Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
     ast.Gt: operator.gt, ast.GtE: operator.ge,
@@ -88,6 +93,10 @@ def _evaluate(tree: ast.AST, size: Callable[[int, int], Any]) -> Any:
         return -_evaluate(tree.operand, size)
     if isinstance(tree, ast.BinOp) and type(tree.op) in _ARITHMETIC:
         return _ARITHMETIC[type(tree.op)](_evaluate(tree.left, size), _evaluate(tree.right, size))
+    if (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id in _EXTREMA
+            and len(tree.args) >= 2 and not tree.keywords):
+        values = [_evaluate(arg, size) for arg in tree.args]
+        return functools.reduce(_EXTREMA[tree.func.id], values)
     if isinstance(tree, ast.Compare) and len(tree.ops) == 1 and type(tree.ops[0]) in _COMPARISON:
         return _COMPARISON[type(tree.ops[0])](_evaluate(tree.left, size), _evaluate(tree.comparators[0], size))
     raise _Unreadable(ast.unparse(tree))
