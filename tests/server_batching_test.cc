@@ -113,6 +113,10 @@ class BatchingTest : public ::testing::Test {
     AddModel(root, "mlp_static", "mlp_static",
              "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 300000 }");
     AddModel(root, "mlp_static_alone", "mlp_static", "");
+    // A batch waits 0.3 s for others: long enough for the tests' concurrent
+    // requests to meet, short enough for a lone one.
+    AddModel(root, "mlp_short_delay", "mlp",
+             "max_batch_size: 16 dynamic_batching { max_queue_delay_microseconds: 300000 }");
     // x[: x.size(0) // 2] has half the rows: it cannot batch.
     AddModel(root, "passthrough", "passthrough", "max_batch_size: 2048");
     server::ServerOptions options;
@@ -212,14 +216,10 @@ TEST_F(BatchingTest, MergesConcurrentRequestsIntoOneRunAndAnswersEachWithItsRows
 TEST_F(BatchingTest, AMergedBatchNoVariantTakesIsPaddedUpToAStaticVariantsBatch) {
   const inference::ModelStatistics before = Statistics("mlp_static");
   // Two requests of 1 row, each served alone by the batch-1 variant: merged,
-  // their 2 rows are padded to the batch-4 variant. A request of 2 rows,
-  // which no variant serves alone, is refused, not padded into a hit.
-  const std::vector<inference::ModelInferRequest> requests = {
-      Request("mlp_static", 1, 4, 50), Request("mlp_static", 1, 4, 51),
-      Request("mlp_static", 2, 4, 52)};
+  // their 2 rows are padded to the batch-4 variant.
+  const std::vector<inference::ModelInferRequest> requests = {Request("mlp_static", 1, 4, 50),
+                                                              Request("mlp_static", 1, 4, 51)};
   const auto answers = InferAll(requests);
-  EXPECT_EQ(answers[2].first.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
-      << answers[2].first.error_message();
   for (size_t i = 0; i < 2; ++i) {
     const auto& [status, response] = answers[i];
     ASSERT_TRUE(status.ok()) << status.error_message();
@@ -239,6 +239,63 @@ TEST_F(BatchingTest, AMergedBatchNoVariantTakesIsPaddedUpToAStaticVariantsBatch)
   EXPECT_EQ(after.execution_count() - before.execution_count(), 1u) << "one run";
   EXPECT_EQ(after.inference_count() - before.inference_count(), 2u)
       << "the requests' rows, not the padding";
+}
+
+// `request` with its rows from `first` on, `rows` of them, for `model`.
+inference::ModelInferRequest Rows(inference::ModelInferRequest request, const std::string& model,
+                                  int64_t first, int64_t rows) {
+  const int64_t width = request.inputs(0).shape(1);
+  const std::string raw =
+      request.raw_input_contents(0).substr(static_cast<size_t>(first * width) * sizeof(float),
+                                           static_cast<size_t>(rows * width) * sizeof(float));
+  request.set_model_name(model);
+  request.mutable_inputs(0)->set_shape(0, rows);
+  request.clear_raw_input_contents();
+  request.add_raw_input_contents(raw);
+  return request;
+}
+
+TEST_F(BatchingTest, ARequestNoVariantServesAloneRunsWithItsRowsPaddedUpToAVariantsBatch) {
+  // A Triton client's request of one row: mlp's variants take batches of 8
+  // and from 2 up (Dynamo's dynamic sizes start at 2), so alone it is
+  // refused; with batching, it is padded with a copy of its row to 2.
+  const inference::ModelStatistics before = Statistics("mlp_short_delay");
+  const inference::ModelInferRequest one_row = Request("mlp_short_delay", 1, 4, 60);
+  inference::ModelInferResponse response;
+  grpc::Status status = Infer(one_row, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.parameters().at("precompile_batch_rows").int64_param(), 1);
+  EXPECT_EQ(response.parameters().at("precompile_batch_padding_rows").int64_param(), 1);
+  ASSERT_EQ(response.outputs(0).shape(0), 1) << "the padding's row is dropped";
+  inference::ModelInferResponse reference;
+  EXPECT_EQ(Infer(Rows(one_row, "mlp_alone", 0, 1), &reference).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  inference::ModelInferRequest twice = Rows(one_row, "mlp_alone", 0, 1);
+  twice.mutable_inputs(0)->set_shape(0, 2);
+  twice.mutable_raw_input_contents(0)->append(twice.raw_input_contents(0));
+  ASSERT_TRUE(Infer(twice, &reference).ok());
+  std::vector<float> first_row = Floats(reference);
+  first_row.resize(first_row.size() / 2);
+  ExpectClose(Floats(response), first_row);
+  const inference::ModelStatistics after = Statistics("mlp_short_delay");
+  EXPECT_EQ(after.execution_count() - before.execution_count(), 1u);
+  EXPECT_EQ(after.inference_count() - before.inference_count(), 1u) << "not the padding";
+
+  // mlp_static's variants take batches of 1, 4 and 8: two rows are padded
+  // to 4, and each row's answer is the one it gets alone.
+  const inference::ModelInferRequest two_rows = Request("mlp_static", 2, 4, 61);
+  ASSERT_TRUE(Infer(two_rows, &response).ok());
+  EXPECT_EQ(response.parameters().at("precompile_batch_padding_rows").int64_param(), 2);
+  ASSERT_EQ(response.outputs(0).shape(0), 2);
+  EXPECT_EQ(Infer(Rows(two_rows, "mlp_static_alone", 0, 2), &reference).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  std::vector<float> each_alone;
+  for (int64_t row = 0; row < 2; ++row) {
+    ASSERT_TRUE(Infer(Rows(two_rows, "mlp_static_alone", row, 1), &reference).ok());
+    const std::vector<float> values = Floats(reference);
+    each_alone.insert(each_alone.end(), values.begin(), values.end());
+  }
+  ExpectClose(Floats(response), each_alone);
 }
 
 TEST_F(BatchingTest, ABatchAtAPreferredSizeRunsWithoutWaitingWhenNoOtherRequestIsThere) {
@@ -307,7 +364,7 @@ TEST_F(BatchingTest, GrpcAndHttpRequestsShareABatch) {
   EXPECT_EQ(after.inference_count() - before.inference_count(), 8u);
 }
 
-TEST_F(BatchingTest, RequestsThatNoVariantServesAloneAreAnsweredAsAloneAndJoinNoBatch) {
+TEST_F(BatchingTest, RequestsThatNoVariantServesEvenPaddedAreAnsweredAsAloneAndJoinNoBatch) {
   // Two requests wait in a batch: 2 and 3 rows of the 8 that fill it.
   std::vector<std::pair<grpc::Status, inference::ModelInferResponse>> waited(2);
   std::vector<std::thread> waiting;
@@ -315,12 +372,9 @@ TEST_F(BatchingTest, RequestsThatNoVariantServesAloneAreAnsweredAsAloneAndJoinNo
     waiting.emplace_back(
         [&, i] { waited[i].first = Infer(Request("mlp", 2 + i, 4, i), &waited[i].second); });
   }
-  // These are answered as they are alone. Had the row joined the batch, the
-  // merged call would have served it.
+  // These are answered as they are alone, while the batch waits: no
+  // variant takes 5 columns, and no request 17 rows.
   inference::ModelInferResponse response;
-  grpc::Status one_row = Infer(Request("mlp", 1, 4, 7), &response);
-  EXPECT_EQ(one_row.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(one_row.error_message(), HasSubstr("no captured variant matches this call"));
   grpc::Status wider = Infer(Request("mlp", 2, 5, 7), &response);
   EXPECT_EQ(wider.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(wider.error_message(), HasSubstr("x.size(1)"));
@@ -345,6 +399,10 @@ TEST_F(BatchingTest, ARequestWhoseDeadlineComesBeforeItsBatchsDelayRunsAloneAtOn
   grpc::Status status = Infer(Request("mlp_deadline", 2, 4, 0), &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.parameters().at("precompile_batch_rows").int64_param(), 2);
+  // One row, which only padding serves, runs padded at once.
+  status = Infer(Request("mlp_deadline", 1, 4, 0), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.parameters().at("precompile_batch_padding_rows").int64_param(), 1);
 }
 
 TEST_F(BatchingTest, ReportsItsConfigAndShapesAsTritonDoesForBatchingModels) {

@@ -269,6 +269,25 @@ absl::StatusOr<SequenceParams> ReadSequenceParams(const inference::ModelInferReq
   return sequence;
 }
 
+// Whether `args` (`rows` rows) with their first row repeated up to a
+// batch size some variant takes, at most `max_rows`, match a variant: one
+// row, say, where Dynamo's dynamic batch starts at two.
+bool PaddedRowsMatch(LoadedVersion& model, absl::Span<const NamedValue> args, int64_t rows,
+                     int64_t max_rows) {
+  if (rows < 1) return false;
+  LoadedVersion::CallContext match_only;
+  match_only.match_only = true;
+  for (const int64_t size : PaddingBatchSizes(model.entry_frame())) {
+    if (size <= rows || size > max_rows) continue;
+    const MergedArguments padding = PaddingRows(args, size - rows);
+    const std::vector<absl::Span<const NamedValue>> parts = {args, padding.args};
+    const MergedArguments padded = MergeRows(parts);
+    absl::StatusOr<CallResult> match = model.Call(padded.args, match_only);
+    if (match.ok() && !match->no_variant) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool InferenceApi::ModelReady(const std::string& name, const std::string& version) const {
@@ -441,6 +460,9 @@ struct InferenceApi::RequestState {
   absl::Time model_start;
   // The inferences it counts for: its rows for a batching model, else 1.
   int64_t rows = 1;
+  // No variant takes its rows as they are, but one takes them padded: it
+  // runs as a merged call even alone.
+  bool only_padded = false;
   // It ran as part of a merged call, whose execution is recorded once, and
   // the rows of padding that call had.
   bool shared_execution = false;
@@ -500,16 +522,24 @@ absl::StatusOr<bool> InferenceApi::JoinsBatch(RequestState& s, BatchTicket& tick
   if (!rows.ok()) return rows.status();
   s.rows = *rows;
   if (!batching->dynamic || *rows >= batching->full_rows) return false;
-  // A request whose deadline comes before a batch's delay could pass runs
-  // alone now rather than fail waiting for others.
-  if (s.deadline - absl::Now() <= 2 * batching->max_queue_delay) return false;
-  // Only a request that a variant serves alone waits for others: merged,
-  // it is served by a variant or runs alone after all.
+  // A request whose deadline comes before a batch's delay could pass does
+  // not wait for others.
+  const bool urgent = s.deadline - absl::Now() <= 2 * batching->max_queue_delay;
+  // Only a request that a variant serves, alone or with its rows padded,
+  // waits for others: merged, it is served by a variant or runs alone after
+  // all. One that a variant serves alone and cannot wait runs alone now;
+  // one only padded rows serve runs padded now.
   LoadedVersion::CallContext match_only;
   match_only.match_only = true;
   s.stage = "matching the request to a variant";
   absl::StatusOr<CallResult> match = s.handle.model->Call(s.args, match_only);
-  if (!match.ok() || match->no_variant) return false;
+  if (!match.ok()) return false;
+  if (!match->no_variant && urgent) return false;
+  if (match->no_variant &&
+      !PaddedRowsMatch(*s.handle.model, s.args, *rows, batching->max_batch_size)) {
+    return false;
+  }
+  s.only_padded = match->no_variant;
   // The loaded copy too: a version reloaded meanwhile is another model.
   ticket.key = absl::StrCat(BatchKey(s.request.model_name(), s.handle.version, s.args), "@",
                             reinterpret_cast<uintptr_t>(s.handle.model.get()));
@@ -517,7 +547,7 @@ absl::StatusOr<bool> InferenceApi::JoinsBatch(RequestState& s, BatchTicket& tick
   ticket.max_rows = batching->max_batch_size;
   ticket.full_rows = batching->full_rows;
   ticket.preferred_rows = batching->preferred_batch_sizes;
-  ticket.max_delay = batching->max_queue_delay;
+  ticket.max_delay = urgent ? absl::ZeroDuration() : batching->max_queue_delay;
   ticket.deadline = s.deadline;
   s.model_start = absl::Now();
   s.Mark("BATCH_QUEUE_START", s.model_start);
@@ -552,7 +582,8 @@ std::vector<std::optional<absl::Status>> InferenceApi::InferBatch(
       live.push_back(i);
     }
   }
-  if (live.size() >= 2 && RunMerged(calls, states, live, answers)) return answers;
+  const bool merge = live.size() >= 2 || (live.size() == 1 && states[live.front()]->only_padded);
+  if (merge && RunMerged(calls, states, live, answers)) return answers;
   for (const size_t i : live) {
     RequestState& s = *states[i];
     bool deferred = false;
@@ -600,9 +631,9 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
       return merged.has_value();
     };
     if (served(parts) || with_rows == nullptr) return absl::OkStatus();
-    // No variant takes these rows: padded up to a batch size a static
-    // variant takes, the smallest first.
-    for (const int64_t size : StaticBatchSizes(first.handle.model->entry_frame())) {
+    // No variant takes these rows: padded up to a batch size a variant
+    // takes, the smallest first.
+    for (const int64_t size : PaddingBatchSizes(first.handle.model->entry_frame())) {
       if (size <= total_rows || size > first.handle.batching->max_batch_size) continue;
       const MergedArguments padding = PaddingRows(*with_rows, size - total_rows);
       parts.push_back(padding.args);

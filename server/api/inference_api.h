@@ -132,15 +132,17 @@ class InferenceApi {
   // statistics.
   //
   // A request to a model with dynamic batching (server/scheduling/dynamic_batching.h)
-  // whose rows a variant takes alone, that has fewer rows than a full batch
-  // and whose deadline is more than twice the batch delay away, stops
-  // before its call too, with call.batch_ticket() set. Then
-  // InferBatch(calls), given requests with tickets of the same key, runs
-  // them as one call when a variant takes their rows stacked (padded, if
-  // need be, up to the smallest batch a static variant takes, with copies
-  // of a real row whose outputs are dropped), and answers each with its
-  // rows of the outputs; otherwise each runs alone, as Infer
-  // would have run it. So batching never turns an answer into a miss. Its
+  // whose rows a variant takes, alone or padded with copies of its first row
+  // up to a batch a variant takes, that has fewer rows than a full batch
+  // and whose deadline is more than twice the batch delay away (one that
+  // only padding serves runs at once otherwise), stops before its call
+  // too, with call.batch_ticket() set. Then InferBatch(calls), given
+  // requests with tickets of the same key, runs them as one call when a
+  // variant takes their rows stacked (padded, if need be, up to the
+  // smallest batch a variant takes, with copies of a real row whose
+  // outputs are dropped), and answers each with its rows of the outputs;
+  // otherwise each runs alone, as Infer would have run it. So batching
+  // never turns an answer into a miss. Its
   // answers are in the order of `calls`: nullopt for a request that stopped
   // at an eager miss (then InferEager(call) as above).
   std::optional<absl::Status> Infer(Call& call, absl::Time received)
@@ -186,7 +188,7 @@ class InferenceApi {
   // batch's).
   absl::Status Answer(Call& call, RequestState& s, CallResult result, absl::Time called,
                       int64_t batch_rows);
-  // Runs the requests `live` of `calls` as one call (padded up to a static
+  // Runs the requests `live` of `calls` as one call (padded up to a
   // variant's batch if need be); false, having answered none, when no
   // variant takes them together or their outputs cannot be split by rows.
   bool RunMerged(absl::Span<Call* const> calls, std::vector<std::unique_ptr<RequestState>>& states,

@@ -243,7 +243,7 @@ MergedArguments MergeRows(absl::Span<const absl::Span<const NamedValue>> request
   return merged;
 }
 
-std::vector<int64_t> StaticBatchSizes(const Frame& entry) {
+std::vector<int64_t> PaddingBatchSizes(const Frame& entry) {
   std::vector<int64_t> sizes;
   for (const auto& variant : entry.variants()) {
     for (const auto& guard : variant.guards()) {
@@ -255,6 +255,12 @@ std::vector<int64_t> StaticBatchSizes(const Frame& entry) {
       const artifact::v1::DimGuard& rows = guard.tensor().dims(0);
       if (rows.size_case() == artifact::v1::DimGuard::kStaticSize) {
         sizes.push_back(rows.static_size());
+      } else if (rows.size_case() == artifact::v1::DimGuard::kSymbol) {
+        int64_t low = 0;
+        for (const auto& range : variant.symbols()) {
+          if (range.symbol() == rows.symbol()) low = range.min();
+        }
+        sizes.push_back(std::max<int64_t>(1, low + rows.symbol_offset()));
       }
       break;
     }

@@ -82,10 +82,13 @@ struct MergedArguments {
 };
 MergedArguments MergeRows(absl::Span<const absl::Span<const NamedValue>> requests);
 
-// The batch sizes at which some variant of `entry` takes its rows as a
-// static size, ascending: a merged call whose rows no variant takes may be
-// padded up to one. REQUIRES: CheckBatchable(entry) is OK.
-std::vector<int64_t> StaticBatchSizes(const artifact::v1::Frame& entry);
+// The batch sizes a call whose rows no variant of `entry` takes may be
+// padded up to, ascending: each static batch size a variant takes, and the
+// smallest batch of each variant whose batch is a symbol (the low end of
+// its range, plus the dimension's offset; Dynamo's dynamic sizes start at
+// 2, so a request of one row is padded to two). REQUIRES:
+// CheckBatchable(entry) is OK.
+std::vector<int64_t> PaddingBatchSizes(const artifact::v1::Frame& entry);
 
 // `rows` rows of padding for a merged call: every tensor of `request` with
 // its first row repeated `rows` times (a real row, so that values the model

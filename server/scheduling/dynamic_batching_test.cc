@@ -283,21 +283,29 @@ TEST(PaddingRows, RepeatsTheFirstRowOfEachTensor) {
   EXPECT_THAT(ys, ElementsAre(10, 10, 10));
 }
 
-TEST(StaticBatchSizes, ListsTheStaticBatchesOfTheVariantsOnce) {
-  artifact::v1::Frame frame = FrameFrom(absl::StrCat(kTwoInputs, R"pb(
-    variants {
-      guards { parameter: 0 tensor { dims { static_size: 8 } dims { static_size: 8 } } }
-    }
-    variants { guards { parameter: 0 tensor { dims { symbol: 0 } dims { static_size: 8 } } } }
-    variants {
-      guards { parameter: 1 tensor { is_none: true } }
-      guards { parameter: 0 tensor { dims { static_size: 1 } dims { static_size: 8 } } }
-    }
-    variants {
-      guards { parameter: 0 tensor { dims { static_size: 8 } dims { static_size: 4 } } }
-    }
-  )pb"));
-  EXPECT_THAT(StaticBatchSizes(frame), ElementsAre(1, 8));
+// Variants at batches 8 and 1, from 2 up, 8 again, and one more than a
+// symbol from 2 up; symbol 1's range is not the batch's.
+constexpr char kBatchVariants[] = R"pb(
+  variants { guards { parameter: 0 tensor { dims { static_size: 8 } dims { static_size: 8 } } } }
+  variants {
+    guards { parameter: 0 tensor { dims { symbol: 0 } dims { static_size: 8 } } }
+    symbols { symbol: 1 min: 5 }
+    symbols { symbol: 0 min: 2 }
+  }
+  variants {
+    guards { parameter: 1 tensor { is_none: true } }
+    guards { parameter: 0 tensor { dims { static_size: 1 } dims { static_size: 8 } } }
+  }
+  variants { guards { parameter: 0 tensor { dims { static_size: 8 } dims { static_size: 4 } } } }
+  variants {
+    guards { parameter: 0 tensor { dims { symbol: 3 symbol_offset: 1 } dims { static_size: 4 } } }
+    symbols { symbol: 3 min: 2 }
+  }
+)pb";
+
+TEST(PaddingBatchSizes, ListsTheStaticBatchesAndEachDynamicBatchsSmallestOnce) {
+  const artifact::v1::Frame frame = FrameFrom(absl::StrCat(kTwoInputs, kBatchVariants));
+  EXPECT_THAT(PaddingBatchSizes(frame), ElementsAre(1, 2, 3, 8));
 }
 
 OutputTensor Output(std::vector<int64_t> shape, const std::vector<float>& values) {
