@@ -34,9 +34,11 @@ both attentions and the new token.
 Greedy decoding (the most likely token each step): the tokens equal
 `model.generate(input_ids, attention_mask=..., do_sample=False)` run in
 process. Nothing here reads the model's configuration: pass its
-eos_token_id as --eos_token (generation stops there, as generate() does)
-and an encoder-decoder's decoder_start_token_id as --start_token (T5's is
-the default, 0; BART's is 2). It needs only tritonclient and numpy.
+eos_token_id as --eos_token (generation stops there, as generate() does),
+an encoder-decoder's decoder_start_token_id as --start_token (T5's is
+the default, 0; BART's is 2), and a forced_eos_token_id as
+--forced_eos_token (BART's and Marian's configs have one: generate() makes it
+the last of the tokens asked for). It needs only tritonclient and numpy.
 """
 
 import argparse
@@ -99,6 +101,16 @@ def _ended(rows: Sequence[Sequence[int]], eos: Optional[int]) -> bool:
     return eos is not None and all(eos in row for row in rows)
 
 
+def _chosen(logits: np.ndarray, last: bool, forced_eos: Optional[int]) -> np.ndarray:
+    """Each row's next token from its last position's logits: the most
+    likely, or `forced_eos` at the last step (generate()'s
+    forced_eos_token_id)."""
+    chosen = np.argmax(logits[:, -1], axis=-1).astype(np.int64)
+    if last and forced_eos is not None:
+        chosen[:] = forced_eos
+    return chosen
+
+
 def _cut(rows: Sequence[Sequence[int]], eos: Optional[int]) -> List[List[int]]:
     """Each row up to and including its first end-of-sequence token."""
     return [list(row[:row.index(eos) + 1]) if eos is not None and eos in row else list(row)
@@ -107,25 +119,26 @@ def _cut(rows: Sequence[Sequence[int]], eos: Optional[int]) -> List[List[int]]:
 
 def generate_batch(client: triton.InferenceServerClient, model: str,
                    prompts: Sequence[Sequence[int]], tokens: int, pad: int = 0,
-                   eos: Optional[int] = None) -> List[List[int]]:
+                   eos: Optional[int] = None, forced_eos: Optional[int] = None) -> List[List[int]]:
     """`tokens` tokens after each of `prompts`, greedily, one call per token
     for the whole batch: the prompts left-padded with `pad`, each row's
     positions counted from its own first token (a model with a
     position_ids input gets them, as generate() passes them). A row ends
-    at `eos`, and the calls end once every row has."""
+    at `eos`, and the calls end once every row has; the last step's token
+    is `forced_eos` where one is given."""
     names = cache_outputs(client, model)
     positions = _takes(client, model, "position_ids")
     requested = [triton.InferRequestedOutput(name) for name in ["logits"] + names]
     ids, mask = left_padded(prompts, pad)
     cache: Dict[str, np.ndarray] = {}
     out: List[List[int]] = [[] for _ in prompts]
-    for _ in range(tokens):
+    for step in range(tokens):
         if _ended(out, eos):
             break
         inputs = token_inputs(ids, mask, positions)
         inputs += [_input(name, value) for name, value in cache.items()]
         result = client.infer(model, inputs, outputs=requested)
-        chosen = np.argmax(result.as_numpy("logits")[:, -1], axis=-1).astype(np.int64)
+        chosen = _chosen(result.as_numpy("logits"), step == tokens - 1, forced_eos)
         for row, token in zip(out, chosen):
             row.append(int(token))
         cache = {name: result.as_numpy(name) for name in names}
@@ -135,13 +148,14 @@ def generate_batch(client: triton.InferenceServerClient, model: str,
 
 
 def generate(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
-             tokens: int, eos: Optional[int] = None) -> List[int]:
+             tokens: int, eos: Optional[int] = None, forced_eos: Optional[int] = None) -> List[int]:
     """`tokens` tokens after `prompt`, greedily, one call per token."""
-    return generate_batch(client, model, [prompt], tokens, eos=eos)[0]
+    return generate_batch(client, model, [prompt], tokens, eos=eos, forced_eos=forced_eos)[0]
 
 
 def generate_seq2seq(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
-                     tokens: int, start: int = 0, eos: Optional[int] = None) -> List[int]:
+                     tokens: int, start: int = 0, eos: Optional[int] = None,
+                     forced_eos: Optional[int] = None) -> List[int]:
     """`tokens` tokens of an encoder-decoder (the gallery's `t5_decoder`)
     for the input `prompt`, greedily, as generate() does for a decoder: the
     first call encodes the prompt and decodes the start token; each next call
@@ -154,12 +168,12 @@ def generate_seq2seq(client: triton.InferenceServerClient, model: str, prompt: S
     inputs = [_input("input_ids", np.asarray([prompt], dtype=np.int64)), mask]
     token = start
     out: List[int] = []
-    for _ in range(tokens):
+    for step in range(tokens):
         if _ended([out], eos):
             break
         inputs.append(_input("decoder_input_ids", np.asarray([[token]], dtype=np.int64)))
         result = client.infer(model, inputs, outputs=requested)
-        token = int(np.argmax(result.as_numpy("logits")[0, -1]))
+        token = int(_chosen(result.as_numpy("logits")[:1], step == tokens - 1, forced_eos)[0])
         out.append(token)
         inputs = [mask, _input("encoder_outputs.0", result.as_numpy(ENCODER_OUTPUT))]
         inputs += [_input(name, result.as_numpy(name)) for name in names]
@@ -168,7 +182,8 @@ def generate_seq2seq(client: triton.InferenceServerClient, model: str, prompt: S
 
 def generate_seq2seq_stateful(client: triton.InferenceServerClient, model: str,
                               prompt: Sequence[int], tokens: int, sequence_id: Union[int, str],
-                              start: int = 0, eos: Optional[int] = None) -> List[int]:
+                              start: int = 0, eos: Optional[int] = None,
+                              forced_eos: Optional[int] = None) -> List[int]:
     """As generate_seq2seq(), the encoder's output and the caches kept by
     the server for sequence `sequence_id` (the gallery's
     `t5_decoder_stateful`): the first request carries the prompt, each next
@@ -186,7 +201,7 @@ def generate_seq2seq_stateful(client: triton.InferenceServerClient, model: str,
         inputs.append(_input("decoder_input_ids", np.asarray([[token]], dtype=np.int64)))
         result = client.infer(model, inputs, sequence_id=sequence_id, sequence_start=step == 0,
                               sequence_end=step == tokens - 1)
-        token = int(np.argmax(result.as_numpy("logits")[0, -1]))
+        token = int(_chosen(result.as_numpy("logits")[:1], step == tokens - 1, forced_eos)[0])
         out.append(token)
         inputs = [mask]
     return out
@@ -217,7 +232,7 @@ def _end_sequence(client: triton.InferenceServerClient, model: str, sequence_id:
 def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
                             prompts: Sequence[Sequence[int]], tokens: int,
                             sequence_id: Union[int, str], pad: int = 0,
-                            eos: Optional[int] = None) -> List[List[int]]:
+                            eos: Optional[int] = None, forced_eos: Optional[int] = None) -> List[List[int]]:
     """As generate_batch(), the batch's cache kept by the server for sequence
     `sequence_id`: started by the first call, ended by the last. A sequence
     the server no longer holds is started again with everything so far, the
@@ -247,7 +262,7 @@ def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
                 raise
             result = client.infer(model, token_inputs(ids, mask, positions), sequence_id=sequence_id,
                                   sequence_start=True, sequence_end=last)
-        chosen = np.argmax(result.as_numpy("logits")[:, -1], axis=-1).astype(np.int64)
+        chosen = _chosen(result.as_numpy("logits"), last, forced_eos)
         held = ids.shape[1]
         ids = np.concatenate([ids, chosen[:, None]], axis=1)
         mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
@@ -255,9 +270,11 @@ def generate_stateful_batch(client: triton.InferenceServerClient, model: str,
 
 
 def generate_stateful(client: triton.InferenceServerClient, model: str, prompt: Sequence[int],
-                      tokens: int, sequence_id: Union[int, str], eos: Optional[int] = None) -> List[int]:
+                      tokens: int, sequence_id: Union[int, str], eos: Optional[int] = None,
+                      forced_eos: Optional[int] = None) -> List[int]:
     """As generate(), the cache kept by the server for sequence `sequence_id`."""
-    return generate_stateful_batch(client, model, [prompt], tokens, sequence_id, eos=eos)[0]
+    return generate_stateful_batch(client, model, [prompt], tokens, sequence_id, eos=eos,
+                                   forced_eos=forced_eos)[0]
 
 
 def main() -> None:
@@ -272,6 +289,9 @@ def main() -> None:
     parser.add_argument("--eos_token", type=int, default=None,
                         help="the model's eos_token_id: a prompt's tokens end with it, and the "
                              "calls once every prompt's have (model.generate() stops so)")
+    parser.add_argument("--forced_eos_token", type=int, default=None,
+                        help="the model's forced_eos_token_id (BART, Marian): the last of "
+                             "--tokens is this token, as model.generate() makes it")
     parser.add_argument("--start_token", type=int, default=0,
                         help="an encoder-decoder's decoder_start_token_id (T5: 0, BART: 2)")
     parser.add_argument("--sequence_id", type=int, default=0,
@@ -285,15 +305,17 @@ def main() -> None:
             parser.error("an encoder-decoder generates for one prompt at a time")
         if args.sequence_id:
             tokens = [generate_seq2seq_stateful(client, args.model, prompts[0], args.tokens,
-                                                args.sequence_id, args.start_token, args.eos_token)]
+                                                args.sequence_id, args.start_token, args.eos_token,
+                                                args.forced_eos_token)]
         else:
             tokens = [generate_seq2seq(client, args.model, prompts[0], args.tokens, args.start_token,
-                                       args.eos_token)]
+                                       args.eos_token, args.forced_eos_token)]
     elif args.sequence_id:
         tokens = generate_stateful_batch(client, args.model, prompts, args.tokens, args.sequence_id,
-                                         eos=args.eos_token)
+                                         eos=args.eos_token, forced_eos=args.forced_eos_token)
     else:
-        tokens = generate_batch(client, args.model, prompts, args.tokens, eos=args.eos_token)
+        tokens = generate_batch(client, args.model, prompts, args.tokens, eos=args.eos_token,
+                                forced_eos=args.forced_eos_token)
     for row in tokens:
         print(",".join(str(t) for t in row))
 

@@ -43,12 +43,12 @@ def client(server):
 FACTORIES = {"gpt2_decoder": models.make_gpt2_decoder, "llama_decoder": models.make_llama_decoder}
 
 
-def _in_process(prompt, tokens, model=MODEL):
+def _in_process(prompt, tokens, model=MODEL, **options):
     ids = torch.tensor([prompt])
     with torch.no_grad():
         out = FACTORIES[model]().generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
-            pad_token_id=0)
+            pad_token_id=0, **options)
     return out[0, len(prompt):].tolist()
 
 
@@ -176,11 +176,11 @@ def test_a_cache_that_does_not_fit_the_call_is_refused_naming_the_input(client):
 T5 = "t5_decoder"
 
 
-def _t5_in_process(prompt, tokens):
+def _t5_in_process(prompt, tokens, **options):
     ids = torch.tensor([prompt])
     with torch.no_grad():
         out = models.make_t5_decoder().generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False)
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False, **options)
     return out[0, 1:].tolist()  # After the decoder's start token.
 
 
@@ -192,6 +192,20 @@ def test_an_encoder_decoder_generates_as_model_generate_does(client):
         expected = _t5_in_process(prompt, 20)
         assert len(expected) == 20  # No end-of-sequence token cut it short.
         assert generate.generate_seq2seq(client, T5, prompt, 20) == expected
+
+
+def test_a_forced_end_token_is_the_last_as_model_generate_makes_it(client):
+    # BART's and Marian's configs force their end-of-sequence token as the
+    # last of the tokens asked for; 333 is no token greedy decoding picks here.
+    prompt = [7, 8, 9]
+    expected = _t5_in_process(prompt, 6, forced_eos_token_id=333)
+    assert expected[-1] == 333 and expected[:-1] == _t5_in_process(prompt, 5)
+    assert generate.generate_seq2seq(client, T5, prompt, 6, forced_eos=333) == expected
+    expected = _in_process(PROMPT, 6, forced_eos_token_id=333)
+    assert expected[-1] == 333
+    assert generate.generate(client, MODEL, PROMPT, 6, forced_eos=333) == expected
+    assert generate.generate_stateful(client, "gpt2_decoder_stateful", PROMPT, 6, 91,
+                                      forced_eos=333) == expected
 
 
 def test_an_encoder_decoder_serves_both_caches_by_name(client):
