@@ -270,15 +270,14 @@ absl::StatusOr<SequenceParams> ReadSequenceParams(const inference::ModelInferReq
 }
 
 // Whether `args` (`rows` rows) with their first row repeated up to a
-// batch size some variant takes, at most `max_rows`, match a variant: one
-// row, say, where Dynamo's dynamic batch starts at two.
+// batch size some variant takes (PaddingTargets) match a variant: one row,
+// say, where Dynamo's dynamic batch starts at two.
 bool PaddedRowsMatch(LoadedVersion& model, absl::Span<const NamedValue> args, int64_t rows,
                      int64_t max_rows) {
   if (rows < 1) return false;
   LoadedVersion::CallContext match_only;
   match_only.match_only = true;
-  for (const int64_t size : PaddingBatchSizes(model.entry_frame())) {
-    if (size <= rows || size > max_rows) continue;
+  for (const int64_t size : PaddingTargets(model.entry_frame(), rows, max_rows)) {
     const MergedArguments padding = PaddingRows(args, size - rows);
     const std::vector<absl::Span<const NamedValue>> parts = {args, padding.args};
     const MergedArguments padded = MergeRows(parts);
@@ -633,8 +632,8 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
     if (served(parts) || with_rows == nullptr) return absl::OkStatus();
     // No variant takes these rows: padded up to a batch size a variant
     // takes, the smallest first.
-    for (const int64_t size : PaddingBatchSizes(first.handle.model->entry_frame())) {
-      if (size <= total_rows || size > first.handle.batching->max_batch_size) continue;
+    for (const int64_t size : PaddingTargets(first.handle.model->entry_frame(), total_rows,
+                                             first.handle.batching->max_batch_size)) {
       const MergedArguments padding = PaddingRows(*with_rows, size - total_rows);
       parts.push_back(padding.args);
       if (served(parts)) {

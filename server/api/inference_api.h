@@ -139,8 +139,9 @@ class InferenceApi {
   // too, with call.batch_ticket() set. Then InferBatch(calls), given
   // requests with tickets of the same key, runs them as one call when a
   // variant takes their rows stacked (padded, if need be, up to the
-  // smallest batch a variant takes, with copies of a real row whose
-  // outputs are dropped), and answers each with its rows of the outputs;
+  // smallest batch a variant takes, at most twice the rows, with copies of
+  // a real row whose outputs are dropped), and answers each with its rows
+  // of the outputs;
   // otherwise each runs alone, as Infer would have run it. So batching
   // never turns an answer into a miss. Its
   // answers are in the order of `calls`: nullopt for a request that stopped

@@ -270,6 +270,14 @@ std::vector<int64_t> PaddingBatchSizes(const Frame& entry) {
   return sizes;
 }
 
+std::vector<int64_t> PaddingTargets(const Frame& entry, int64_t rows, int64_t max_batch_size) {
+  std::vector<int64_t> targets;
+  for (const int64_t size : PaddingBatchSizes(entry)) {
+    if (size > rows && size <= max_batch_size && size <= 2 * rows) targets.push_back(size);
+  }
+  return targets;
+}
+
 MergedArguments PaddingRows(absl::Span<const NamedValue> request, int64_t rows) {
   // The request's first row, stacked `rows` times as requests are.
   std::vector<NamedValue> first_row(request.begin(), request.end());

@@ -90,6 +90,14 @@ MergedArguments MergeRows(absl::Span<const absl::Span<const NamedValue>> request
 // CheckBatchable(entry) is OK.
 std::vector<int64_t> PaddingBatchSizes(const artifact::v1::Frame& entry);
 
+// The sizes a call of `rows` rows may be padded up to, ascending: those of
+// PaddingBatchSizes(entry) above `rows`, at most `max_batch_size`, and at
+// most twice `rows`. Padding copies rows: bounded so, a request never makes
+// the server copy more than twice its own bytes (one row padded to 16 would
+// copy a 256 MiB request 16 times).
+std::vector<int64_t> PaddingTargets(const artifact::v1::Frame& entry, int64_t rows,
+                                    int64_t max_batch_size);
+
 // `rows` rows of padding for a merged call: every tensor of `request` with
 // its first row repeated `rows` times (a real row, so that values the model
 // indexes with stay in range), its other arguments as they are. Stacked

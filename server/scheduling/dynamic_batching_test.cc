@@ -308,6 +308,15 @@ TEST(PaddingBatchSizes, ListsTheStaticBatchesAndEachDynamicBatchsSmallestOnce) {
   EXPECT_THAT(PaddingBatchSizes(frame), ElementsAre(1, 2, 3, 8));
 }
 
+TEST(PaddingTargets, PadsAtMostToTwiceTheRowsAndTheLimit) {
+  const artifact::v1::Frame frame = FrameFrom(absl::StrCat(kTwoInputs, kBatchVariants));
+  EXPECT_THAT(PaddingTargets(frame, 1, 16), ElementsAre(2));
+  EXPECT_THAT(PaddingTargets(frame, 2, 16), ElementsAre(3));
+  EXPECT_THAT(PaddingTargets(frame, 4, 16), ElementsAre(8));
+  EXPECT_THAT(PaddingTargets(frame, 4, 7), ElementsAre());
+  EXPECT_THAT(PaddingTargets(frame, 8, 16), ElementsAre());
+}
+
 OutputTensor Output(std::vector<int64_t> shape, const std::vector<float>& values) {
   OutputTensor out;
   out.shape = std::move(shape);
