@@ -182,15 +182,15 @@ def _capture_in_child(roots: Sequence[str], args: Sequence[str]) -> Tuple[int, s
 
 
 def _read_varint(stream: BinaryIO) -> Optional[int]:
-    value, shift = 0, 0
+    """A varint read from `stream`, or None at its end."""
+    data = b""
     while True:
         byte = stream.read(1)
         if not byte:
             return None
-        value |= (byte[0] & 0x7F) << shift
+        data += byte
         if not byte[0] & 0x80:
-            return value
-        shift += 7
+            return _varint_at(data, 0)[0]
 
 
 def _varint_at(data: bytes, pos: int) -> Tuple[int, int]:

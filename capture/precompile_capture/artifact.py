@@ -36,6 +36,7 @@ from .errors import PrecompileError
 from .frames import Binding, Frame, Kind
 from .export_guards import SizeRelation
 from .guards import ArgGuard, Dim, GuardSet, SymbolRange, TensorSpec
+from .outputs import Leaf, OutputSchema
 from .summary import PrecompileSummary
 
 MANIFEST = "MANIFEST.pb"
@@ -353,6 +354,13 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def outputs_from_proto(outputs: pb.OutputStructure) -> OutputSchema:
+    """A frame's outputs as _outputs_proto wrote them (without the pytree spec
+    itself, which the manifest keeps only in words)."""
+    return OutputSchema(tuple(Leaf(leaf.name, leaf.is_tensor, leaf.python_type) for leaf in outputs.leaves),
+                        outputs.tree_spec)
 
 
 def _outputs_proto(f: pb.Frame, frame: Frame, eager_program: str) -> None:

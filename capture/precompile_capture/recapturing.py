@@ -62,11 +62,11 @@ from proto import artifact_pb2 as pb
 
 import precompile_eager
 
-from .artifact import MANIFEST, dtype_from_proto, guards_from_proto, scalar_value
+from .artifact import MANIFEST, dtype_from_proto, guards_from_proto, outputs_from_proto, scalar_value
 from .capture import capture
 from .compiling import first_lines, limit_of
 from .errors import PrecompileError
-from .outputs import Leaf, OutputSchema, output_schema
+from .outputs import output_schema
 from .guards import DTYPE_NAMES
 from .names import resolve_frames
 from .summary import FallbackCause
@@ -757,24 +757,18 @@ def _rejection(model: Any, make: Callable[[], Tuple[List[Any], Dict[str, Any]]],
         args, kwargs = make()
     except PrecompileError:
         return None  # The replay names it.
-    try:
-        with torch.no_grad():
-            result = model(*args, **kwargs)
-    except Exception as error:  # noqa: BLE001 - named in the report
+    result, error = _call_eagerly(model, args, kwargs)
+    if error is not None:
         return (f"the model raises {type(error).__name__} on it ({first_lines(str(error)).splitlines()[0]}), "
                 "called eagerly with values made from its signature; not replayed")
     try:
         schema = output_schema(entry.name, result)
-    except PrecompileError as error:
-        return f"{first_lines(str(error)).splitlines()[0]}; not replayed"
-    served = entry.outputs
-    leaves = [(leaf.name, leaf.is_tensor, leaf.python_type) for leaf in schema.leaves]
-    if served.leaves and (leaves != [(leaf.name, leaf.is_tensor, leaf.python_type) for leaf in served.leaves]
-                          or schema.tree_spec != served.tree_spec):
-        words = OutputSchema(tuple(Leaf(leaf.name, leaf.is_tensor, leaf.python_type) for leaf in served.leaves),
-                             served.tree_spec).describe()
-        return (f"the model returns {schema.describe()} for it, where the served model returns {words}: "
-                "a served model returns the same outputs on every call; not replayed")
+    except PrecompileError as e:
+        return f"{first_lines(str(e)).splitlines()[0]}; not replayed"
+    served = outputs_from_proto(entry.outputs)
+    if served.leaves and schema != served:
+        return (f"the model returns {schema.describe()} for it, where the served model returns "
+                f"{served.describe()}: a served model returns the same outputs on every call; not replayed")
     return None
 
 
@@ -952,16 +946,20 @@ def recapture(
     )
 
 
+def _call_eagerly(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Tuple[Any, Optional[Exception]]:
+    """What the model returns for a call, run eagerly, or the exception it raises."""
+    try:
+        with torch.no_grad():
+            return model(*args, **kwargs), None
+    except Exception as e:  # noqa: BLE001 - the caller names it
+        return None, e
+
+
 def _model_error(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Optional[BaseException]:
     """The exception the model itself raises on a call the capture failed on,
     if it does: a made-up call the model cannot take (wrong sizes, say) fails
     the capture's export before the model's own, clearer, error is seen."""
-    try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        return e
-    return None
+    return _call_eagerly(model, args, kwargs)[1]
 
 
 def _maker(
