@@ -92,9 +92,9 @@ std::vector<int64_t> PaddingBatchSizes(const artifact::v1::Frame& entry);
 
 // The sizes a call of `rows` rows may be padded up to, ascending: those of
 // PaddingBatchSizes(entry) above `rows`, at most `max_batch_size`, and at
-// most twice `rows`. Padding copies rows: bounded so, a request never makes
-// the server copy more than twice its own bytes (one row padded to 16 would
-// copy a 256 MiB request 16 times).
+// most twice `rows`. Padding copies rows, and the padded call is stacked
+// again: bounded so, a request's rows are copied a few times at most (one
+// row of a 256 MiB request padded to 16 would be copied about 30 times).
 std::vector<int64_t> PaddingTargets(const artifact::v1::Frame& entry, int64_t rows,
                                     int64_t max_batch_size);
 
