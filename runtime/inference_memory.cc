@@ -48,12 +48,37 @@ void Free(void* data) {
       c10::Backtrace());
 }
 
-void Charge(uint64_t n, ChargedCall::Record& record) {
-  const uint64_t limit = limit_bytes.load(std::memory_order_relaxed);
-  uint64_t held = held_bytes.load(std::memory_order_relaxed);
+// Adds `n` to what calls hold unless that would pass the limit; false then,
+// with what they held and the limit.
+bool TryCharge(uint64_t n, uint64_t& held, uint64_t& limit) {
+  limit = limit_bytes.load(std::memory_order_relaxed);
+  held = held_bytes.load(std::memory_order_relaxed);
   do {
-    if (limit != 0 && (n > limit || held > limit - n)) Refuse(n, held, limit, record);
+    if (limit != 0 && (n > limit || held > limit - n)) return false;
   } while (!held_bytes.compare_exchange_weak(held, held + n, std::memory_order_relaxed));
+  return true;
+}
+
+void Charge(uint64_t n, ChargedCall::Record& record) {
+  uint64_t held, limit;
+  if (!TryCharge(n, held, limit)) Refuse(n, held, limit, record);
+}
+
+absl::Status Refusal(const ChargedCall::Record& r, absl::string_view what,
+                     absl::string_view asked_for) {
+  if (r.asked > r.limit) {
+    // Never fits, however idle the server: a retry would only fail again.
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": this call asked for ", asked_for, " of ", r.asked, " bytes, more than the ",
+        r.limit,
+        " bytes all model calls may hold at once (--max_inference_memory_bytes); send smaller "
+        "inputs"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": this call asked for ", asked_for, " of ", r.asked,
+      " bytes when the model calls running held ", r.held, ", past the ", r.limit,
+      " bytes they may hold at once (--max_inference_memory_bytes); retry later, or send "
+      "smaller inputs"));
 }
 
 class CountingCpuAllocator final : public c10::Allocator {
@@ -118,19 +143,24 @@ ChargedCall::~ChargedCall() {
 
 absl::Status ChargedCall::Explain(absl::Status failure, absl::string_view what) const {
   if (failure.ok() || !record_->refused) return failure;
-  const Record& r = *record_;
-  if (r.asked > r.limit) {
-    // Never fits, however idle the server: a retry would only fail again.
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": this call asked for a tensor of ", r.asked, " bytes, more than the ", r.limit,
-        " bytes all model calls may hold at once (--max_inference_memory_bytes); send smaller "
-        "inputs"));
+  return Refusal(*record_, what, "a tensor");
+}
+
+absl::StatusOr<ChargedBytes> ChargedBytes::Charge(uint64_t bytes, absl::string_view what) {
+  uint64_t held, limit;
+  if (!TryCharge(bytes, held, limit)) {
+    refusals.fetch_add(1, std::memory_order_relaxed);
+    return Refusal({true, bytes, held, limit}, what, "stacked inputs");
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      what, ": this call asked for a tensor of ", r.asked, " bytes when the model calls running "
-      "held ", r.held, ", past the ", r.limit,
-      " bytes they may hold at once (--max_inference_memory_bytes); retry later, or send "
-      "smaller inputs"));
+  return ChargedBytes(bytes);
+}
+
+ChargedBytes::ChargedBytes(ChargedBytes&& other) noexcept : bytes_(other.bytes_) {
+  other.bytes_ = 0;
+}
+
+ChargedBytes::~ChargedBytes() {
+  if (bytes_ != 0) held_bytes.fetch_sub(bytes_, std::memory_order_relaxed);
 }
 
 UnchargedSection::UnchargedSection() : saved_(current_call) { current_call = nullptr; }

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace precompile {
@@ -68,6 +69,25 @@ class ChargedCall {
   Record own_;
   Record* record_;  // own_, or the outermost call's.
   bool outermost_;
+};
+
+// Host memory that model calls hold outside libtorch's allocator (a merged
+// batch's stacked inputs), charged against the same limit for as long as
+// this lives, whatever thread it is on.
+class ChargedBytes {
+ public:
+  // `bytes` charged; or, when they would take what calls hold past the
+  // limit, the status ChargedCall::Explain gives a refused tensor, naming
+  // `what` (e.g. "model 'bert': merging 3 requests").
+  static absl::StatusOr<ChargedBytes> Charge(uint64_t bytes, absl::string_view what);
+  ChargedBytes(ChargedBytes&& other) noexcept;
+  ChargedBytes& operator=(ChargedBytes&&) = delete;
+  ChargedBytes(const ChargedBytes&) = delete;
+  ~ChargedBytes();
+
+ private:
+  explicit ChargedBytes(uint64_t bytes) : bytes_(bytes) {}
+  uint64_t bytes_;
 };
 
 // While alive, this thread's allocations are not charged, even inside a

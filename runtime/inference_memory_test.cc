@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -136,6 +137,47 @@ TEST_F(InferenceMemoryTest, RawAllocationsAreChargedAndGivenBack) {
   }
   EXPECT_EQ(InferenceMemoryHeld(), 100u);
   allocator->raw_deallocate(raw);
+}
+
+// A merged batch's stacked inputs are the server's own bytes, not
+// libtorch's: they count beside the calls' tensors, on any thread.
+TEST_F(InferenceMemoryTest, ChargedBytesAreHeldUntilTheirOwnerEnds) {
+  std::optional<ChargedBytes> stacked;
+  {
+    absl::StatusOr<ChargedBytes> charged = ChargedBytes::Charge(3000, "model 'm'");
+    ASSERT_TRUE(charged.ok()) << charged.status();
+    stacked.emplace(*std::move(charged));
+  }
+  EXPECT_EQ(InferenceMemoryHeld(), 3000u) << "moved, still held once";
+  {
+    const ChargedCall call;
+    const at::Tensor beside = Bytes(1000);
+    EXPECT_EQ(InferenceMemoryHeld(), 4000u);
+  }
+  std::thread([owned = std::move(stacked)]() mutable { owned.reset(); }).join();
+  EXPECT_EQ(InferenceMemoryHeld(), 0u);
+}
+
+TEST_F(InferenceMemoryTest, ChargedBytesPastTheLimitAreRefusedUncharged) {
+  const uint64_t refusals = InferenceMemoryRefusals();
+  absl::StatusOr<ChargedBytes> half = ChargedBytes::Charge(kLimit / 2, "m");
+  ASSERT_TRUE(half.ok());
+  const absl::StatusOr<ChargedBytes> more =
+      ChargedBytes::Charge(kLimit / 2 + 1, "model 'm': merging 3 requests");
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(more.status().message(),
+              AllOf(HasSubstr("model 'm': merging 3 requests: this call asked for stacked "
+                              "inputs of 524289 bytes"),
+                    HasSubstr("held 524288, past the 1048576 bytes"), HasSubstr("retry later")));
+  EXPECT_EQ(InferenceMemoryHeld(), kLimit / 2) << "the refused bytes stay uncharged";
+  EXPECT_EQ(InferenceMemoryRefusals(), refusals + 1);
+  // Past the whole limit: never worth a retry.
+  EXPECT_EQ(ChargedBytes::Charge(kLimit + 1, "m").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ChargedBytes::Charge(std::numeric_limits<uint64_t>::max(), "m").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ChargedBytes::Charge(kLimit / 2, "m").ok()) << "what fits still fits";
+  EXPECT_EQ(InferenceMemoryHeld(), kLimit / 2);
 }
 
 TEST_F(InferenceMemoryTest, LimitZeroCountsWithoutRefusing) {
