@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/inference.grpc.pb.h"
+#include "runtime/inference_memory.h"
 #include "server/server.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/http.h"
@@ -296,6 +297,29 @@ TEST_F(BatchingTest, ARequestNoVariantServesAloneRunsWithItsRowsPaddedUpToAVaria
     each_alone.insert(each_alone.end(), values.begin(), values.end());
   }
   ExpectClose(Floats(response), each_alone);
+}
+
+// A padded call is a copy of the request's rows and their padding: host
+// memory that counts against --max_inference_memory_bytes as the calls'
+// tensors do. Here the calls may hold 16 bytes more than they do, and the
+// 1-row request padded to 2 rows needs 32.
+TEST_F(BatchingTest, PaddingThatDoesNotFitInTheInferenceMemoryIsRefusedByName) {
+  const inference::ModelInferRequest one_row = Request("mlp_short_delay", 1, 4, 62);
+  inference::ModelInferResponse response;
+  {
+    absl::StatusOr<ChargedBytes> taken =
+        ChargedBytes::Charge(InferenceMemoryLimit() - InferenceMemoryHeld() - 16, "the test");
+    ASSERT_TRUE(taken.ok()) << taken.status();
+    const grpc::Status refused = Infer(one_row, &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(
+        refused.error_message(),
+        AllOf(HasSubstr("model 'mlp_short_delay': padding a request's rows from 1 to 2"),
+              HasSubstr("stacked inputs of 32 bytes"), HasSubstr("--max_inference_memory_bytes")));
+  }
+  const grpc::Status served = Infer(one_row, &response);
+  ASSERT_TRUE(served.ok()) << served.error_message();
+  EXPECT_EQ(response.parameters().at("precompile_batch_padding_rows").int64_param(), 1);
 }
 
 TEST_F(BatchingTest, ABatchAtAPreferredSizeRunsWithoutWaitingWhenNoOtherRequestIsThere) {

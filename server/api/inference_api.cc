@@ -20,7 +20,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/log_text.h"
+#include "base/status_macros.h"
 #include "runtime/dtype.h"
+#include "runtime/inference_memory.h"
 #include "server/api/tensor_codec.h"
 #include "server/scheduling/dynamic_batching.h"
 
@@ -269,19 +271,36 @@ absl::StatusOr<SequenceParams> ReadSequenceParams(const inference::ModelInferReq
   return sequence;
 }
 
+// `parts` stacked into one call's arguments, their bytes charged to what
+// model calls hold (--max_inference_memory_bytes) for as long as they live.
+struct Stacked {
+  ChargedBytes charge;
+  MergedArguments merged;
+};
+absl::StatusOr<Stacked> Stack(absl::Span<const absl::Span<const NamedValue>> parts,
+                              absl::string_view what) {
+  ASSIGN_OR_RETURN(ChargedBytes charge, ChargedBytes::Charge(StackedBytes(parts), what));
+  return Stacked{std::move(charge), MergeRows(parts)};
+}
+
 // Whether `args` (`rows` rows) with their first row repeated up to a
 // batch size some variant takes (PaddingTargets) match a variant: one row,
-// say, where Dynamo's dynamic batch starts at two.
-bool PaddedRowsMatch(LoadedVersion& model, absl::Span<const NamedValue> args, int64_t rows,
-                     int64_t max_rows) {
+// say, where Dynamo's dynamic batch starts at two. RESOURCE_EXHAUSTED when
+// the padded copy does not fit in what model calls may hold.
+absl::StatusOr<bool> PaddedRowsMatch(LoadedVersion& model, absl::string_view name,
+                                     absl::Span<const NamedValue> args, int64_t rows,
+                                     int64_t max_rows) {
   if (rows < 1) return false;
   LoadedVersion::CallContext match_only;
   match_only.match_only = true;
+  const std::vector<NamedValue> first_row = FirstRow(args);
   for (const int64_t size : PaddingTargets(model.entry_frame(), rows, max_rows)) {
-    const MergedArguments padding = PaddingRows(args, size - rows);
-    const std::vector<absl::Span<const NamedValue>> parts = {args, padding.args};
-    const MergedArguments padded = MergeRows(parts);
-    absl::StatusOr<CallResult> match = model.Call(padded.args, match_only);
+    std::vector<absl::Span<const NamedValue>> parts = {args};
+    parts.insert(parts.end(), static_cast<size_t>(size - rows), first_row);
+    ASSIGN_OR_RETURN(const Stacked padded,
+                     Stack(parts, absl::StrCat("model '", name, "': padding a request's rows from ",
+                                               rows, " to ", size)));
+    absl::StatusOr<CallResult> match = model.Call(padded.merged.args, match_only);
     if (match.ok() && !match->no_variant) return true;
   }
   return false;
@@ -534,9 +553,10 @@ absl::StatusOr<bool> InferenceApi::JoinsBatch(RequestState& s, BatchTicket& tick
   absl::StatusOr<CallResult> match = s.handle.model->Call(s.args, match_only);
   if (!match.ok()) return false;
   if (!match->no_variant && urgent) return false;
-  if (match->no_variant &&
-      !PaddedRowsMatch(*s.handle.model, s.args, *rows, batching->max_batch_size)) {
-    return false;
+  if (match->no_variant) {
+    ASSIGN_OR_RETURN(const bool padded, PaddedRowsMatch(*s.handle.model, s.request.model_name(),
+                                                        s.args, *rows, batching->max_batch_size));
+    if (!padded) return false;
   }
   s.only_padded = match->no_variant;
   // The loaded copy too: a version reloaded meanwhile is another model.
@@ -582,9 +602,15 @@ std::vector<std::optional<absl::Status>> InferenceApi::InferBatch(
     }
   }
   const bool merge = live.size() >= 2 || (live.size() == 1 && states[live.front()]->only_padded);
-  if (merge && RunMerged(calls, states, live, answers)) return answers;
+  absl::Status unstacked;
+  if (merge && RunMerged(calls, states, live, answers, unstacked)) return answers;
   for (const size_t i : live) {
     RequestState& s = *states[i];
+    // Alone it would only be refused as a miss: the memory was what failed.
+    if (s.only_padded && !unstacked.ok()) {
+      answers[i] = Finish(s, unstacked);
+      continue;
+    }
     bool deferred = false;
     absl::Status status = Guarded(s, [&] { return RunModel(*calls[i], s, &deferred); });
     if (deferred && status.ok()) {
@@ -599,7 +625,8 @@ std::vector<std::optional<absl::Status>> InferenceApi::InferBatch(
 bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
                              std::vector<std::unique_ptr<RequestState>>& states,
                              const std::vector<size_t>& live,
-                             std::vector<std::optional<absl::Status>>& answers) {
+                             std::vector<std::optional<absl::Status>>& answers,
+                             absl::Status& unstacked) {
   RequestState& first = *states[live.front()];
   std::optional<CallResult> merged;
   std::vector<int64_t> rows;
@@ -622,25 +649,33 @@ bool InferenceApi::RunMerged(absl::Span<Call* const> calls,
     LoadedVersion::CallContext variant_only;
     variant_only.variant_only = true;
     variant_only.frame_calls = &merged_frames;
+    // Stacked inputs that do not fit beside what calls hold are no answer
+    // either: alone, each request is charged only its own.
     const auto served = [&](absl::Span<const absl::Span<const NamedValue>> all) {
       merged_frames.clear();
-      const MergedArguments args = MergeRows(all);
-      absl::StatusOr<CallResult> result = first.handle.model->Call(args.args, variant_only);
+      const absl::StatusOr<Stacked> args =
+          Stack(all, absl::StrCat("model '", first.request.model_name(), "': merging ", live.size(),
+                                  " requests"));
+      if (!args.ok()) {
+        unstacked = args.status();
+        return false;
+      }
+      absl::StatusOr<CallResult> result = first.handle.model->Call(args->merged.args, variant_only);
       if (result.ok() && !result->no_variant) merged = *std::move(result);
       return merged.has_value();
     };
     if (served(parts) || with_rows == nullptr) return absl::OkStatus();
+    const std::vector<NamedValue> first_row = FirstRow(*with_rows);
     // No variant takes these rows: padded up to a batch size a variant
     // takes, the smallest first.
     for (const int64_t size : PaddingTargets(first.handle.model->entry_frame(), total_rows,
                                              first.handle.batching->max_batch_size)) {
-      const MergedArguments padding = PaddingRows(*with_rows, size - total_rows);
-      parts.push_back(padding.args);
+      parts.resize(live.size());
+      parts.insert(parts.end(), static_cast<size_t>(size - total_rows), first_row);
       if (served(parts)) {
         padding_rows = size - total_rows;
         break;
       }
-      parts.pop_back();
     }
     return absl::OkStatus();
   });

@@ -192,9 +192,11 @@ class InferenceApi {
   // Runs the requests `live` of `calls` as one call (padded up to a
   // variant's batch if need be); false, having answered none, when no
   // variant takes them together or their outputs cannot be split by rows.
+  // `unstacked`: why the stacked inputs were not made, when they did not
+  // fit in what model calls may hold (OK otherwise).
   bool RunMerged(absl::Span<Call* const> calls, std::vector<std::unique_ptr<RequestState>>& states,
-                 const std::vector<size_t>& live,
-                 std::vector<std::optional<absl::Status>>& answers);
+                 const std::vector<size_t>& live, std::vector<std::optional<absl::Status>>& answers,
+                 absl::Status& unstacked);
   // Runs `stages`, answering what they throw.
   static absl::Status Guarded(RequestState& s, absl::FunctionRef<absl::Status()> stages);
   // Logs a failure and records the request in its model's metrics.

@@ -278,8 +278,17 @@ std::vector<int64_t> PaddingTargets(const Frame& entry, int64_t rows, int64_t ma
   return targets;
 }
 
-MergedArguments PaddingRows(absl::Span<const NamedValue> request, int64_t rows) {
-  // The request's first row, stacked `rows` times as requests are.
+uint64_t StackedBytes(absl::Span<const absl::Span<const NamedValue>> requests) {
+  uint64_t bytes = 0;
+  for (const absl::Span<const NamedValue> request : requests) {
+    for (const NamedValue& arg : request) {
+      if (const auto* tensor = std::get_if<TensorArg>(&arg.value)) bytes += tensor->nbytes;
+    }
+  }
+  return bytes;
+}
+
+std::vector<NamedValue> FirstRow(absl::Span<const NamedValue> request) {
   std::vector<NamedValue> first_row(request.begin(), request.end());
   for (NamedValue& arg : first_row) {
     if (auto* tensor = std::get_if<TensorArg>(&arg.value)) {
@@ -287,8 +296,7 @@ MergedArguments PaddingRows(absl::Span<const NamedValue> request, int64_t rows) 
       tensor->shape[0] = 1;
     }
   }
-  const std::vector<absl::Span<const NamedValue>> copies(static_cast<size_t>(rows), first_row);
-  return MergeRows(copies);
+  return first_row;
 }
 
 std::optional<std::vector<std::vector<OutputTensor>>> SplitRows(

@@ -92,18 +92,22 @@ std::vector<int64_t> PaddingBatchSizes(const artifact::v1::Frame& entry);
 
 // The sizes a call of `rows` rows may be padded up to, ascending: those of
 // PaddingBatchSizes(entry) above `rows`, at most `max_batch_size`, and at
-// most twice `rows`. Padding copies rows, and the padded call is stacked
-// again: bounded so, a request's rows are copied a few times at most (one
-// row of a 256 MiB request padded to 16 would be copied about 30 times).
+// most twice `rows`: the padded call is a copy of the rows and their
+// padding, so a request's bytes are copied twice at most (one row of a
+// 256 MiB request padded to 16 would be copied 16 times).
 std::vector<int64_t> PaddingTargets(const artifact::v1::Frame& entry, int64_t rows,
                                     int64_t max_batch_size);
 
-// `rows` rows of padding for a merged call: every tensor of `request` with
-// its first row repeated `rows` times (a real row, so that values the model
-// indexes with stay in range), its other arguments as they are. Stacked
-// after the requests, its rows of the outputs are dropped. REQUIRES:
-// `request`'s tensors have at least one row.
-MergedArguments PaddingRows(absl::Span<const NamedValue> request, int64_t rows);
+// The bytes MergeRows(requests) copies the tensors into.
+uint64_t StackedBytes(absl::Span<const absl::Span<const NamedValue>> requests);
+
+// `request`'s first row: each tensor a view of its first row (the
+// request's bytes, not a copy), the other arguments as they are. Stacked
+// after the requests k times, it pads a merged call by k rows (a real row,
+// so that values the model indexes with stay in range), and its rows of
+// the outputs are dropped. REQUIRES: `request`'s tensors have at least one
+// row; the view lives no longer than `request`'s bytes.
+std::vector<NamedValue> FirstRow(absl::Span<const NamedValue> request);
 
 // Each request's share of a merged call's outputs: for request r, every
 // output's rows from the sum of rows[0..r) on, sharing the output's bytes.

@@ -263,24 +263,32 @@ TEST(MergeRows, StacksEachInputsRowsInTheRequestsOrder) {
   EXPECT_EQ(std::get<int64_t>(merged.args[2].value), 3);
 }
 
-TEST(PaddingRows, RepeatsTheFirstRowOfEachTensor) {
+TEST(FirstRow, PadsAMergedCallWithTheRequestsFirstRowCopiedOnce) {
   const std::vector<float> x = {1, 2, 3, 4}, y = {10, 20};
   const std::vector<NamedValue> request = {Tensor("x", {2, 2}, x), {"k", int64_t{3}},
                                            Tensor("y", {2, 1}, y)};
-  MergedArguments padding = PaddingRows(request, 3);
-  ASSERT_EQ(padding.args.size(), 3u);
-  const TensorArg& px = std::get<TensorArg>(padding.args[0].value);
-  EXPECT_THAT(px.shape, ElementsAre(3, 2));
-  ASSERT_EQ(px.nbytes, 6 * sizeof(float));
-  std::vector<float> xs(6);
+  const std::vector<NamedValue> first_row = FirstRow(request);
+  ASSERT_EQ(first_row.size(), 3u);
+  const TensorArg& row_x = std::get<TensorArg>(first_row[0].value);
+  EXPECT_THAT(row_x.shape, ElementsAre(1, 2));
+  EXPECT_EQ(row_x.nbytes, 2 * sizeof(float));
+  EXPECT_EQ(row_x.data, x.data()) << "a view of the request's bytes, not a copy";
+  EXPECT_EQ(std::get<int64_t>(first_row[1].value), 3);
+
+  const std::vector<absl::Span<const NamedValue>> padded = {request, first_row, first_row};
+  EXPECT_EQ(StackedBytes(padded), 8 * sizeof(float) + 4 * sizeof(float));
+  MergedArguments merged = MergeRows(padded);
+  const TensorArg& px = std::get<TensorArg>(merged.args[0].value);
+  EXPECT_THAT(px.shape, ElementsAre(4, 2));
+  ASSERT_EQ(px.nbytes, 8 * sizeof(float));
+  std::vector<float> xs(8);
   std::memcpy(xs.data(), px.data, px.nbytes);
-  EXPECT_THAT(xs, ElementsAre(1, 2, 1, 2, 1, 2));
-  EXPECT_EQ(std::get<int64_t>(padding.args[1].value), 3);
-  const TensorArg& py = std::get<TensorArg>(padding.args[2].value);
-  std::vector<float> ys(3);
-  ASSERT_EQ(py.nbytes, 3 * sizeof(float));
+  EXPECT_THAT(xs, ElementsAre(1, 2, 3, 4, 1, 2, 1, 2));
+  const TensorArg& py = std::get<TensorArg>(merged.args[2].value);
+  std::vector<float> ys(4);
+  ASSERT_EQ(py.nbytes, 4 * sizeof(float));
   std::memcpy(ys.data(), py.data, py.nbytes);
-  EXPECT_THAT(ys, ElementsAre(10, 10, 10));
+  EXPECT_THAT(ys, ElementsAre(10, 20, 10, 10));
 }
 
 // Variants at batches 8 and 1, from 2 up, 8 again, and one more than a
