@@ -377,10 +377,8 @@ _SCATTER_GATHER = {
     _aten.gather.default, _aten.scatter.src, _aten.scatter.value, _aten.scatter.reduce,
     _aten.scatter.value_reduce, _aten.scatter_add.default, _aten.scatter_reduce.two,
 }
-_INDEX_LISTS = {
-    _aten.index.Tensor, _aten._unsafe_index.Tensor, _aten.index_put.default,
-    _aten._unsafe_index_put.default,
-}
+_INDEX_PUTS = {_aten.index_put.default, _aten._unsafe_index_put.default, _aten._index_put_impl.default}
+_INDEX_LISTS = {_aten.index.Tensor, _aten._unsafe_index.Tensor} | _INDEX_PUTS
 # Ops whose index tensor, at position 2, indexes dimension args[1] of their
 # first argument, as index_select's does; and whether a negative index counts
 # from the end.
@@ -411,8 +409,21 @@ class IndexedDim(NamedTuple):
     ignored: Optional[int] = None  # A value taken besides: a loss's ignore_index.
 
 
+def _out_of_place(target: Any) -> Any:
+    """The op an in-place op does in place (index_put_ for index_put): the
+    exported graph keeps `t[i] = v` and `t.index_copy_(...)` as they were
+    written, and they index as the out-of-place ops do."""
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+        return target
+    name = target._schema.name.split("::")[-1]
+    if not name.endswith("_") or name.endswith("__"):
+        return target
+    packet = getattr(_aten, name[:-1], None)
+    return getattr(packet, target._overloadname, target) if packet is not None else target
+
+
 def _indexed_dimensions(node: Any) -> List[IndexedDim]:
-    """Each index tensor of an indexing op."""
+    """Each index tensor of an indexing op, in place or not."""
 
     def size(table: Any, dim: Any) -> Any:
         t = table.meta.get("val") if isinstance(table, torch.fx.Node) else None
@@ -422,7 +433,7 @@ def _indexed_dimensions(node: Any) -> List[IndexedDim]:
             return None
         return t.shape[dim]
 
-    target, args = node.target, node.args
+    target, args = _out_of_place(node.target), node.args
     if target is _aten.embedding.default:
         return [IndexedDim(size(args[0], 0), args[1], False, args[0], 0, 1)]
     if target in (_aten.embedding_bag.default, _aten.embedding_bag.padding_idx, _aten._embedding_bag.default):
@@ -431,7 +442,7 @@ def _indexed_dimensions(node: Any) -> List[IndexedDim]:
         return [IndexedDim(size(args[0], args[1]), args[2], False, args[0], args[1], 2)]
     if target in _INDEX_ALONG_DIM:
         return [IndexedDim(size(args[0], args[1]), args[2], _INDEX_ALONG_DIM[target], args[0], args[1], 2)]
-    if target is _aten.take.default:
+    if target in (_aten.take.default, _aten.put.default):
         t = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
         elements = t.numel() if isinstance(t, torch.Tensor) else None
         return [IndexedDim(elements, args[1], True, args[0], None, 1)]
@@ -690,6 +701,13 @@ def _related_symbols(ep: torch.export.ExportedProgram) -> Callable[[sympy.Symbol
       as s_b == s_a. Hugging Face's attention masks index the mask's batch
       dimension with arange of input_ids' batch size (masking_utils), so the
       mask's batch symbol is otherwise never related to input_ids'.
+    - putting values at indices (index_put, `t[i] = v`): the values are read
+      as broadcast to what the indices select, aligned as broadcasting is;
+      index_copy and index_add read one slice of their source per index
+      (transformers' StaticCache copies the new keys to the client's
+      cache_position so), the source otherwise shaped as the table.
+    In-place ops (index_put_, index_copy_), which the exported graph keeps
+    as the model wrote them, relate what their out-of-place forms do.
     """
     parent: Dict[sympy.Symbol, sympy.Symbol] = {}
 
@@ -714,11 +732,53 @@ def _related_symbols(ep: torch.export.ExportedProgram) -> Callable[[sympy.Symbol
     def val(arg: Any) -> Any:
         return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
 
+    def align(a: Sequence[Any], b: Sequence[Any]) -> None:
+        """Right-aligned, as broadcasting aligns them."""
+        for k in range(1, min(len(a), len(b)) + 1):
+            union(_plain_symbol(a[-k]), _plain_symbol(b[-k]))
+
+    def put_shape(table: torch.Tensor, indices: Sequence[Any]) -> Optional[List[Any]]:
+        """The shape of table[indices] (advanced indexing, None for a whole
+        dimension): the index tensors' broadcast shape in place of the
+        dimensions they index, or in front where they are apart. None for
+        a mask (its shape is its values')."""
+        placed = [(d, val(i)) for d, i in enumerate(indices) if i is not None]
+        if not placed or any(not isinstance(t, torch.Tensor) or t.dtype is torch.bool for _, t in placed):
+            return None
+        longest = max((t for _, t in placed), key=lambda t: t.dim())
+        for _, t in placed:
+            align(t.shape, longest.shape)
+        broadcast = [next((t.shape[-k] for _, t in placed if t.dim() >= k and t.shape[-k] != 1), 1)
+                     for k in range(longest.dim(), 0, -1)]
+        dims = [d for d, _ in placed]
+        if dims == list(range(dims[0], dims[-1] + 1)):
+            return list(table.shape[:dims[0]]) + broadcast + list(table.shape[dims[-1] + 1:])
+        return broadcast + [n for d, n in enumerate(table.shape) if d not in dims]
+
     for node in ep.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        target = node.target
-        if target in _INDEXING:
+        target = _out_of_place(node.target)
+        if target in _INDEX_PUTS:
+            # The values are read as broadcast to what the indices select.
+            table, values = val(node.args[0]), val(node.args[2])
+            if isinstance(table, torch.Tensor) and isinstance(values, torch.Tensor):
+                selected = put_shape(table, node.args[1])
+                if selected is not None:
+                    align(values.shape, selected)
+        elif target in (_aten.index_copy.default, _aten.index_add.default):
+            # One slice of the source per index, the source otherwise the
+            # table's shape: each slice is read at its index's position.
+            table, index, source = val(node.args[0]), val(node.args[2]), val(node.args[3])
+            if (isinstance(table, torch.Tensor) and isinstance(index, torch.Tensor)
+                    and isinstance(source, torch.Tensor) and source.dim() == table.dim() > 0):
+                along = node.args[1] % table.dim()
+                for d in range(table.dim()):
+                    if d != along:
+                        union(_plain_symbol(source.shape[d]), _plain_symbol(table.shape[d]))
+                    elif index.dim() == 1:
+                        union(_plain_symbol(source.shape[d]), _plain_symbol(index.shape[0]))
+        elif target in _INDEXING:
             for indexed in _indexed_dimensions(node):
                 size, index = indexed.size, indexed.index
                 source = _index_source(index)

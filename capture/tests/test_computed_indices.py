@@ -368,7 +368,15 @@ class IndexedBy(torch.nn.Module):
     (lambda t, i: t.index_copy(0, i, torch.ones(i.shape[0], 5)), [0.0, 1.0], [4 / 3, -1 / 3]),
     (lambda t, i: t.index_fill(0, i, 2.0), [-4 / 3, 1.0], [4 / 3, -5 / 3]),
     (lambda t, i: F.embedding_bag(i, t, torch.tensor([0])), [0.0, 1.0], [4 / 3, -1 / 3]),
-], ids=["take", "index_add", "index_copy", "index_fill", "embedding_bag"])
+    # In place, as the exported graph keeps them when the model wrote them so.
+    (lambda t, i: t.clone().put_(i, torch.ones(i.shape[0])), [-20 / 3, 19 / 3], [20 / 3, -21 / 3]),
+    (lambda t, i: t.clone().index_add_(0, i, torch.ones(i.shape[0], 5)), [0.0, 1.0], [4 / 3, -1 / 3]),
+    (lambda t, i: t.clone().index_copy_(0, i, torch.ones(i.shape[0], 5)), [0.0, 1.0], [4 / 3, -1 / 3]),
+    (lambda t, i: t.clone().index_fill_(0, i, 2.0), [-4 / 3, 1.0], [4 / 3, -5 / 3]),
+    (lambda t, i: t.clone().index_put_((i,), torch.tensor(2.0)), [-4 / 3, 1.0], [4 / 3, -5 / 3]),
+    (lambda t, i: t.clone().scatter_(0, i[:, None], 2.0), [0.0, 1.0], [4 / 3, -1 / 3]),
+], ids=["take", "index_add", "index_copy", "index_fill", "embedding_bag",
+        "put_", "index_add_", "index_copy_", "index_fill_", "index_put_", "scatter_"])
 def test_indices_of_ops_that_take_them_along_a_dimension_are_checked(op, within, outside):
     model = IndexedBy(op)
     table = torch.randn(4, 5)
@@ -379,3 +387,23 @@ def test_indices_of_ops_that_take_them_along_a_dimension_are_checked(op, within,
     for value in outside:
         with pytest.raises(RuntimeError, match="'s indices from x into"):
             program(table, torch.tensor([0.0, value + (1e-4 if value > 0 else -1e-4)]))
+
+
+class LastFrameMarkedInPlace(torch.nn.Module):
+    """Wav2Vec2's and HuBERT's _get_feature_vector_attention_mask:
+    z[(arange(batch), lengths - 1)] = 1, in place, the lengths counted from
+    the mask. The exported graph keeps index_put_ as written: unrecognised,
+    it was neither bounded nor checked, and a mask of 2s ended the server."""
+
+    def forward(self, x, mask):
+        z = torch.zeros(mask.shape, dtype=x.dtype)
+        z[(torch.arange(x.shape[0]), mask.sum(-1) - 1)] = 1
+        return x * z
+
+
+def test_indices_put_in_place_are_bounded_as_those_put_out_of_place():
+    x, mask = torch.randn(3, 16), torch.ones(3, 16, dtype=torch.int64)
+    guards, warned = guards_and_warnings(LastFrameMarkedInPlace(), (x, mask),
+                                         ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
+    assert warned == []
+    assert guards.index_ranges == ((1, 0, 2),)

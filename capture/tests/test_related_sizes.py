@@ -131,3 +131,44 @@ def test_sizes_the_program_will_not_make_one_stay_apart_but_guarded_equal():
     # Not the padding's own shape guard (x.size(1)*(8 + x.size(1) - x.size(1) % 8) > 1),
     # which every size the range takes keeps.
     assert guards.describe(["x", "mask"]) == "x: float32[1, s0 in [2, inf)], mask: float32[1, s0]"
+
+
+class CacheUpdatedInPlace(torch.nn.Module):
+    """transformers' StaticCache.update, k_out.index_copy_(2, cache_position,
+    key_states): the positions are the client's, one per new slice."""
+
+    def forward(self, x, cache_position):
+        buf = torch.zeros(x.shape[0], 16, x.shape[2], dtype=x.dtype)
+        buf.index_copy_(1, cache_position, x)
+        return buf.sum(1)
+
+
+def test_a_copy_in_place_takes_one_index_per_slice_of_its_source_each_within_the_table():
+    # Five positions for three slices: the compiled copy read two slices
+    # past the source, and served what other memory held.
+    guards = guards_of(CacheUpdatedInPlace(), (torch.randn(2, 3, 4), torch.tensor([5, 6, 7])),
+                       ({0: AUTO, 1: AUTO, 2: AUTO}, {0: AUTO}))
+    x, positions = guards.args
+    assert x.tensor.dims[1].symbol == positions.tensor.dims[0].symbol
+    assert guards.index_ranges == ((1, 0, 16),)
+    assert guards.holds([torch.randn(2, 5, 4), torch.arange(5)])
+    assert not guards.holds([torch.randn(2, 3, 4), torch.arange(5)])
+    assert not guards.holds([torch.randn(2, 3, 4), torch.arange(2)])
+
+
+class RowsPutInPlace(torch.nn.Module):
+    """buf[positions] = rows: one row of values per index."""
+
+    def forward(self, rows, positions):
+        buf = torch.zeros(8, rows.shape[1])
+        buf[positions] = rows
+        return buf
+
+
+def test_values_put_in_place_are_as_many_as_the_indices_select():
+    guards = guards_of(RowsPutInPlace(), (torch.randn(3, 4), torch.tensor([1, 4, 6])),
+                       ({0: AUTO, 1: AUTO}, {0: AUTO}))
+    rows, positions = guards.args
+    assert rows.tensor.dims[0].symbol == positions.tensor.dims[0].symbol
+    assert guards.index_ranges == ((1, -8, 8),)
+    assert not guards.holds([torch.randn(2, 4), torch.tensor([1, 4, 6])])
