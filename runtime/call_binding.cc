@@ -55,21 +55,10 @@ absl::StatusOr<c10::IValue> ToIValue(const std::string& name,
     if (!any && kind != Parameter::TENSOR && kind != Parameter::OPTIONAL_TENSOR) {
       return wrong("a tensor");
     }
-    uint64_t numel = 1;
-    for (int64_t d : t->shape) {
-      if (d < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "argument '", name, "' has a negative dimension in its shape [",
-            absl::StrJoin(t->shape, ", "), "]"));
-      }
-      if (d != 0 && numel > UINT64_MAX / static_cast<uint64_t>(d)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("argument '", name, "' has too many elements"));
-      }
-      numel *= static_cast<uint64_t>(d);
-    }
     const uint64_t size = DTypeSize(t->dtype);
-    if (numel > UINT64_MAX / size || numel * size != t->nbytes) {
+    ASSIGN_OR_RETURN(const uint64_t numel,
+                     ElementCount(t->shape, size, absl::StrCat("argument '", name, "'")));
+    if (numel * size != t->nbytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "argument '", name, "' has ", t->nbytes, " bytes but its shape [",
           absl::StrJoin(t->shape, ", "), "] of ", DTypeName(t->dtype), " needs ",

@@ -97,7 +97,14 @@ TEST(BindArguments, RefusesEachBadArgumentNamingIt) {
   EXPECT_THAT(refusal(args), HasSubstr("argument 'x' has 12 bytes but its shape [2, 2] of float32 needs 16"));
   args = a.Named();
   std::get<TensorArg>(args[1].value).shape = {int64_t{1} << 40, int64_t{1} << 40};
-  EXPECT_THAT(refusal(args), HasSubstr("argument 'x' has too many elements"));
+  EXPECT_THAT(refusal(args), HasSubstr("argument 'x' has shape [1099511627776, 1099511627776], "
+                                       "more elements than any request can carry"));
+  // Empty, with strides past 2^64 all the same.
+  args = a.Named();
+  std::get<TensorArg>(args[1].value).shape = {0, int64_t{1} << 62};
+  std::get<TensorArg>(args[1].value).nbytes = 0;
+  EXPECT_THAT(refusal(args), HasSubstr("argument 'x' has shape [0, 4611686018427387904], more "
+                                       "elements than any request can carry"));
   const std::vector<int64_t> outside = {3, 10};
   args = a.Named();
   args[0].value = Tensor(DType::kInt64, {2}, outside.data(), 16);

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "runtime/dtype.h"
 
 namespace precompile {
@@ -69,6 +71,14 @@ absl::string_view OutcomeName(Outcome outcome);
 // among them.
 absl::Status UnknownArgumentError(absl::string_view model, absl::string_view name,
                                   absl::string_view arguments);
+
+// The elements of a tensor of `shape` whose elements take `element_size`
+// bytes. INVALID_ARGUMENT, naming `what` ("input 'x'"), for a negative
+// dimension, or for a shape no tensor can have: more than 2^62 bytes, its
+// sizes of 0 counted as 1, since libtorch computes an empty tensor's
+// strides from its other sizes ([0, 2^62] overflows them).
+absl::StatusOr<uint64_t> ElementCount(absl::Span<const int64_t> shape, uint64_t element_size,
+                                      absl::string_view what);
 
 struct CallResult {
   std::vector<OutputTensor> outputs;

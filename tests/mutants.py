@@ -1,7 +1,7 @@
 """A mutation pass over the checks that decide how a call is served.
 
 Each mutant deletes or inverts one check in runtime/guard_program.cc,
-runtime/loaded_version.cc or server/api/tensor_codec.cc; the tests that should notice
+runtime/loaded_version.cc, server/api/tensor_codec.cc or runtime/value.cc; the tests that should notice
 run, and the mutant is recorded as killed (a test failed) or survived. The
 source is restored after each mutant, also when interrupted.
 
@@ -63,10 +63,11 @@ MUTANTS = [
      "an unflagged frame's miss is not refused"),
     ("server/api/tensor_codec.cc", "    if (raw.size() != expected_bytes) {", "    if (false) {",
      "raw byte counts never checked against shapes"),
-    ("server/api/tensor_codec.cc", "    if (d < 0) {", "    if (false) {", "negative dimensions accepted"),
-    ("server/api/tensor_codec.cc",
-     "    if (d != 0 && numel > (uint64_t{1} << 62) / element_size / static_cast<uint64_t>(d)) {",
-     "    if (false) {", "element counts may overflow"),
+    ("runtime/value.cc", "    if (d < 0) {", "    if (false) {", "negative dimensions accepted"),
+    ("runtime/value.cc", "    if (spanned > kMaxBytes / per_element / size) {", "    if (false) {",
+     "element counts may overflow"),
+    ("runtime/value.cc", "std::max<uint64_t>(static_cast<uint64_t>(d), 1)", "static_cast<uint64_t>(d)",
+     "an empty tensor's strides may overflow"),
 ]
 
 

@@ -90,22 +90,10 @@ absl::StatusOr<TensorArg> DecodeInput(const inference::ModelInferRequest& reques
   tensor.dtype = *dtype;
   tensor.shape.assign(input.shape().begin(), input.shape().end());
   const uint64_t element_size = DTypeSize(*dtype);
-  uint64_t numel = 1;
-  for (int64_t d : tensor.shape) {
-    if (d < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", name, "' has a negative dimension in shape [",
-          absl::StrJoin(tensor.shape, ", "), "]"));
-    }
-    // Bounds the byte count, not only the element count, so that
-    // numel * element_size cannot wrap around.
-    if (d != 0 && numel > (uint64_t{1} << 62) / element_size / static_cast<uint64_t>(d)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", name, "' has shape [", absl::StrJoin(tensor.shape, ", "),
-          "], more elements than any request can carry"));
-    }
-    numel *= static_cast<uint64_t>(d);
-  }
+  absl::StatusOr<uint64_t> counted =
+      ElementCount(tensor.shape, element_size, absl::StrCat("input '", name, "'"));
+  if (!counted.ok()) return counted.status();
+  const uint64_t numel = *counted;
   const uint64_t expected_bytes = numel * element_size;
 
   if (request.raw_input_contents_size() > 0) {

@@ -119,6 +119,14 @@ TEST(TensorCodec, RefusesWhatCannotBeDecoded) {
     cases.push_back({r, "more elements than any request can carry"});
   }
   {
+    // No elements, but strides past 2^64: libtorch computes an empty
+    // tensor's strides from its other sizes (once a 500 "Stride
+    // calculation overflowed", after the request was decoded).
+    auto r = OneInput("FP32", {0, 3, int64_t{1} << 62, 40});
+    r.add_raw_input_contents("");
+    cases.push_back({r, "input 'x' has shape [0, 3, 4611686018427387904, 40], more elements"});
+  }
+  {
     // A second input whose data is in its contents, beside a raw first.
     auto r = OneInput("FP32", {1});
     r.add_raw_input_contents(std::string(4, '\0'));

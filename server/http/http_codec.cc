@@ -197,25 +197,6 @@ class LeafWriter {
   uint64_t index_ = 0;
 };
 
-// The element count of `shape`, or INVALID_ARGUMENT when a dimension is
-// negative or the bytes would exceed what any request can carry.
-absl::StatusOr<uint64_t> ElementCount(const std::vector<int64_t>& shape, uint64_t element_size,
-                                      const std::string& input) {
-  uint64_t numel = 1;
-  for (int64_t d : shape) {
-    if (d < 0) {
-      return Invalid(absl::StrCat("input '", input, "' has a negative dimension in shape [",
-                                  absl::StrJoin(shape, ", "), "]"));
-    }
-    if (d != 0 && numel > (uint64_t{1} << 62) / element_size / static_cast<uint64_t>(d)) {
-      return Invalid(absl::StrCat("input '", input, "' has shape [", absl::StrJoin(shape, ", "),
-                                  "], more elements than any request can carry"));
-    }
-    numel *= static_cast<uint64_t>(d);
-  }
-  return numel;
-}
-
 absl::StatusOr<std::vector<int64_t>> ShapeOf(const Json& json, const std::string& input) {
   if (!json.is_array()) {
     return Invalid(absl::StrCat("input '", input, "': \"shape\" must be an array of integers"));
@@ -476,7 +457,8 @@ class InferJsonParser final : public nlohmann::json_sax<Json> {
     if (so_far.datatype) dtype = DTypeFromDatatype(*so_far.datatype);
     if (!dtype || !so_far.shape_ok) return;
     const std::string name = InputName(input);
-    absl::StatusOr<uint64_t> numel = ElementCount(so_far.shape, DTypeSize(*dtype), name);
+    absl::StatusOr<uint64_t> numel =
+        ElementCount(so_far.shape, DTypeSize(*dtype), absl::StrCat("input '", name, "'"));
     if (!numel.ok()) return;
     data.numel = *numel;
     data.writer = std::make_unique<LeafWriter>(*dtype, name, &data.bytes);
@@ -552,7 +534,8 @@ absl::StatusOr<PendingInput> DecodeInputHeader(const Json& json, int index, Data
   absl::StatusOr<std::vector<int64_t>> shape = ShapeOf(*shape_json, input_name);
   if (!shape.ok()) return shape.status();
   for (int64_t d : *shape) input->add_shape(d);
-  absl::StatusOr<uint64_t> numel = ElementCount(*shape, DTypeSize(*dtype), input_name);
+  absl::StatusOr<uint64_t> numel =
+      ElementCount(*shape, DTypeSize(*dtype), absl::StrCat("input '", input_name, "'"));
   if (!numel.ok()) return numel.status();
   pending.numel = *numel;
 
