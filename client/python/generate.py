@@ -6,7 +6,9 @@ besides its logits, the keys and values of every position so far, as
 outputs named by their path in the cache: past_key_values.key_cache.<layer>
 and past_key_values.value_cache.<layer>. The next call passes them back as
 inputs of the same names with only the new token, so each token costs one
-position, not the whole prefix. The server keeps nothing between calls.
+position, not the whole prefix. The server keeps nothing between calls. A
+decoder captured without its cache (the gallery's `gpt2`) is sent the whole
+sequence so far every step instead.
 
     .venv/bin/python client/python/generate.py --address 127.0.0.1:8001 \\
         --model gpt2_decoder --prompt 17,4,99,250,3 --tokens 8
@@ -125,8 +127,12 @@ def generate_batch(client: triton.InferenceServerClient, model: str,
     positions counted from its own first token (a model with a
     position_ids input gets them, as generate() passes them). A row ends
     at `eos`, and the calls end once every row has; the last step's token
-    is `forced_eos` where one is given."""
+    is `forced_eos` where one is given. A model that serves no cache gets
+    the whole sequence so far each step."""
     names = cache_outputs(client, model)
+    # A decoder captured without its cache (use_cache=False) is sent the
+    # whole sequence every step: each token costs the whole prefix.
+    whole_sequence = not names
     positions = _takes(client, model, "position_ids")
     requested = [triton.InferRequestedOutput(name) for name in ["logits"] + names]
     ids, mask = left_padded(prompts, pad)
@@ -142,7 +148,7 @@ def generate_batch(client: triton.InferenceServerClient, model: str,
         for row, token in zip(out, chosen):
             row.append(int(token))
         cache = {name: result.as_numpy(name) for name in names}
-        ids = chosen[:, None]
+        ids = np.concatenate([ids, chosen[:, None]], axis=1) if whole_sequence else chosen[:, None]
         mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
     return _cut(out, eos)
 

@@ -58,6 +58,8 @@ def test_generated_tokens_equal_model_generate(client, model):
     assert generate.generate(client, model, PROMPT, 20) == _in_process(PROMPT, 20, model)
 
 
+
+
 # Prompts of different lengths in one batch: left-padded to the longest.
 BATCH = [PROMPT, [5, 6], [7, 8, 9, 10]]
 
@@ -69,6 +71,15 @@ def _in_process_batch(prompts, tokens, model):
             torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=tokens,
             do_sample=False, pad_token_id=0)
     return out[:, ids.shape[1]:].tolist()
+
+
+def test_a_decoder_without_its_cache_generates_from_the_whole_sequence_each_step(client):
+    # The gallery's gpt2 is gpt2_decoder's model captured with use_cache=False
+    # (its batch from 2, as Dynamo makes it), and takes no position_ids:
+    # prompts of one length, which need none.
+    prompts = [PROMPT, [9, 31, 2, 600, 41, 7]]
+    assert generate.generate_batch(client, "gpt2", prompts, 8) == _in_process_batch(
+        prompts, 8, "gpt2_decoder")
 
 
 @pytest.mark.parametrize("model", sorted(FACTORIES))
