@@ -72,6 +72,17 @@ def _describe_call(values: Sequence[Any], frame: Frame) -> str:
     return f"{frame.name}({', '.join(parts)})"
 
 
+def _stand_in(value: Any, rows: Optional[int] = None) -> Any:
+    """A tensor of `value`'s dtype, device and shape (its first dimension
+    `rows`, where given) whose elements all share one: what guards read."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    shape = list(value.shape)
+    if rows is not None:
+        shape[0] = rows
+    return torch.empty_strided(shape, [0] * len(shape), dtype=value.dtype, device=value.device)
+
+
 class _Interceptor:
     """Routes calls of sub-frames through the capture while frames run eagerly.
 
@@ -262,6 +273,9 @@ class Capture:
         # The entry calls that ran, in order (call_record()); the manifest's
         # captured_calls, each signature once.
         self._entry_calls: List[Dict[str, Any]] = []
+        # Each example call's entry values, tensors as empty stand-ins of
+        # their shapes (stride 0: no memory), for batch_gaps().
+        self._entry_shapes: List[List[Any]] = []
         for frame in self._frames.values():
             ops.register_frame(frame.name, frame.call_original)
 
@@ -354,6 +368,7 @@ class Capture:
             values = self._bind(self.entry, args, kwargs)
             result = self._dispatch_bound(self.entry, args, kwargs, values)
         self._entry_calls.append(call_record(self.entry, values))
+        self._entry_shapes.append([_stand_in(v) for v in values])
         return result
 
     def _run_eager(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any], intercept: bool) -> Any:
@@ -532,6 +547,44 @@ class Capture:
             complete=not uncovered and not truncated,
         )
 
+    def batch_gaps(self) -> List[str]:
+        """Example calls whose shapes the variants serve at the call's batch
+        (the first dimension its tensors share) but not at batch 1 or at one
+        more: Dynamo's guards keep what the calls had, so a size the example
+        calls never varied stays as it was (batch 1 is its own case: Dynamo
+        makes a dynamic size start at 2), and a guard the code asks for
+        (a parity, a size its shortcut takes) excludes others. One line per
+        shape, naming the batches; an entry that falls back serves them
+        eagerly, and has none."""
+        entry = self.entry
+        if entry.eager_fallback or not entry.variants:
+            return []
+
+        def served(values: List[Any]) -> bool:
+            return any(v.guards.holds(values) for v in entry.variants)
+
+        gaps, seen = [], set()
+        with torch.no_grad():
+            for number, values in enumerate(self._entry_shapes, 1):
+                tensors = [v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0]
+                if not tensors or not served(values):
+                    continue
+                rows = tensors[0].shape[0]
+                batched = [isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == rows for v in values]
+                shapes = tuple((tuple(v.shape[1:]) if b else tuple(v.shape)) if isinstance(v, torch.Tensor)
+                               else None for v, b in zip(values, batched))
+                if shapes in seen:
+                    continue
+                seen.add(shapes)
+                missed = [other for other in sorted({1, rows + 1} - {rows})
+                          if not served([_stand_in(v, other) if b else v for v, b in zip(values, batched)])]
+                if missed:
+                    gaps.append(
+                        f"example call {number}, {_describe_call(values, entry)}, is served at batch {rows} "
+                        f"but not at batch {' or '.join(str(m) for m in missed)}: add an example call of "
+                        "that batch if clients send one")
+        return gaps
+
     def variantless_entry_message(self) -> Optional[str]:
         entry = self.entry
         if not entry.variantless_entry_fallback:
@@ -626,6 +679,8 @@ class Capture:
             message = self.incompleteness_message()
             if message is not None:
                 raise PrecompileError(message)
+        for gap in self.batch_gaps():
+            warnings.warn(f"precompile capture: model '{self.name}': {gap}", RuntimeWarning, stacklevel=2)
         flagged = [f for f in self._frames.values() if f.eager_fallback]
         scripted = [f for f in flagged if f.eager_program != "python"]
         in_python = [f for f in flagged if f.eager_program == "python"]

@@ -39,6 +39,18 @@ def test_first_capture_is_static_then_the_changed_dim_is_dynamic(mlp):
     assert compiles_before_miss == 2  # batch 32 hit the dynamic variant
 
 
+def test_a_batch_no_variant_serves_is_named_when_the_artifact_is_saved(mlp, tmp_path):
+    # Batch 1: Dynamo's dynamic batch starts at 2 and the static variant
+    # takes 8. Batches 9, 17 and 33 take the dynamic variant; the rank-3
+    # call, which no variant serves at any batch, is not a gap.
+    cap = mlp[0]
+    gaps = cap.batch_gaps()
+    assert gaps == ["example call 1, forward(x=float32[8, 4]), is served at batch 8 but not at batch 1: "
+                    "add an example call of that batch if clients send one"]
+    with pytest.warns(RuntimeWarning, match=r"model 'mlp': example call 1, .* not at batch 1"):
+        cap.save(tmp_path / "a", require_complete=False)
+
+
 def test_dynamic_is_automatic_or_static_never_forced():
     # dynamic=False is served by examples' mlp_static (tests/server_batching_test.cc).
     with pytest.raises(precompile_capture.PrecompileError, match="dynamic must be None"):
