@@ -566,6 +566,8 @@ class Capture:
         gaps, seen = [], set()
         with torch.no_grad():
             for number, values in enumerate(self._entry_shapes, 1):
+                # Inputs a later call added (an entry of **kwargs): None here.
+                values = values + [None] * (len(entry.params) - len(values))
                 tensors = [v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0]
                 if not tensors or not served(values):
                     continue
