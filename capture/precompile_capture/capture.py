@@ -223,6 +223,7 @@ class Capture:
     ) -> None:
         if dynamic not in (None, False):
             raise PrecompileError(f"dynamic must be None (automatic) or False (static), not {dynamic!r}")
+        self.static_shapes = dynamic is False
         if not name or not isinstance(name, str):
             raise PrecompileError("a capture needs a model name")
         if device not in DEVICES:
@@ -554,10 +555,11 @@ class Capture:
         calls never varied stays as it was (batch 1 is its own case: Dynamo
         makes a dynamic size start at 2), and a guard the code asks for
         (a parity, a size its shortcut takes) excludes others. One line per
-        shape, naming the batches; an entry that falls back serves them
-        eagerly, and has none."""
+        shape, naming the batches. None where they are meant or served:
+        with static shapes (dynamic=False, every shape its own variant), or
+        an entry that falls back (it serves them eagerly)."""
         entry = self.entry
-        if entry.eager_fallback or not entry.variants:
+        if self.static_shapes or entry.eager_fallback or not entry.variants:
             return []
 
         def served(values: List[Any]) -> bool:
@@ -581,10 +583,8 @@ class Capture:
                 missed = [other for other in sorted({1, rows + 1} - {rows})
                           if not served([_stand_in(v, other) if b else v for v, b in zip(values, batched)])]
                 if missed:
-                    gaps.append(
-                        f"example call {number}, {_describe_call(values, entry)}, is served at batch {rows} "
-                        f"but not at batch {' or '.join(str(m) for m in missed)}: add an example call of "
-                        "that batch if clients send one")
+                    gaps.append(f"call {number}, {_describe_call(values, entry)}, at batch "
+                                f"{' or '.join(str(m) for m in missed)}")
         return gaps
 
     def variantless_entry_message(self) -> Optional[str]:
@@ -681,8 +681,14 @@ class Capture:
             message = self.incompleteness_message()
             if message is not None:
                 raise PrecompileError(message)
-        for gap in self.batch_gaps():
-            warnings.warn(f"precompile capture: model '{self.name}': {gap}", RuntimeWarning, stacklevel=2)
+        gaps = self.batch_gaps()
+        if gaps:
+            shown = "; ".join(gaps[:3]) + (f"; and {len(gaps) - 3} more" if len(gaps) > 3 else "")
+            warnings.warn(
+                f"precompile capture: model '{self.name}': no variant serves the shapes of these example "
+                f"calls at another batch (1, or one more than the call's): {shown}. Add example calls "
+                "of those batches if clients send them (a batch of 1 needs one of its own: Dynamo's "
+                "dynamic sizes start at 2)", RuntimeWarning, stacklevel=2)
         flagged = [f for f in self._frames.values() if f.eager_fallback]
         scripted = [f for f in flagged if f.eager_program != "python"]
         in_python = [f for f in flagged if f.eager_program == "python"]

@@ -1,6 +1,6 @@
 """Automatic dynamic (static first, then a dynamic batch) and the recompile limit.
 
-Two AOTInductor compiles.
+Three AOTInductor compiles.
 """
 
 import os
@@ -45,10 +45,20 @@ def test_a_batch_no_variant_serves_is_named_when_the_artifact_is_saved(mlp, tmp_
     # call, which no variant serves at any batch, is not a gap.
     cap = mlp[0]
     gaps = cap.batch_gaps()
-    assert gaps == ["example call 1, forward(x=float32[8, 4]), is served at batch 8 but not at batch 1: "
-                    "add an example call of that batch if clients send one"]
-    with pytest.warns(RuntimeWarning, match=r"model 'mlp': example call 1, .* not at batch 1"):
+    assert gaps == ["call 1, forward(x=float32[8, 4]), at batch 1"]
+    with pytest.warns(RuntimeWarning, match=r"model 'mlp': no variant serves .*: call 1, forward\(x=float32\[8, 4\]\), "
+                      r"at batch 1\. Add example calls"):
         cap.save(tmp_path / "a", require_complete=False)
+
+
+def test_static_shapes_name_no_batch_gap():
+    # dynamic=False: every shape its own variant, as the user asked.
+    cap = precompile_capture.capture(MLP().eval(), name="mlp", dynamic=False)
+    try:
+        cap(torch.randn(8, 4))
+        assert cap.batch_gaps() == []
+    finally:
+        cap.close()
 
 
 def test_dynamic_is_automatic_or_static_never_forced():
