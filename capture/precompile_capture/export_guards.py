@@ -97,9 +97,34 @@ def _evaluate(tree: ast.AST, size: Callable[[int, int], Any]) -> Any:
             and len(tree.args) >= 2 and not tree.keywords):
         values = [_evaluate(arg, size) for arg in tree.args]
         return functools.reduce(_EXTREMA[tree.func.id], values)
+    if (isinstance(tree, ast.Call) and ast.unparse(tree.func) == "math.ceil" and len(tree.args) == 1
+            and not tree.keywords and isinstance(tree.args[0], ast.BinOp) and isinstance(tree.args[0].op, ast.Div)):
+        # ceil(a / b) of integers, b > 0, as the floor division size
+        # programs have: (a + b - 1) // b (pooling's and patching's counts).
+        a, b = _evaluate(tree.args[0].left, size), _evaluate(tree.args[0].right, size)
+        if not isinstance(b, int) or b <= 0:
+            raise _Unreadable(ast.unparse(tree))
+        return (a + (b - 1)) // b
     if isinstance(tree, ast.Compare) and len(tree.ops) == 1 and type(tree.ops[0]) in _COMPARISON:
         return _COMPARISON[type(tree.ops[0])](_evaluate(tree.left, size), _evaluate(tree.comparators[0], size))
+    if isinstance(tree, ast.BoolOp) and isinstance(tree.op, ast.Or):
+        # A relation per guard has no "or": one whose symbols' ranges imply
+        # it is none, the rest stay unreadable (export_size_relations).
+        return functools.reduce(operator.or_, (_as_bool(_evaluate(v, size)) for v in tree.values))
     raise _Unreadable(ast.unparse(tree))
+
+
+def _as_bool(value: Any) -> Any:
+    return value if isinstance(value, (bool, torch.SymBool)) else bool(value)
+
+
+def _conjuncts(code: str, tree: ast.AST) -> List[str]:
+    """`code` (parsed: `tree`) split at its top-level "and"s, each part as
+    written: each a guard."""
+    body = tree.body if isinstance(tree, ast.Expression) else tree
+    if isinstance(body, ast.BoolOp) and isinstance(body.op, ast.And):
+        return [part for value in body.values for part in _conjuncts(code, value)]
+    return [ast.get_source_segment(code, body) or ast.unparse(body)]
 
 
 def export_size_relations(
@@ -135,8 +160,14 @@ def export_size_relations(
             f"capture cannot read ({why}): a call that breaks it runs compiled code that assumes it",
             RuntimeWarning, stacklevel=3)
 
+    codes = []
+    for whole in getattr(ep, "_guards_code", None) or []:
+        try:
+            codes.extend(_conjuncts(whole, ast.parse(whole, mode="eval")))
+        except SyntaxError:
+            codes.append(whole)
     relations: List[SizeRelation] = []
-    for code in getattr(ep, "_guards_code", None) or []:
+    for code in codes:
         try:
             value = _evaluate(ast.parse(code, mode="eval"), fake_size)
         except (_Unreadable, SyntaxError) as e:

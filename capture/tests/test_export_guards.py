@@ -6,6 +6,8 @@ that branches on a product of sizes computed the other branch's answer.
 Exports only (no AOTInductor compile): fast.
 """
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -156,3 +158,42 @@ def test_a_relation_deeper_than_the_server_evaluates_is_warned_of():
     assert len(export_size_relations(ep, lambda expr: nested(16), ["x"])) == 1
     with pytest.warns(RuntimeWarning, match="nested deeper than the server evaluates"):
         assert export_size_relations(ep, lambda expr: nested(17), ["x"]) == []
+
+
+def _with_guards_code(code):
+    """Branch exported, its guards code replaced by `code` (x's sizes as
+    torch.export writes them), and the guards the capture reads of it."""
+    ep = torch.export.export(Branch(), (torch.randn(3, 8),), dynamic_shapes=({0: AUTO, 1: AUTO},), strict=True)
+    ep._guards_code = [c.replace("x0", "L['flat_args'][0].size()[0]").replace("x1", "L['flat_args'][0].size()[1]")
+                       for c in code]
+    guards, _ = extract_guards(ep, [torch.randn(3, 8)])
+    return guards
+
+
+def test_guards_joined_by_and_are_each_a_relation():
+    guards = _with_guards_code(["x0*x1 <= 100 and (x0 != 7 and x1 != 9)"])
+    assert [r.text for r in guards.size_relations] == [
+        "x.size(0)*x.size(1) <= 100", "x.size(0) != 7", "x.size(1) != 9"]
+    for g in (guards, saved(guards, 1)):
+        assert g.holds([torch.randn(4, 25)])
+        for shape in ((5, 25), (7, 2), (2, 9)):
+            assert not g.holds([torch.randn(shape)]), shape
+
+
+def test_a_ceiling_of_sizes_is_read_as_a_floor_division():
+    # MobileViT's and pooling's guards count patches so: math.ceil(n / 2).
+    guards = _with_guards_code(["math.ceil(x0 / 4) <= 2"])
+    assert [r.text for r in guards.size_relations] == ["math.ceil(x.size(0) / 4) <= 2"]
+    for g in (guards, saved(guards, 1)):
+        assert g.holds([torch.randn(8, 3)]) and g.holds([torch.randn(5, 3)])
+        assert not g.holds([torch.randn(9, 3)])
+
+
+def test_a_guard_joined_by_or_is_none_where_the_ranges_imply_it_and_warned_of_otherwise():
+    # x.size(0) takes sizes from 2: the first holds whatever the second says.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _with_guards_code(["x0 >= 2 or x1 == 5"]).size_relations == ()
+    with pytest.warns(RuntimeWarning, match=r"guards the sizes with 'x.size\(0\) == 3 or x.size\(1\) == 5', "
+                                            "which the capture cannot read"):
+        assert _with_guards_code(["x0 == 3 or x1 == 5"]).size_relations == ()
