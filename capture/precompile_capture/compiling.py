@@ -126,6 +126,24 @@ def first_lines(text: str, n: int = _DETAIL_LINES) -> str:
     return out[:_DETAIL_CHARS]
 
 
+_USER_CODE_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def with_user_site(detail: str, error: BaseException) -> str:
+    """`detail` with its first line naming the line of the model's code
+    where Dynamo gave up: the innermost of the user code that Dynamo's
+    message lists, which the first lines (all a refusal quotes) leave out."""
+    text = str(error)
+    start = text.find("from user code:")
+    sites = _USER_CODE_LINE.findall(text[start:]) if start >= 0 else []
+    if not sites:
+        return detail
+    path, line, function = sites[-1]
+    path = path.split("site-packages/")[-1]
+    first, newline, rest = detail.partition("\n")
+    return f"{first} [at {path}:{line}, in {function}]{newline}{rest}"
+
+
 def _cause_chain(error: BaseException) -> Iterator[BaseException]:
     seen = set()
     e: Optional[BaseException] = error
@@ -388,7 +406,7 @@ class VariantCompiler:
                 if e.error_type is dynamo_exc.UserErrorType.INVALID_INPUT:
                     # The inputs or dynamic shapes the capture passed: not the program's doing.
                     raise CompileError("torch.export", e) from e
-                raise Fallback(FallbackCause.USER_ERROR, first_lines(str(e)), e) from e
+                raise Fallback(FallbackCause.USER_ERROR, with_user_site(first_lines(str(e)), e), e) from e
             except dynamo_exc.Unsupported as e:
                 cause = FallbackCause.SKIP_FRAME if _is_skip_frame_call(e) else FallbackCause.GRAPH_BREAK
                 raise Fallback(cause, graph_break_detail(str(e)), e) from e

@@ -1,6 +1,7 @@
 """How each cause is detected, the two exclusions, and the refusal of an entry
 that fell back on its first call. No AOTInductor compile happens here."""
 
+import inspect
 import os
 import threading
 import warnings
@@ -74,7 +75,13 @@ def test_data_dependent_control_flow_is_a_suppressed_user_error(tmp_path):
     # The flagged exception really is a UserError (a subclass of Unsupported).
     assert info.fallback_exception == "torch._dynamo.exc.UserError"
     assert "Could not guard on data-dependent expression" in info.fallback_detail
+    # The refusal quotes the first line: it names the model's line that
+    # gave up (Longformer's `if is_global_attn:` was otherwise nowhere).
+    line = inspect.getsourcelines(DataDependent.forward)[1] + 2
+    assert info.fallback_detail.splitlines()[0].endswith(f"models_for_tests.py:{line}, in forward]")
     _assert_refused(cap, tmp_path, "USER_ERROR: a UserError Dynamo suppressed")
+    with pytest.raises(PrecompileError, match=rf"models_for_tests.py:{line}, in forward\]"):
+        cap.save(tmp_path / "sited")
 
 
 def test_graph_break_on_the_first_call(tmp_path):
