@@ -118,13 +118,13 @@ def _as_bool(value: Any) -> Any:
     return value if isinstance(value, (bool, torch.SymBool)) else bool(value)
 
 
-def _conjuncts(code: str, tree: ast.AST) -> List[str]:
-    """`code` (parsed: `tree`) split at its top-level "and"s, each part as
-    written: each a guard."""
+def _conjuncts(code: str, tree: ast.AST) -> List[Tuple[str, ast.AST]]:
+    """`code` (parsed: `tree`) split at its top-level "and"s: each part, as
+    written and parsed, a guard."""
     body = tree.body if isinstance(tree, ast.Expression) else tree
     if isinstance(body, ast.BoolOp) and isinstance(body.op, ast.And):
         return [part for value in body.values for part in _conjuncts(code, value)]
-    return [ast.get_source_segment(code, body) or ast.unparse(body)]
+    return [(ast.get_source_segment(code, body) or ast.unparse(body), body)]
 
 
 def export_size_relations(
@@ -160,17 +160,17 @@ def export_size_relations(
             f"capture cannot read ({why}): a call that breaks it runs compiled code that assumes it",
             RuntimeWarning, stacklevel=3)
 
-    codes = []
+    guards: List[Tuple[str, ast.AST]] = []
     for whole in getattr(ep, "_guards_code", None) or []:
         try:
-            codes.extend(_conjuncts(whole, ast.parse(whole, mode="eval")))
-        except SyntaxError:
-            codes.append(whole)
+            guards.extend(_conjuncts(whole, ast.parse(whole, mode="eval")))
+        except SyntaxError as e:
+            unreadable(whole, str(e))
     relations: List[SizeRelation] = []
-    for code in codes:
+    for code, tree in guards:
         try:
-            value = _evaluate(ast.parse(code, mode="eval"), fake_size)
-        except (_Unreadable, SyntaxError) as e:
+            value = _evaluate(tree, fake_size)
+        except _Unreadable as e:
             unreadable(code, str(e))
             continue
         if not isinstance(value, torch.SymBool):
