@@ -32,7 +32,9 @@ class FrameDispatcher {
     std::string reason;  // Its first failing guard, in words.
   };
   // For a call that Match() missed: the variant that got furthest through its
-  // checks, and why it failed. nullopt if the frame has no variants.
+  // checks, preferring those that take the same inputs as the call (a tensor
+  // where it sends one, None where it sends none), and why it failed. nullopt if the frame has no
+  // variants.
   std::optional<Explanation> ExplainMiss(absl::Span<const ArgView> args,
                                          const GlobalState& state) const;
 

@@ -4,10 +4,12 @@
 #include <limits>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "runtime/size_program.h"
 
 namespace precompile {
@@ -384,6 +386,14 @@ bool GuardProgram::Matches(absl::Span<const ArgView> args,
   return FirstFailure(args, state, symbols) < 0;
 }
 
+bool GuardProgram::TakesTheSameInputs(absl::Span<const ArgView> args) const {
+  for (const Check& c : checks_) {
+    if (c.op == Op::kIsTensor && args[c.arg].kind != ArgView::Kind::kTensor) return false;
+    if (c.op == Op::kIsNone && args[c.arg].kind != ArgView::Kind::kNone) return false;
+  }
+  return true;
+}
+
 int GuardProgram::ChecksHeld(absl::Span<const ArgView> args,
                              const GlobalState& state) const {
   int64_t symbols[kMaxSymbols];
@@ -411,6 +421,34 @@ std::string GuardProgram::DimName(uint16_t arg, uint16_t dim) const {
   return absl::StrFormat("%s.size(%d)", parameter_names_[arg], dim);
 }
 
+std::string GuardProgram::RelationText(const Relation& r, const int64_t* symbols) const {
+  // Guards on windows and patches can run to thousands of characters (Swin's
+  // padding), which no client reads: a long one is cut, and the sizes it
+  // relates are named with the values the call gave them instead.
+  constexpr size_t kMaxGuardText = 160;
+  if (r.text.size() <= kMaxGuardText) {
+    return absl::StrCat("shape guard: expected ", r.text);
+  }
+  std::vector<int32_t> slots;
+  for (const SizeProgram* side : {&r.left, &r.right}) {
+    for (const SizeProgram::Step& step : side->steps()) {
+      if (step.step_case() == SizeProgram::Step::kSymbol &&
+          absl::c_find(slots, step.symbol()) == slots.end()) {
+        slots.push_back(step.symbol());
+      }
+    }
+  }
+  std::vector<std::string> sizes;
+  for (int32_t slot : slots) {
+    const SlotBinder& binder = slot_binders_[slot];
+    sizes.push_back(absl::StrCat(DimName(binder.arg, binder.dim), " = ",
+                                 SaturatingAdd(symbols[slot], binder.offset)));
+  }
+  return absl::StrCat("shape guard on ", absl::StrJoin(sizes, ", "), ": expected ",
+                      r.text.substr(0, kMaxGuardText), "... (", r.text.size(),
+                      " characters in all)");
+}
+
 std::string GuardProgram::Describe(const Check& c,
                                    absl::Span<const ArgView> args,
                                    const GlobalState& state,
@@ -427,13 +465,14 @@ std::string GuardProgram::Describe(const Check& c,
     case Op::kSizeRelation: {
       const Relation& r = relations_[c.value];
       const auto sides = Sides(r.left, r.right, symbols);
+      const std::string guard = RelationText(r, symbols);
       if (!Known(sides)) {
         const bool overflow = sides.first.kind == SizeValue::Kind::kOverflow ||
                               sides.second.kind == SizeValue::Kind::kOverflow;
-        return absl::StrCat("shape guard: expected ", r.text, ", got sizes whose ",
+        return absl::StrCat(guard, ", got sizes whose ",
                             overflow ? "arithmetic leaves 64 bits" : "arithmetic divides by zero");
       }
-      return absl::StrCat("shape guard: expected ", r.text, ", got ", sides.first.value, " ",
+      return absl::StrCat(guard, ", got ", sides.first.value, " ",
                           FailedComparisonText(r.comparison), " ", sides.second.value);
     }
     default: break;

@@ -82,6 +82,11 @@ class GuardProgram {
   // How many checks hold before the first failing one (num_checks() if all
   // hold): ExplainMismatch's checks_passed, without building the words.
   int ChecksHeld(absl::Span<const ArgView> args, const GlobalState& state) const;
+  // True if each parameter is a tensor or None as the guards expect,
+  // whatever its dtype, sizes or value: which inputs a call sends is the
+  // client's choice of variant (a prefill sends no cache), so a miss is best
+  // explained by a variant that takes the same inputs.
+  bool TakesTheSameInputs(absl::Span<const ArgView> args) const;
 
   int num_checks() const { return static_cast<int>(checks_.size()); }
 
@@ -138,6 +143,8 @@ class GuardProgram {
     artifact::v1::SizeRelation::Comparison comparison;
     std::string text;
   };
+  // "shape guard: expected <r's text>", a long text cut short.
+  std::string RelationText(const Relation& r, const int64_t* symbols) const;
   std::vector<Relation> relations_;
   // For each slot: the argument and dimension that first bind it, and that
   // dimension's offset from the symbol.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "google/protobuf/text_format.h"
 #include "runtime/frame_dispatcher.h"
 
@@ -395,6 +396,25 @@ TEST(GuardProgram, SizesMustKeepTheRelationsTheCaptureRecorded) {
             "leaves 64 bits");
 }
 
+// Window and patch arithmetic gives guards of thousands of characters; a
+// refusal quotes the start of one and names the sizes it relates instead.
+TEST(GuardProgram, ALongShapeGuardIsCutAndItsSizesNamed) {
+  std::string long_text = "x.size(0)*x.size(1)";
+  for (int i = 0; i < 60; ++i) absl::StrAppend(&long_text, " + 0");
+  absl::StrAppend(&long_text, " == y.size(0)");
+  GuardProgram p = Compile(
+      absl::StrReplaceAll(kRelated, {{"x.size(0)*x.size(1) == y.size(0)", long_text}}).c_str());
+  Call call;
+  call.x_shape = {3, 8};
+  call.y_shape = {23};
+  const std::string reason = Explain(p, call);
+  EXPECT_EQ(reason, absl::StrCat("shape guard on x.size(0) = 3, x.size(1) = 8, y.size(0) = 23: "
+                                 "expected ",
+                                 long_text.substr(0, 160), "... (", long_text.size(),
+                                 " characters in all), got 24 != 23"));
+  EXPECT_LT(reason.size(), 300u);
+}
+
 // forward(x, y, n) with y's size the symbol s0 (and a symbol s3 that no
 // dimension binds), and one size relation: `fields`.
 const char kYSizedByS0[] = R"pb(
@@ -589,6 +609,56 @@ TEST(FrameDispatcher, OnATieExplainsTheLaterMoreGeneralVariant) {
   ASSERT_TRUE(why.has_value());
   EXPECT_EQ(why->variant, 1);
   EXPECT_THAT(why->reason, HasSubstr("[2, 128], got 129"));
+}
+
+// A decoder's prefill (no cache) captured at batch 1 and its decode step
+// (with a cache) at any batch: a prefill at batch 2 gets further through the
+// decode variant's checks than the prefill's, but what it lacks is batch 1,
+// not a cache it never meant to send.
+TEST(FrameDispatcher, ExplainsAVariantThatTakesTheInputsTheCallSent) {
+  std::vector<GuardProgram> programs;
+  programs.push_back(Compile(R"pb(
+    id: "forward#0"
+    guards {
+      parameter: 0
+      tensor {
+        dtype: DTYPE_FLOAT32
+        device: "cpu"
+        dims { static_size: 1 }
+        dims { static_size: 4 }
+      }
+    }
+    guards {
+      parameter: 1
+      tensor { is_none: true }
+    }
+    guards {
+      parameter: 2
+      equals { int_value: 0 }
+    }
+  )pb"));
+  programs.push_back(Compile(kDynamicBatch));
+  FrameDispatcher dispatcher(std::move(programs));
+
+  Call prefill;
+  prefill.x_shape = {2, 4};
+  std::vector<ArgView> views = prefill.Views();
+  views[1] = ArgView{};  // y: None
+  ASSERT_EQ(dispatcher.Match(views, GlobalState{}), -1);
+  auto why = dispatcher.ExplainMiss(views, GlobalState{});
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(why->variant, 0);
+  EXPECT_EQ(why->reason, "x.size(0): expected 1, got 2");
+
+  // A call that sends y is a decode step: the decode variant explains it.
+  Call decode;
+  decode.x_shape = {2, 4};
+  decode.y_shape = {3};
+  views = decode.Views();
+  why = dispatcher.ExplainMiss(views, GlobalState{});
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(why->variant, 1);
+  EXPECT_THAT(why->reason, HasSubstr("y.size(0)"));
 }
 
 TEST(FrameDispatcher, AFrameWithoutVariantsMatchesNothing) {
