@@ -118,6 +118,7 @@ ModelKnown ModelRepository::Known(const Entry& entry) {
   known.served = !entry.versions.empty();
   known.attempted_fingerprint = entry.attempted_fingerprint;
   known.unloaded_on_request = entry.unloaded;
+  known.failed = entry.state.failed;
   return known;
 }
 
@@ -198,6 +199,30 @@ std::optional<ModelState> ModelRepository::Retire(const std::string& name,
                  name, loaded.handle.version, loaded.handle.model->calls_in_flight(), reason);
   }
   return served;
+}
+
+std::optional<ModelState> ModelRepository::ForgetFailure(const std::string& name,
+                                                         const std::string& reason) {
+  ModelState state;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = models_.find(name);
+    if (it == models_.end() || !it->second.state.failed || !it->second.versions.empty()) {
+      return std::nullopt;
+    }
+    state = it->second.state;
+    // Whatever appears in its place next is loaded, the same files included.
+    it->second.attempted_fingerprint.clear();
+  }
+  spdlog::info("event=model_failure_forgotten model={} reason=\"{}\"", name, reason);
+  state.failed = false;
+  state.phase = ModelState::Phase::kUnavailable;
+  state.reason = reason;
+  state.version = 0;
+  state.versions.clear();
+  state.directory.clear();
+  Publish(state, {});
+  return state;
 }
 
 absl::StatusOr<ModelState> ModelRepository::LoadLocked(const std::string& name, bool reload) {
@@ -395,6 +420,13 @@ absl::StatusOr<ModelState> ModelRepository::Unload(const std::string& name) {
   std::lock_guard<std::mutex> load_lock(load_mu_);
   std::optional<ModelState> served = Retire(name, "unloaded on request", true);
   if (!served) {
+    // A model whose load failed is not served, but its failure is what an
+    // operator unloads it to be rid of.
+    if (std::optional<ModelState> failed = ForgetFailure(name, "unloaded on request")) {
+      std::lock_guard<std::mutex> lock(mu_);
+      models_[name].unloaded = true;
+      return *failed;
+    }
     return absl::NotFoundError(absl::StrCat("model '", name, "' is not loaded"));
   }
   ModelState state = *served;
@@ -427,21 +459,31 @@ std::vector<ModelState> ModelRepository::Rescan() {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = models_.find(name); it != models_.end()) known = Known(it->second);
     }
-    if (DecideRescan(&disk, known ? &*known : nullptr) == RescanAction::kLoad) {
-      (void)LoadLocked(name, /*reload=*/false);
+    switch (DecideRescan(&disk, known ? &*known : nullptr)) {
+      case RescanAction::kLoad:
+        (void)LoadLocked(name, /*reload=*/false);
+        break;
+      case RescanAction::kForgetFailure:
+        ForgetFailure(name, "its directory holds no versions");
+        break;
+      default:
+        break;
     }
   }
-  std::vector<std::string> gone;
+  std::vector<std::pair<std::string, RescanAction>> gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [name, entry] : models_) {
       if (std::binary_search(found.begin(), found.end(), name)) continue;
       const ModelKnown known = Known(entry);
-      if (DecideRescan(nullptr, &known) == RescanAction::kRetire) gone.push_back(name);
+      const RescanAction action = DecideRescan(nullptr, &known);
+      if (action != RescanAction::kKeep) gone.emplace_back(name, action);
     }
   }
-  for (const std::string& name : gone) {
-    Retire(name, "its directory was removed from the repository", false);
+  constexpr char kRemoved[] = "its directory was removed from the repository";
+  for (const auto& [name, action] : gone) {
+    if (action == RescanAction::kRetire) Retire(name, kRemoved, false);
+    if (action == RescanAction::kForgetFailure) ForgetFailure(name, kRemoved);
   }
   return List();
 }

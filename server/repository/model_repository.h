@@ -87,7 +87,8 @@ class ModelRepository {
 
   // Loads models found under the root that are not served yet, and the
   // versions of served ones that their policy now asks for; unloads models
-  // whose directory is gone (DecideRescan). A model unloaded on request
+  // whose directory is gone, and forgets failed loads whose files are gone
+  // (DecideRescan). A model unloaded on request
   // stays unloaded, and a version that failed to load is retried only when
   // the model's files change. Returns every model's state afterwards.
   std::vector<ModelState> Rescan();
@@ -100,8 +101,8 @@ class ModelRepository {
   // that failed (other versions may still have loaded and be served).
   absl::StatusOr<ModelState> Load(const std::string& name);
 
-  // Stops serving every version of `name`; running requests finish.
-  // NOT_FOUND if not served.
+  // Stops serving every version of `name`; running requests finish. A model
+  // whose load failed is marked unloaded instead. NOT_FOUND for any other.
   absl::StatusOr<ModelState> Unload(const std::string& name);
 
   // The given `version` of `name`, or its newest served version for "".
@@ -186,6 +187,11 @@ class ModelRepository {
   // Stops serving `name`, with `reason`; returns what it served.
   std::optional<ModelState> Retire(const std::string& name, const std::string& reason,
                                    bool on_request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+  // Marks `name`, whose last load failed and which serves nothing,
+  // unavailable for `reason` instead (DecideRescan's kForgetFailure), and
+  // returns its state; nullopt, changing nothing, for any other model.
+  std::optional<ModelState> ForgetFailure(const std::string& name, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
 
   const RepositoryOptions options_;
   RepositoryListener* const listener_;

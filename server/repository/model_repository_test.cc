@@ -170,6 +170,42 @@ TEST_F(RepositoryTest, AConfigWithAPolicyThatCannotBeServedIsRefusedUntilItChang
   EXPECT_NE(Served(), nullptr);  // What was served stays.
 }
 
+// With strict readiness a failed model keeps the server from being ready:
+// deleting it, or unloading it, must end that without a restart.
+TEST_F(RepositoryTest, AFailedLoadIsForgottenOnceItsFilesAreGoneOrItIsUnloaded) {
+  loader_.broken.insert("1");
+  repository_->Rescan();
+  ASSERT_TRUE(repository_->List()[0].failed);
+
+  std::filesystem::remove_all(root_ + "/mlp/1");
+  repository_->Rescan();
+  ASSERT_EQ(repository_->List().size(), 1u);
+  EXPECT_FALSE(repository_->List()[0].failed);
+  EXPECT_EQ(repository_->List()[0].reason, "its directory holds no versions");
+
+  AddVersion(1);
+  repository_->Rescan();  // New files: tried again, and failed again.
+  ASSERT_TRUE(repository_->List()[0].failed);
+  std::filesystem::remove_all(root_ + "/mlp");
+  repository_->Rescan();
+  EXPECT_FALSE(repository_->List()[0].failed);
+  EXPECT_EQ(repository_->List()[0].reason, "its directory was removed from the repository");
+  EXPECT_EQ(repository_->Unload("mlp").status().code(), absl::StatusCode::kNotFound);
+
+  testing::CopyTree(testing::ExampleArtifact("mlp"), root_ + "/mlp/1");
+  repository_->Rescan();
+  ASSERT_TRUE(repository_->List()[0].failed);
+  absl::StatusOr<ModelState> unloaded = repository_->Unload("mlp");
+  ASSERT_TRUE(unloaded.ok()) << unloaded.status();
+  EXPECT_FALSE(repository_->List()[0].failed);
+  EXPECT_EQ(repository_->List()[0].reason, "unloaded on request");
+  loader_.broken.clear();
+  repository_->Rescan();  // Unloaded on request: stays so.
+  EXPECT_EQ(Served(), nullptr);
+  ASSERT_TRUE(repository_->Load("mlp").ok());
+  EXPECT_NE(Served(), nullptr);
+}
+
 // The versions Get serves, asked for one by one; "-" for none.
 std::string ServedVersions(const ModelRepository& repository) {
   std::string out;

@@ -8,10 +8,12 @@
 namespace precompile::server {
 
 RescanAction DecideRescan(const ModelOnDisk* disk, const ModelKnown* known) {
+  const bool failed = known != nullptr && known->failed;
   if (disk == nullptr) {
-    return known != nullptr && known->served ? RescanAction::kRetire : RescanAction::kKeep;
+    if (known != nullptr && known->served) return RescanAction::kRetire;
+    return failed ? RescanAction::kForgetFailure : RescanAction::kKeep;
   }
-  if (disk->versions.empty()) return RescanAction::kKeep;
+  if (disk->versions.empty()) return failed ? RescanAction::kForgetFailure : RescanAction::kKeep;
   if (known == nullptr) return RescanAction::kLoad;
   if (known->unloaded_on_request) return RescanAction::kKeep;
   if (known->attempted_fingerprint == disk->fingerprint) return RescanAction::kKeep;

@@ -52,12 +52,16 @@ struct ModelKnown {
   std::string attempted_fingerprint;
   // Unloaded on request: stays unloaded until loaded on request.
   bool unloaded_on_request = false;
+  // Its last load failed and nothing of it is served.
+  bool failed = false;
 };
 
 enum class RescanAction {
   kKeep,    // Nothing to do.
   kLoad,    // Load (or reload) the model.
   kRetire,  // Stop serving: its directory is gone.
+  // Forget that its last load failed: what failed is gone from the disk.
+  kForgetFailure,
 };
 
 // What a rescan does with one model. `disk` is null when the scan did not
@@ -66,7 +70,10 @@ enum class RescanAction {
 // A model unloaded on request stays so; a model whose files are what the
 // last load saw is left alone, so a version that failed is retried only once
 // the files change; a directory without versions is ignored; a served model
-// whose directory is gone is retired.
+// whose directory is gone is retired. A failed load whose directory, or
+// every version in it, is gone is forgotten: what failed is no longer in
+// the repository (and, with strict readiness, no longer keeps the server
+// from being ready).
 RescanAction DecideRescan(const ModelOnDisk* disk, const ModelKnown* known);
 
 // A version served now, and its files' fingerprint when it was loaded.

@@ -54,9 +54,22 @@ TEST(DecideRescan, AModelUnloadedOnRequestStaysUnloadedWhateverIsOnDisk) {
 TEST(DecideRescan, RetiresAServedModelWhoseDirectoryIsGoneAndNothingElse) {
   const ModelKnown served{.served = true};
   EXPECT_EQ(DecideRescan(nullptr, &served), RescanAction::kRetire);
-  const ModelKnown failed{.served = false};
-  EXPECT_EQ(DecideRescan(nullptr, &failed), RescanAction::kKeep);
+  const ModelKnown unloaded{.served = false, .unloaded_on_request = true};
+  EXPECT_EQ(DecideRescan(nullptr, &unloaded), RescanAction::kKeep);
   EXPECT_EQ(DecideRescan(nullptr, nullptr), RescanAction::kKeep);
+}
+
+// A load that failed kept the server from being ready (strict readiness)
+// until it restarted, even once the broken model was deleted.
+TEST(DecideRescan, ForgetsAFailedLoadWhoseFilesAreGone) {
+  const ModelKnown failed{
+      .served = false, .attempted_fingerprint = "1:3/100/7;|none", .failed = true};
+  EXPECT_EQ(DecideRescan(nullptr, &failed), RescanAction::kForgetFailure);
+  const ModelOnDisk no_versions = Disk({}, "");
+  EXPECT_EQ(DecideRescan(&no_versions, &failed), RescanAction::kForgetFailure);
+  // While the files that failed are there, the failure stands.
+  const ModelOnDisk same = Disk({1}, failed.attempted_fingerprint);
+  EXPECT_EQ(DecideRescan(&same, &failed), RescanAction::kKeep);
 }
 
 // Versions on disk, newest first, each with the fingerprint "f<version>".
