@@ -32,6 +32,7 @@
 #include "runtime/inference_memory.h"
 #include "runtime/loaded_frame.h"
 #include "runtime/miss_log.h"
+#include "runtime/operators.h"
 #include "runtime/size_program.h"
 #include "runtime/torch_dtype.h"
 #include "runtime/torch_errors.h"
@@ -637,6 +638,12 @@ absl::StatusOr<std::shared_ptr<LoadedVersion>> LoadedVersion::Load(const std::st
         impl->options.cuda_pinned_staging = false;
       }
     }
+  }
+  const LoadOptions& o = impl->options;
+  if (absl::Status s = ProvideOperators(
+          m, {o.allow_python_programs, o.python_environment, o.python_plugin, o.python_path});
+      !s.ok()) {
+    return fail(s);
   }
   if (absl::Status s = impl->LoadFrames(); !s.ok()) return fail(s);
   // The loaders read the files through the descriptors checked; a write

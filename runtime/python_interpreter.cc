@@ -1,5 +1,6 @@
 // The Python plugin (runtime/python_plugin.h): an embedded CPython that runs
-// Python eager programs.
+// Python eager programs, and imports the modules that define operators
+// compiled code calls (whose calls then run here, taking the GIL).
 //
 // The interpreter starts once per process from the Python environment the
 // server names, the one the programs were captured in, so that the
@@ -316,6 +317,16 @@ void* Load(const std::string& frame, const std::string& path, const std::string&
   return program.release();
 }
 
+bool ImportModule(const std::string& module, PythonError* error) {
+  Gil gil;
+  Ref imported(PyImport_ImportModule(module.c_str()));
+  if (!imported) {
+    TakeException(error);
+    return false;
+  }
+  return true;
+}
+
 void DeleteCapsule(PyObject* capsule) {
   // Only a capsule nobody consumed still owns its tensor.
   if (PyCapsule_IsValid(capsule, "dltensor")) {
@@ -520,7 +531,7 @@ void Release(void* program) {
 }
 
 const PythonPlugin kPlugin = {
-    kPythonPluginAbi, Start, CheckEnvironment, Load, Run, Release,
+    kPythonPluginAbi, Start, CheckEnvironment, ImportModule, Load, Run, Release,
 };
 
 }  // namespace

@@ -1,9 +1,10 @@
 // The interface between the runtime and its Python plugin
 // (libprecompile_python.so, runtime/python_interpreter.cc), which embeds the
-// CPython interpreter that runs Python eager programs.
+// CPython interpreter that runs Python eager programs and the operators
+// defined in Python that compiled code calls (runtime/operators.h).
 //
 // The interpreter lives in a plugin, loaded with dlopen when the first
-// artifact with a Python eager program loads, so that the server neither
+// artifact that needs Python loads, so that the server neither
 // links libpython nor starts Python (nor imports torch's Python half, which
 // brings CUDA's libraries along) to serve artifacts without Python. Both
 // sides are built by this project with one toolchain and share libtorch and
@@ -23,7 +24,7 @@ struct IValue;
 namespace precompile {
 
 // Bumped whenever PythonPlugin changes.
-inline constexpr int kPythonPluginAbi = 2;
+inline constexpr int kPythonPluginAbi = 3;
 
 // What a failed call reports.
 struct PythonError {
@@ -51,6 +52,9 @@ struct PythonPlugin {
   bool (*check_environment)(const std::string& python_version,
                             const std::vector<std::pair<std::string, std::string>>& modules,
                             PythonError* error);
+  // Imports `module` (for what importing it registers, such as operators
+  // defined in Python).
+  bool (*import_module)(const std::string& module, PythonError* error);
   // Loads the program of `frame` saved at `path` with its weights on
   // `device` ("cpu" or "cuda"); nullptr on failure.
   void* (*load)(const std::string& frame, const std::string& path, const std::string& device,

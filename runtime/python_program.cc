@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "runtime/frame_caller.h"
 #include "runtime/python_plugin.h"
 #include "spdlog/spdlog.h"
@@ -53,6 +54,24 @@ absl::StatusOr<const PythonPlugin*> Plugin(const std::string& requested) {
     plugin = entry();
   });
   if (plugin == nullptr) return absl::FailedPreconditionError(*failure);
+  return plugin;
+}
+
+// The plugin, its interpreter started, once it has what `needs` names.
+absl::StatusOr<const PythonPlugin*> StartedPlugin(const artifact::v1::PythonEnvironment& needs,
+                                                  const PythonSettings& settings) {
+  ASSIGN_OR_RETURN(const PythonPlugin* plugin, Plugin(settings.plugin));
+  const std::string environment =
+      settings.environment.empty() ? PRECOMPILE_PYTHON_ENVIRONMENT : settings.environment;
+  PythonError error;
+  if (!plugin->start(environment, settings.path, &error)) {
+    return absl::FailedPreconditionError(error.message);
+  }
+  std::vector<std::pair<std::string, std::string>> modules;
+  for (const auto& m : needs.modules()) modules.emplace_back(m.name(), m.version());
+  if (!plugin->check_environment(needs.python_version(), modules, &error)) {
+    return absl::FailedPreconditionError(error.message);
+  }
   return plugin;
 }
 
@@ -111,27 +130,29 @@ absl::StatusOr<std::unique_ptr<EagerProgram>> LoadPythonProgram(
         "started with --allow_python_programs: loading one unpickles it, which runs the code "
         "it names"));
   }
-  absl::StatusOr<const PythonPlugin*> plugin = Plugin(settings.plugin);
-  if (!plugin.ok()) return plugin.status();
-  const std::string environment =
-      settings.environment.empty() ? PRECOMPILE_PYTHON_ENVIRONMENT : settings.environment;
+  ASSIGN_OR_RETURN(const PythonPlugin* plugin, StartedPlugin(needs, settings));
   PythonError error;
-  if (!(*plugin)->start(environment, settings.path, &error)) {
-    return absl::FailedPreconditionError(error.message);
-  }
-  std::vector<std::pair<std::string, std::string>> modules;
-  for (const auto& m : needs.modules()) modules.emplace_back(m.name(), m.version());
-  if (!(*plugin)->check_environment(needs.python_version(), modules, &error)) {
-    return absl::FailedPreconditionError(error.message);
-  }
-  void* program = (*plugin)->load(frame, path, device == DeviceType::kCuda ? "cuda" : "cpu",
-                                  &error);
+  void* program = plugin->load(frame, path, device == DeviceType::kCuda ? "cuda" : "cpu", &error);
   if (program == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot load the Python eager program of frame '", frame, "': ",
                      error.message));
   }
-  return std::unique_ptr<EagerProgram>(new PythonProgram(frame, *plugin, program));
+  return std::unique_ptr<EagerProgram>(new PythonProgram(frame, plugin, program));
+}
+
+absl::Status ImportPythonModules(const std::vector<std::string>& modules,
+                                 const artifact::v1::PythonEnvironment& needs,
+                                 const PythonSettings& settings) {
+  ASSIGN_OR_RETURN(const PythonPlugin* plugin, StartedPlugin(needs, settings));
+  for (const std::string& module : modules) {
+    PythonError error;
+    if (!plugin->import_module(module, &error)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot import the Python module ", module, ": ", error.message));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace precompile

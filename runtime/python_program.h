@@ -41,6 +41,16 @@ absl::StatusOr<std::unique_ptr<EagerProgram>> LoadPythonProgram(
     const std::string& frame, const std::string& path, DeviceType device,
     const artifact::v1::PythonEnvironment& needs, const PythonSettings& settings);
 
+// Imports each of `modules` in the Python plugin's interpreter (started as
+// for a program, its environment checked against `needs`), for what
+// importing them registers: operators that compiled code calls, defined in
+// Python. The caller decides whether Python may run (settings.allowed).
+// FAILED_PRECONDITION, saying why, when the plugin, the interpreter or a
+// module is missing or an import raises.
+absl::Status ImportPythonModules(const std::vector<std::string>& modules,
+                                 const artifact::v1::PythonEnvironment& needs,
+                                 const PythonSettings& settings);
+
 }  // namespace precompile
 
 #endif  // PRECOMPILE_RUNTIME_PYTHON_PROGRAM_H_

@@ -1,9 +1,12 @@
 // The runtime's Python backend in process, for the sanitizer runs: a flagged
 // frame's misses run its Python eager program (examples' blocks), whose
 // callees run their variants, from many threads at once.
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <ATen/ops/allclose.h>
 
 #include <cstdlib>
 #include <string>
@@ -20,18 +23,25 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::shared_ptr<LoadedVersion> LoadBlocks() {
-  // The program's own code, examples.models, comes from the runfiles.
-  LoadOptions options;
-  options.allow_python_programs = true;
+std::string RunfilesRoot() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr) {
-    options.python_path.push_back(std::string(srcdir) + "/" +
-                                  (workspace ? workspace : "precompile_serve"));
-  }
+  return std::string(srcdir != nullptr ? srcdir : ".") + "/" +
+         (workspace != nullptr ? workspace : "precompile_serve");
+}
+
+// Python allowed, the models' own code (examples.models, tests.gate.gated)
+// from the runfiles.
+LoadOptions WithPython() {
+  LoadOptions options;
+  options.allow_python_programs = true;
+  options.python_path.push_back(RunfilesRoot());
+  return options;
+}
+
+std::shared_ptr<LoadedVersion> LoadBlocks() {
   absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
-      LoadedVersion::Load(testing::ExampleArtifact("blocks"), options);
+      LoadedVersion::Load(testing::ExampleArtifact("blocks"), WithPython());
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? *model : nullptr;
 }
@@ -100,6 +110,48 @@ TEST(PythonEager, HitsAndPythonMissesFromManyThreads) {
         const bool miss = (t + i) % 2 == 1;
         ExpectServed(*model, miss ? "steps1" : "steps0",
                      miss ? Outcome::kEagerFallback : Outcome::kVariant);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+// tests/gate's model, whose compiled code calls precompile_test::gate, an
+// operator defined in Python (tests/gate/gated.py) that nothing here
+// registers in C++ (no --op_library). The two tests run in this order: once
+// imported, the operator stays registered in the process.
+std::string GatedArtifact() {
+  const std::string directory = testing::NewTempDirectory("gated");
+  testing::CopyTree(RunfilesRoot() + "/tests/gate/gated", directory);
+  return directory;
+}
+
+TEST(PythonOperators, AreRefusedByNameUnlessPythonIsAllowed) {
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+      LoadedVersion::Load(GatedArtifact(), LoadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(model.status().message(),
+              HasSubstr("model 'gated': its compiled code calls the operator "
+                        "precompile_test::gate, defined in Python by tests.gate.gated"));
+  EXPECT_THAT(model.status().message(), HasSubstr("--allow_python_programs"));
+}
+
+TEST(PythonOperators, RunTheirPythonWhereAllowedFromManyThreads) {
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+      LoadedVersion::Load(GatedArtifact(), WithPython());
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&model, t] {
+      for (int i = 0; i < 10; ++i) {
+        const at::Tensor x = at::full({4}, static_cast<float>(t * 10 + i));
+        absl::StatusOr<CallResult> result =
+            (*model)->Call({NamedValue{"x", testing::AsTensorArg(x)}});
+        ASSERT_TRUE(result.ok()) << result.status();
+        ASSERT_EQ(result->outputs.size(), 1u);
+        // gate(x * 2) + 1, the Python gate a copy.
+        EXPECT_TRUE(at::equal(testing::AsTensor(result->outputs[0]), x * 2 + 1));
       }
     });
   }

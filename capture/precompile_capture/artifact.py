@@ -31,7 +31,8 @@ import torch.utils._pytree as pytree
 
 from proto import artifact_pb2 as pb
 
-from . import __version__
+from . import __version__, python_program
+from .called_operators import manifest_operators
 from .errors import PrecompileError
 from .frames import Binding, Frame, Kind
 from .export_guards import SizeRelation
@@ -477,8 +478,18 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
     m.summary.truncated = s.truncated
     m.summary.complete = s.complete
     m.captured_calls.extend(captured_calls_proto(contents.frames[0], contents.captured_calls))
-    if contents.python_environment is not None:
-        m.python.python_version, modules = contents.python_environment
+    operators = manifest_operators(
+        contents.name, [op for frame in contents.frames for v in frame.variants for op in v.operators])
+    for name, module in operators.items():
+        m.operators.add(name=name, python_module=module)
+    environment = contents.python_environment
+    operator_modules = {module for module in operators.values() if module}
+    if operator_modules:
+        # The server's interpreter imports them: it needs their packages too.
+        version, extra = python_program.environment(operator_modules)
+        environment = (version, sorted(set(environment[1] if environment else []) | set(extra)))
+    if environment is not None:
+        m.python.python_version, modules = environment
         for name, version in modules:
             m.python.modules.add(name=name, version=version)
     for rel in sorted(_files(root)):

@@ -27,6 +27,7 @@ import torch
 import torch._dynamo.exc as dynamo_exc
 from torch.export import Dim as ExportDim
 
+from .called_operators import package_operators
 from .errors import PrecompileError
 from .frames import Frame, Variant
 from .guards import GuardExtractionError, GuardSet, NotPlainSymbol, extract_guards, output_specs
@@ -494,6 +495,7 @@ class VariantCompiler:
             outputs=output_specs(ep, guards),
             captured_from=captured_from,
             compile_seconds=seconds,
+            operators=package_operators(package),
         )
         self.compile_log.append((frame.name, variant_id, seconds))
         return variant

@@ -183,6 +183,9 @@ class Variant:
     outputs: List[Tuple[torch.dtype, List[int], List[int], List[Optional[list]]]]
     captured_from: str
     compile_seconds: float
+    # The operators outside ATen its compiled code calls by name
+    # (called_operators.package_operators).
+    operators: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
