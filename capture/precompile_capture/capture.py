@@ -587,6 +587,36 @@ class Capture:
                                 f"{' or '.join(str(m) for m in missed)}")
         return gaps
 
+    def static_sizes(self) -> List[str]:
+        """Sizes of the entry's tensors that the example calls varied and that
+        every variant still takes as one fixed size: Dynamo specialized them
+        (the model's code used the size as a Python number: a loop's trip
+        count, a shape it computed with), so only the sizes the calls had
+        are served. One line per dimension, naming the sizes seen. None with
+        static shapes (every shape its own variant, by request)."""
+        entry = self.entry
+        if self.static_shapes or entry.eager_fallback or not entry.variants:
+            return []
+        # Per (parameter, rank, dimension): the sizes the calls had.
+        seen: Dict[Tuple[int, int, int], List[int]] = {}
+        for values in self._entry_shapes:
+            for i, v in enumerate(values):
+                if isinstance(v, torch.Tensor):
+                    for d, size in enumerate(v.shape):
+                        sizes = seen.setdefault((i, v.dim(), d), [])
+                        if size not in sizes:
+                            sizes.append(size)
+
+        def fixed(i: int, rank: int, d: int) -> bool:
+            """Some variant takes the parameter at this rank, and none with
+            this dimension dynamic."""
+            specs = [arg.tensor for v in entry.variants for arg in v.guards.args
+                     if arg.parameter == i and arg.tensor is not None and len(arg.tensor.dims) == rank]
+            return bool(specs) and all(spec.dims[d].symbol is None for spec in specs)
+
+        return [f"{entry.params[i].name}.size({d}) ({', '.join(str(s) for s in sorted(sizes))})"
+                for (i, rank, d), sizes in sorted(seen.items()) if len(sizes) > 1 and fixed(i, rank, d)]
+
     def variantless_entry_message(self) -> Optional[str]:
         entry = self.entry
         if not entry.variantless_entry_fallback:
@@ -689,6 +719,14 @@ class Capture:
                 f"calls at another batch (1, or one more than the call's): {shown}. Add example calls "
                 "of those batches if clients send them (a batch of 1 needs one of its own: Dynamo's "
                 "dynamic sizes start at 2)", RuntimeWarning, stacklevel=2)
+        fixed = self.static_sizes()
+        if fixed:
+            warnings.warn(
+                f"precompile capture: model '{self.name}': sizes the example calls varied are one fixed size "
+                f"in every variant, so only the sizes the calls had are served: {'; '.join(fixed)}. Dynamo "
+                "specialized them: the model's code used the size as a Python number (a loop's trip count, "
+                "a shape it computed, a comparison); a size it keeps symbolic stays dynamic",
+                RuntimeWarning, stacklevel=2)
         flagged = [f for f in self._frames.values() if f.eager_fallback]
         scripted = [f for f in flagged if f.eager_program != "python"]
         in_python = [f for f in flagged if f.eager_program == "python"]

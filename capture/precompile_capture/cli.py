@@ -260,6 +260,11 @@ def _capture(args: argparse.Namespace) -> int:
     print(f"  eager fallbacks: {list(summary.eager_fallbacks)}")
     print(f"  uncovered: {list(summary.uncovered_frames)}; truncated: {summary.truncated}; complete: {summary.complete}")
     print(f"  {len(cap.compile_log)} AOTInductor compiles, {total:.1f} s")
+    # What a request may send: the entry's variants' guards, the bounds a
+    # model's code put on its sizes among them (a request outside is refused).
+    entry = cap.frame(cap.entry.name)
+    for variant_id, words in entry.variants:
+        print(f"  {variant_id}: {words if len(words) <= 400 else words[:400] + '...'}")
     cap.close()
     return 0
 

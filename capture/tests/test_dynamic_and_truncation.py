@@ -1,6 +1,6 @@
 """Automatic dynamic (static first, then a dynamic batch) and the recompile limit.
 
-Three AOTInductor compiles.
+Five AOTInductor compiles.
 """
 
 import os
@@ -132,3 +132,30 @@ def test_saved_variants_run_through_aoti_and_match_eager(mlp, mlp_artifact):
         torch.testing.assert_close(static(xs[8]), model(xs[8]))
         torch.testing.assert_close(dynamic(xs[32]), model(xs[32]))
         torch.testing.assert_close(dynamic(torch.ones(5, 4)), model(torch.ones(5, 4)))
+
+
+def test_a_batch_dynamic_in_a_variant_is_not_a_fixed_size(mlp):
+    # Batches 8, 16 and 32 varied, and forward#1 takes any from 2; the
+    # rank-3 call, which no variant takes, says nothing of the others.
+    assert mlp[0].static_sizes() == []
+
+
+class RowsSummedOneByOne(torch.nn.Module):
+    def forward(self, x):
+        total = x[:, 0]
+        for i in range(1, x.shape[1]):  # Dynamo unrolls it: x.size(1) specialized
+            total = total + x[:, i]
+        return total
+
+
+def test_a_size_the_calls_varied_that_stays_fixed_is_named_when_saved(tmp_path):
+    cap = precompile_capture.capture(RowsSummedOneByOne(), name="rows")
+    try:
+        cap(torch.randn(4, 3))
+        cap(torch.randn(4, 5))
+        assert cap.static_sizes() == ["x.size(1) (3, 5)"]
+        with pytest.warns(RuntimeWarning, match=r"model 'rows': sizes the example calls varied are one fixed "
+                                                r"size in every variant, .*: x\.size\(1\) \(3, 5\)\. Dynamo"):
+            cap.save(tmp_path / "rows", require_complete=False)
+    finally:
+        cap.close()

@@ -162,6 +162,8 @@ def test_cli_suppresses_compile_errors_when_asked(tmp_path, monkeypatch, capsys)
     printed = capsys.readouterr().out
     # The first call's variant is kept; the second's call ran eagerly.
     assert "variants: {'forward': 1}" in printed, printed
+    # What requests may send, the variant's guards, is printed too.
+    assert "  forward#0: x: float32[8, 4]\n" in printed, printed
     assert (out / "MANIFEST.pb").exists()
 
 
