@@ -530,6 +530,26 @@ def _index_limits(
     ranges: Dict[int, Tuple[int, int]] = {}
     limits: Dict[sympy.Symbol, int] = {}
     fences: List[Tuple[torch.fx.Node, IndexedDim]] = []
+    # What a client knows the tensors by: the parameters, the model's own
+    # tensors by their names in it, without the capture's wrapper of the
+    # frame's module (compiling.py); the graph's other nodes have no name.
+    known = {p: names[i] if names is not None else p for p, i in inputs.items()}
+    known.update((spec.arg.name, spec.target.removeprefix("frame_module."))
+                 for spec in ep.graph_signature.input_specs
+                 if spec.kind != InputKind.USER_INPUT and isinstance(spec.arg, TensorArgument) and spec.target)
+
+    def describe(node: torch.fx.Node, indexed: IndexedDim) -> str:
+        """The op's indices in words: the inputs they come from, the table."""
+        size = "a size the capture does not know" if indexed.size is None else indexed.size
+        into = f"the {size} elements" if indexed.dim is None else f"dimension {indexed.dim} ({size})"
+        table = known.get(indexed.table.name)
+        sources = sorted(known[p] for p in placeholders_upstream(indexed.index) & inputs.keys())
+        if indexed.ignored is not None:
+            return (f"{node.target}'s class targets{' from ' + ', '.join(sources) if sources else ''}: "
+                    f"indices into {into} of {table or 'its input'}, or {indexed.ignored} (its ignore_index)")
+        return (f"{node.target}'s indices{' from ' + ', '.join(sources) if sources else ''} into {into}"
+                f"{' of ' + table if table else ''}")
+
     program_tensors = _program_tensors(ep)
     computed = ValueRanges(program_tensors)
     integer_inputs = {n.name for n in ep.graph.nodes
@@ -626,8 +646,8 @@ def _index_limits(
                 if fenced:
                     fences.append((node, indexed))
                 warnings.warn(
-                    f"precompile capture: {node.target} indexes a dimension of size {size} with values "
-                    "the capture cannot prove within it (an input's values or values computed from them, "
+                    f"precompile capture: {describe(node, indexed)}: values the capture cannot prove "
+                    "within the dimension (an input's values or values computed from them, "
                     "or sizes it cannot relate to that one): " + (
                         "the compiled code checks them before the op reads them, and a call that takes "
                         "them outside fails" if fenced else
@@ -638,25 +658,9 @@ def _index_limits(
                 for symbol in input_symbols:
                     if roots[symbol] == root:
                         limit(symbol, largest)
-    # What a client knows the tensors by: the parameters, the model's own
-    # tensors by their names in it, without the capture's wrapper of the
-    # frame's module (compiling.py); the graph's other nodes have no name.
-    known = {p: names[i] if names is not None else p for p, i in inputs.items()}
-    known.update((spec.arg.name, spec.target.removeprefix("frame_module."))
-                 for spec in ep.graph_signature.input_specs
-                 if spec.kind != InputKind.USER_INPUT and isinstance(spec.arg, TensorArgument) and spec.target)
     checks = []
     for node, indexed in fences:
-        into = (f"the {indexed.size} elements" if indexed.dim is None else
-                f"dimension {indexed.dim} ({indexed.size})")
-        table = known.get(indexed.table.name)
-        sources = sorted(known[p] for p in placeholders_upstream(indexed.index) & inputs.keys())
-        if indexed.ignored is not None:
-            what = (f"{node.target}'s class targets{' from ' + ', '.join(sources) if sources else ''}: "
-                    f"indices into {into} of {table or 'its input'}, or {indexed.ignored} (its ignore_index)")
-        else:
-            what = (f"{node.target}'s indices{' from ' + ', '.join(sources) if sources else ''} into {into}"
-                    f"{' of ' + table if table else ''}")
+        what = describe(node, indexed)
         fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what,
                     indexed.ignored)
         checks.append(what)

@@ -126,7 +126,7 @@ class PickedFromAnother(torch.nn.Module):
 def test_indices_into_a_dimension_of_another_size_are_warned_of():
     _, warned = guards_and_warnings(PickedFromAnother(), (ids(3, 9), torch.randn(3, 9, 4)),
                                     ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
-    assert len(warned) == 1 and "aten.index.Tensor indexes a dimension of size s" in warned[0]
+    assert len(warned) == 1 and "aten.index.Tensor's indices from ids into dimension 1 (s" in warned[0]
 
 
 class BufferIndexed(torch.nn.Module):
@@ -207,7 +207,7 @@ def test_a_bound_that_would_refuse_the_example_call_itself_is_not_imposed():
     guards, warned = guards_and_warnings(CountsWhatIsNeverThere(), (example,), ({0: AUTO, 1: AUTO},))
     assert guards.holds([example])
     assert all(s.max is None for s in guards.symbols)
-    assert len(warned) == 1 and "indexes a dimension of size 20" in warned[0]
+    assert len(warned) == 1 and "aten.embedding.default's indices from ids into dimension 0 (20) of table.weight" in warned[0]
 
 
 class Doubled(torch.nn.Module):
@@ -250,7 +250,7 @@ def test_indices_computed_from_a_float_input_are_checked_before_they_are_read():
     guards, warned = guards_and_warnings(Scaled(), (torch.tensor([1.0, 2.0]),), None)
     assert guards.index_ranges == ()
     assert len(warned) == 1
-    assert "aten.embedding.default indexes a dimension of size 10" in warned[0]
+    assert "aten.embedding.default's indices from x into dimension 0 (10) of table.weight" in warned[0]
     assert "checks them before the op reads them" in warned[0]
 
     model = Scaled()
@@ -316,7 +316,8 @@ def test_loss_targets_are_checked_as_classes_or_the_ignore_index():
     hidden, labels = torch.randn(2, 3, 4), torch.tensor([[1, 9, -100], [0, 4, 5]])
     program, warned = fenced(model, (hidden, labels), ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
     assert len(warned) == 1
-    assert "aten.cross_entropy_loss.default indexes a dimension of size 10" in warned[0]
+    assert ("aten.cross_entropy_loss.default's class targets from labels: indices into dimension 1 (10) "
+            "of its input, or -100 (its ignore_index)") in warned[0]
     assert "checks them before the op reads them" in warned[0]
     assert torch.equal(program(hidden, labels), model(hidden, labels))
     for outside in (10, -1, -99, 2**40):
