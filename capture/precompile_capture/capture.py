@@ -267,7 +267,9 @@ class Capture:
         self._interceptor = _Interceptor(self)
         self._workdir = tempfile.mkdtemp(prefix="precompile-capture-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._workdir, True)
-        self._call_counter = itertools.count(1)
+        # Calls are numbered from 0, as a calls file's list and its
+        # "output_of" number them.
+        self._call_counter = itertools.count(0)
         self._compiler = VariantCompiler(
             self._workdir, decline, lambda: self._interceptor.state(False), static=dynamic is False
         )
@@ -567,7 +569,7 @@ class Capture:
 
         gaps, seen = [], set()
         with torch.no_grad():
-            for number, values in enumerate(self._entry_shapes, 1):
+            for number, values in enumerate(self._entry_shapes):
                 # Inputs a later call added (an entry of **kwargs): None here.
                 values = values + [None] * (len(entry.params) - len(values))
                 tensors = [v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0]

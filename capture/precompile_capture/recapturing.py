@@ -728,7 +728,7 @@ def _replay_plan(
 
     def add_captured(i: int, sig: pb.CallSignature) -> None:
         words = signature_words(old.entry_frame, sig, old.device)
-        replay.append((f"captured call {i + 1} of version {old_version}, {words}",
+        replay.append((f"captured call {i} of version {old_version}, {words}",
                        _maker(sig, entry, i, ranges)))
 
     for i, sig in compiled:

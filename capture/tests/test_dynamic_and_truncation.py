@@ -45,8 +45,8 @@ def test_a_batch_no_variant_serves_is_named_when_the_artifact_is_saved(mlp, tmp_
     # call, which no variant serves at any batch, is not a gap.
     cap = mlp[0]
     gaps = cap.batch_gaps()
-    assert gaps == ["call 1, forward(x=float32[8, 4]), at batch 1"]
-    with pytest.warns(RuntimeWarning, match=r"model 'mlp': no variant serves .*: call 1, forward\(x=float32\[8, 4\]\), "
+    assert gaps == ["call 0, forward(x=float32[8, 4]), at batch 1"]
+    with pytest.warns(RuntimeWarning, match=r"model 'mlp': no variant serves .*: call 0, forward\(x=float32\[8, 4\]\), "
                       r"at batch 1\. Add example calls"):
         cap.save(tmp_path / "a", require_complete=False)
 

@@ -122,7 +122,7 @@ def test_manifest_fields(artifact):
     assert list(v.tensor_inputs) == [0]
     assert v.num_outputs == 1
     assert [(o.dtype, list(o.shape)) for o in v.outputs] == [(pb.DTYPE_FLOAT32, [8, 4])]
-    assert v.captured_from == "call 1: forward(x=float32[8, 4], n=0)"
+    assert v.captured_from == "call 0: forward(x=float32[8, 4], n=0)"
     assert v.global_state.grad_enabled is False
     assert v.global_state.default_dtype == pb.DTYPE_FLOAT32
     assert len(v.guards) == 2

@@ -34,7 +34,7 @@ def guards_of(limits, x, mask):
     frame = Frame("forward", is_entry=True, module=Masked())
     frame.size_limits = limits
     guards, _ = extract_guards(ep, [x, mask], ["x", "mask"])
-    return limited_sizes(guards, frame, [x, mask], "call 1: forward(x, mask)")
+    return limited_sizes(guards, frame, [x, mask], "call 0: forward(x, mask)")
 
 
 def ranges(guards):
