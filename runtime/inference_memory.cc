@@ -5,6 +5,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -16,9 +17,10 @@
 namespace precompile {
 namespace {
 
-// Each allocation starts with what it was charged, so that its deleter (a
-// plain function of the data pointer, as libtorch's raw allocations need)
-// can give it back. 64 keeps the data at libtorch's alignment (c10's
+// Each allocation starts with what it was charged and the serial of the
+// call charged, so that its deleter (a plain function of the data pointer,
+// as libtorch's raw allocations need) can give it back, and tell the call
+// while it runs. 64 keeps the data at libtorch's alignment (c10's
 // gAlignment).
 constexpr size_t kHeader = 64;
 
@@ -26,20 +28,30 @@ std::atomic<uint64_t> held_bytes{0};
 std::atomic<uint64_t> limit_bytes{0};
 std::atomic<uint64_t> refusals{0};
 std::atomic<bool> counting{false};  // Whether the counting allocator is installed.
+std::atomic<uint64_t> next_serial{1};
 thread_local ChargedCall::Record* current_call = nullptr;
 
 void Free(void* data) {
   if (data == nullptr) return;
   char* base = static_cast<char*>(data) - kHeader;
-  uint64_t charged;
+  uint64_t charged, serial;
   std::memcpy(&charged, base, sizeof charged);
-  if (charged != 0) held_bytes.fetch_sub(charged, std::memory_order_relaxed);
+  std::memcpy(&serial, base + sizeof charged, sizeof serial);
+  if (charged != 0) {
+    held_bytes.fetch_sub(charged, std::memory_order_relaxed);
+    ChargedCall::Record* call = current_call;
+    if (call != nullptr && call->serial == serial) call->own -= std::min(call->own, charged);
+  }
   c10::free_cpu(base);
 }
 
 [[noreturn]] void Refuse(uint64_t asked, uint64_t held, uint64_t limit,
                          ChargedCall::Record& record) {
-  record = {true, asked, held, limit};
+  record.refused = true;
+  record.asked = asked;
+  record.held = held;
+  record.limit = limit;
+  record.own_held = record.own;
   refusals.fetch_add(1, std::memory_order_relaxed);
   // No backtrace: the message is all a log or a Python traceback needs.
   throw c10::OutOfMemoryError(
@@ -62,15 +74,17 @@ bool TryCharge(uint64_t n, uint64_t& held, uint64_t& limit) {
 void Charge(uint64_t n, ChargedCall::Record& record) {
   uint64_t held, limit;
   if (!TryCharge(n, held, limit)) Refuse(n, held, limit, record);
+  record.own += n;
 }
 
 absl::Status Refusal(const ChargedCall::Record& r, absl::string_view what,
                      absl::string_view asked_for) {
-  if (r.asked > r.limit) {
+  if (r.asked > r.limit || r.own_held > r.limit - r.asked) {
     // Never fits, however idle the server: a retry would only fail again.
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": this call asked for ", asked_for, " of ", r.asked, " bytes, more than the ",
-        r.limit,
+        what, ": this call asked for ", asked_for, " of ", r.asked, " bytes",
+        r.own_held == 0 ? "" : absl::StrCat(" while it held ", r.own_held, " of its own"),
+        ", more than the ", r.limit,
         " bytes all model calls may hold at once (--max_inference_memory_bytes); send smaller "
         "inputs"));
   }
@@ -100,7 +114,9 @@ class CountingCpuAllocator final : public c10::Allocator {
       if (charged != 0) held_bytes.fetch_sub(charged, std::memory_order_relaxed);
       throw;
     }
+    const uint64_t serial = call != nullptr ? call->serial : 0;
     std::memcpy(base, &charged, sizeof charged);
+    std::memcpy(static_cast<char*>(base) + sizeof charged, &serial, sizeof serial);
     void* data = static_cast<char*>(base) + kHeader;
     return {data, data, &Free, cpu};
   }
@@ -132,6 +148,7 @@ uint64_t InferenceMemoryRefusals() { return refusals.load(std::memory_order_rela
 
 ChargedCall::ChargedCall() : record_(current_call), outermost_(current_call == nullptr) {
   if (outermost_) {
+    own_.serial = next_serial.fetch_add(1, std::memory_order_relaxed);
     record_ = &own_;
     current_call = record_;
   }

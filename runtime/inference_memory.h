@@ -63,6 +63,15 @@ class ChargedCall {
     uint64_t asked = 0;  // The refused allocation's bytes.
     uint64_t held = 0;   // What calls held when it was refused.
     uint64_t limit = 0;
+    // Of `held`, what this call had allocated and not freed on its own
+    // thread: with `asked`, past the limit means the call cannot run
+    // however idle the server is.
+    uint64_t own_held = 0;
+    // What the call holds of its own now (own_held is this when refused:
+    // the call's tensors are freed before it is explained), and the serial
+    // that tells its allocations from others' as they are freed.
+    uint64_t own = 0;
+    uint64_t serial = 0;
   };
 
  private:

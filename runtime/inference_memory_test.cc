@@ -54,8 +54,12 @@ TEST_F(InferenceMemoryTest, ACallsTensorsAreChargedUntilFreedOnAnyThread) {
 
 TEST_F(InferenceMemoryTest, AnAllocationPastTheLimitIsRefusedAndTheCallSaysWhy) {
   const uint64_t refusals = InferenceMemoryRefusals();
+  at::Tensor first;
+  {
+    const ChargedCall earlier;  // Its output, held while its response is sent.
+    first = Bytes(kLimit / 2);
+  }
   const ChargedCall call;
-  const at::Tensor first = Bytes(kLimit / 2);
   EXPECT_THROW(Bytes(kLimit / 2 + 1), c10::OutOfMemoryError);
   EXPECT_EQ(InferenceMemoryHeld(), kLimit / 2) << "the refused tensor stays uncharged";
   EXPECT_EQ(InferenceMemoryRefusals(), refusals + 1);
@@ -69,6 +73,26 @@ TEST_F(InferenceMemoryTest, AnAllocationPastTheLimitIsRefusedAndTheCallSaysWhy) 
   // What fits still fits.
   EXPECT_EQ(Bytes(kLimit / 2).numel(), static_cast<int64_t>(kLimit / 2));
   EXPECT_TRUE(call.Explain(absl::OkStatus(), "model 'm'").ok());
+}
+
+// A call that holds, of its own, what leaves too little for its next tensor
+// fails the same way on an idle server: "retry later" would never succeed
+// (BEiT at 512x512 under a 256 MiB limit was told to, on every request
+// after the first).
+TEST_F(InferenceMemoryTest, WhatACallHoldsItselfWithItsNextTensorPastTheLimitIsNotWorthARetry) {
+  const ChargedCall call;
+  {
+    const at::Tensor own = Bytes(kLimit / 2);
+    { const at::Tensor freed = Bytes(kLimit / 4); }  // Given back: not its to count.
+    EXPECT_THROW(Bytes(kLimit / 2 + 1), c10::OutOfMemoryError);
+  }  // A failed call's tensors are freed before it is explained.
+  const absl::Status explained =
+      call.Explain(absl::InternalError("running variant forward#0: run_impl failed"), "model 'm'");
+  EXPECT_EQ(explained.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(explained.message(),
+              AllOf(HasSubstr("model 'm': this call asked for a tensor of 524289 bytes while it "
+                              "held 524288 of its own, more than the 1048576 bytes"),
+                    HasSubstr("send smaller inputs"), Not(HasSubstr("retry"))));
 }
 
 // A tensor larger than the whole limit fits at no time: the client is told

@@ -1241,7 +1241,7 @@ def test_what_failing_calls_make_libtorch_write_is_rate_limited(tmp_path):
         for _ in range(refused_calls):
             with pytest.raises(grpc.RpcError) as refused:
                 stub.ModelInfer(large, timeout=60)
-            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
         assert_still_serving(process)
     finally:
         channel.close()
@@ -1287,12 +1287,14 @@ def test_what_a_model_allocates_besides_its_outputs_is_bounded(tmp_path):
         for model, n in (("mlp", None), ("loop", 3)):
             with pytest.raises(grpc.RpcError) as refused:
                 call(stub, model, 1 << 16 if model == "mlp" else 1 << 17, n)
-            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
-            assert f"model '{model}': {refusal}" in refused.value.details()
-            assert f"past the {limit} bytes they may hold at once (--max_inference_memory_bytes)" in (
-                refused.value.details())
+            # What the call holds itself leaves too little for its next
+            # tensor: it fails so on an idle server too, so no retry.
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+            assert re.search(f"model '{model}': {refusal} while it held [0-9]+ of its own, more than the {limit} "
+                             r"bytes all model calls may hold at once \(--max_inference_memory_bytes\); send smaller "
+                             "inputs$", refused.value.details()), refused.value.details()
         answer = post(process, "/v2/models/mlp/infer", mlp_request(1 << 16))
-        assert status_of(answer) == 429, answer[:300]
+        assert status_of(answer) == 400, answer[:300]
         assert refusal in error_of(answer)
         # What fits is served, and the refused calls gave back what they held.
         assert call(stub, "mlp", 30000).outputs[0].shape == [30000, 3]
