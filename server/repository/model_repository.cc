@@ -111,6 +111,17 @@ absl::Status CheckInstanceKind(const std::string& device, const InstanceGroups& 
   return absl::OkStatus();
 }
 
+// `state`, serving nothing, for `reason`.
+ModelState Unavailable(ModelState state, const std::string& reason) {
+  state.phase = ModelState::Phase::kUnavailable;
+  state.failed = false;
+  state.reason = reason;
+  state.version = 0;
+  state.versions.clear();
+  state.directory.clear();
+  return state;
+}
+
 }  // namespace
 
 ModelKnown ModelRepository::Known(const Entry& entry) {
@@ -187,18 +198,12 @@ std::optional<ModelState> ModelRepository::Retire(const std::string& name,
     it->second.unloaded = on_request;
     Changed();
   }
-  const ModelState served = state;
-  state.phase = ModelState::Phase::kUnavailable;
-  state.reason = reason;
-  state.version = 0;
-  state.versions.clear();
-  state.directory.clear();
-  Publish(state, {});
+  Publish(Unavailable(state, reason), {});
   for (const Loaded& loaded : versions) {
     spdlog::info("event=model_unloaded model={} version={} calls_in_flight={} reason=\"{}\"",
                  name, loaded.handle.version, loaded.handle.model->calls_in_flight(), reason);
   }
-  return served;
+  return state;
 }
 
 std::optional<ModelState> ModelRepository::ForgetFailure(const std::string& name,
@@ -215,12 +220,7 @@ std::optional<ModelState> ModelRepository::ForgetFailure(const std::string& name
     it->second.attempted_fingerprint.clear();
   }
   spdlog::info("event=model_failure_forgotten model={} reason=\"{}\"", name, reason);
-  state.failed = false;
-  state.phase = ModelState::Phase::kUnavailable;
-  state.reason = reason;
-  state.version = 0;
-  state.versions.clear();
-  state.directory.clear();
+  state = Unavailable(state, reason);
   Publish(state, {});
   return state;
 }
