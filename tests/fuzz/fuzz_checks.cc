@@ -675,9 +675,15 @@ absl::Status CheckGuards(const uint8_t* data, size_t size) {
     if (miss->variant < 0 || miss->variant >= n || matched[miss->variant]) {
       return Violation(absl::StrCat("ExplainMiss() names variant ", miss->variant));
     }
+    // The closest: among the variants that take the inputs the call sent
+    // (if any do), the one whose checks held longest.
     const auto& chosen = *mismatches[miss->variant];
-    for (const auto& m : mismatches) {
-      if (m && m->checks_passed > chosen.checks_passed) {
+    const bool chosen_same = programs[miss->variant].TakesTheSameInputs(args);
+    for (int i = 0; i < n; ++i) {
+      if (!mismatches[i]) continue;
+      const bool same = programs[i].TakesTheSameInputs(args);
+      if (same > chosen_same ||
+          (same == chosen_same && mismatches[i]->checks_passed > chosen.checks_passed)) {
         return Violation("ExplainMiss() did not pick the closest variant");
       }
     }
