@@ -57,8 +57,7 @@ void RateLimitedLines::EndLine(PartialLine& line) {
   if (lines_in_window_ < options_.lines_per_window) {
     ++lines_in_window_;
     if (dropped_ > 0) {
-      write_(absl::StrCat("[stderr] ", dropped_, " lines dropped (more than ",
-                          options_.lines_per_window, " in ",
+      write_(absl::StrCat(dropped_, " lines dropped (more than ", options_.lines_per_window, " in ",
                           absl::FormatDuration(options_.window), ")\n"));
       dropped_ = 0;
     }

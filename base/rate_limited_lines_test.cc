@@ -46,8 +46,7 @@ TEST(RateLimitedLines, DropsLinesPastTheRateAndSaysHowManyWhenLinesPassAgain) {
   out.now += absl::Seconds(2);
   out.stream << "a new minute\n";
   EXPECT_THAT(out.lines, ElementsAre("failed 0\n", "failed 1\n", "failed 2\n",
-                                     "[stderr] 3 lines dropped (more than 3 in 1m)\n",
-                                     "a new minute\n"));
+                                     "3 lines dropped (more than 3 in 1m)\n", "a new minute\n"));
   EXPECT_EQ(out.buffer.dropped(), 0);
 }
 

@@ -387,9 +387,14 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   // What libtorch and AOTInductor write themselves (std::cerr) goes out at a
   // bounded rate: AOTInductor writes two lines for every call that fails
-  // inside a model, as fast as clients make calls fail. Never destroyed: a
-  // library may still write while the process exits.
-  std::cerr.rdbuf(new precompile::RateLimitedLines({}, [](absl::string_view line) {
+  // inside a model, as fast as clients make calls fail. Each line gets the
+  // time and level the server's own lines start with, and says whose it is.
+  // Never destroyed: a library may still write while the process exits.
+  std::cerr.rdbuf(new precompile::RateLimitedLines({}, [](absl::string_view text) {
+    const std::string stamped =
+        absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()),
+                     " warning [stderr] ", text);
+    absl::string_view line = stamped;
     while (!line.empty()) {
       const ssize_t written = write(STDERR_FILENO, line.data(), line.size());
       if (written < 0 && errno == EINTR) continue;

@@ -1246,9 +1246,11 @@ def test_what_failing_calls_make_libtorch_write_is_rate_limited(tmp_path):
     finally:
         channel.close()
         assert process.stop() == 0, process.log()
-    # The server's own lines start with their time; the rest are libtorch's.
-    foreign = [line for line in process.log().splitlines()
-               if line and not re.match(r"\d{4}-\d\d-\d\dT", line)]
+    # Every line starts with its time; what the server did not write itself
+    # says so.
+    lines = [line for line in process.log().splitlines() if line]
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ", line) for line in lines), lines[:5]
+    foreign = [line for line in lines if " warning [stderr] " in line]
     assert any("aoti" in line.lower() or "error" in line.lower() for line in foreign), foreign[:5]
     assert len(foreign) <= 100, f"{len(foreign)} lines not the server's:\n" + "\n".join(foreign[:10])
 
