@@ -37,7 +37,8 @@ from .eager import ScriptContext, build_eager_programs, check_scriptable
 from .errors import PrecompileError
 from .frames import Frame, FrameInfo, Variant
 from .compiling import CompileError, Fallback, VariantCompiler
-from .guards import DTYPE_NAMES
+from .export_guards import COMPARE
+from .guards import DTYPE_NAMES, evaluate_size_program
 from .summary import ALL_CAUSES_IN_WORDS, PrecompileSummary
 
 if TYPE_CHECKING:
@@ -81,6 +82,62 @@ def _stand_in(value: Any, rows: Optional[int] = None) -> Any:
     if rows is not None:
         shape[0] = rows
     return torch.empty_strided(shape, [0] * len(shape), dtype=value.dtype, device=value.device)
+
+
+def size_steps(variants: Sequence[Any], values: List[Any], names: Sequence[str],
+               probe: int = 64) -> List[str]:
+    """The dynamic sizes of a call (`values`, one per parameter) that the
+    variant serving it takes at the call's size but not at one more: a shape
+    guard of the model's code on that size alone keeps a parity or a
+    multiple of it (pooling with ceil_mode, patches). Each as "x.size(2) at
+    96 and next at 128 (97 to 127 are refused)", probing up to `probe` more.
+    Per size symbol past the first dimension (the batch: Capture.
+    batch_gaps), by its range and the guards on it alone: guards relating it
+    to other sizes ask those to move with it, which is not a step."""
+    serving = next((v for v in variants if v.guards.holds(values)), None)
+    if serving is None:
+        return []
+    guards = serving.guards
+    ranges = {r.symbol: r for r in guards.symbols}
+    first: Dict[int, Tuple[int, int, int]] = {}  # symbol -> (parameter, dimension, its value)
+    batch = set()
+    for arg in guards.args:
+        for d, dim in enumerate(arg.tensor.dims if arg.tensor is not None else ()):
+            if dim.symbol is None:
+                continue
+            if d == 0:
+                batch.add(dim.symbol)
+            first.setdefault(dim.symbol, (arg.parameter, d, values[arg.parameter].shape[d] - dim.offset))
+    alone: Dict[int, List[Any]] = {}
+    for relation in guards.size_relations:
+        symbols = {value for kind, value in relation.left + relation.right if kind == "symbol"}
+        if len(symbols) == 1:
+            alone.setdefault(symbols.pop(), []).append(relation)
+
+    def takes(symbol: int, value: int) -> bool:
+        r = ranges[symbol]
+        if value < r.min or (r.max is not None and value > r.max):
+            return False
+        for relation in alone.get(symbol, []):
+            left = evaluate_size_program(relation.left, {symbol: value})
+            right = evaluate_size_program(relation.right, {symbol: value})
+            if left is None or right is None or not COMPARE[relation.comparison](left, right):
+                return False
+        return True
+
+    steps = []
+    for symbol, (i, d, value) in sorted(first.items()):
+        if symbol in batch or takes(symbol, value + 1):
+            continue
+        size = values[i].shape[d]
+        step = next((k for k in range(2, probe + 1) if takes(symbol, value + k)), None)
+        name = f"{names[i]}.size({d})"
+        if step is None:
+            steps.append(f"{name} at {size} and at none of {size + 1} to {size + probe}")
+        else:
+            refused = f"{size + 1} is" if step == 2 else f"{size + 1} to {size + step - 1} are"
+            steps.append(f"{name} at {size} and next at {size + step} ({refused} refused)")
+    return steps
 
 
 class _Interceptor:
@@ -589,6 +646,23 @@ class Capture:
                                 f"{' or '.join(str(m) for m in missed)}")
         return gaps
 
+    def size_steps(self) -> List[str]:
+        """Per example call, its dynamic sizes that no variant serves at one
+        more (module-level size_steps). None with static shapes."""
+        entry = self.entry
+        if self.static_shapes or entry.eager_fallback or not entry.variants:
+            return []
+        names = [p.name for p in entry.params]
+        lines, seen = [], set()
+        with torch.no_grad():
+            for number, values in enumerate(self._entry_shapes):
+                values = values + [None] * (len(entry.params) - len(values))
+                steps = size_steps(entry.variants, values, names)
+                if steps and tuple(steps) not in seen:
+                    seen.add(tuple(steps))
+                    lines.append(f"call {number}, {_describe_call(values, entry)}: {'; '.join(steps)}")
+        return lines
+
     def static_sizes(self) -> List[str]:
         """Sizes of the entry's tensors that the example calls varied and that
         every variant still takes as one fixed size: Dynamo specialized them
@@ -721,6 +795,14 @@ class Capture:
                 f"calls at another batch (1, or one more than the call's): {shown}. Add example calls "
                 "of those batches if clients send them (a batch of 1 needs one of its own: Dynamo's "
                 "dynamic sizes start at 2)", RuntimeWarning, stacklevel=2)
+        stepped = self.size_steps()
+        if stepped:
+            shown = "; ".join(stepped[:3]) + (f"; and {len(stepped) - 3} more" if len(stepped) > 3 else "")
+            warnings.warn(
+                f"precompile capture: model '{self.name}': dynamic sizes the variants serve only in steps "
+                f"(a shape guard of the model's code keeps a parity or a multiple of them, as pooling with "
+                f"ceil_mode does): {shown}. Add example calls at the sizes clients send",
+                RuntimeWarning, stacklevel=2)
         fixed = self.static_sizes()
         if fixed:
             warnings.warn(

@@ -3,6 +3,7 @@
 Five AOTInductor compiles.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -159,3 +160,45 @@ def test_a_size_the_calls_varied_that_stays_fixed_is_named_when_saved(tmp_path):
             cap.save(tmp_path / "rows", require_complete=False)
     finally:
         cap.close()
+
+
+def test_sizes_served_only_in_steps_are_named_with_the_next_size_served():
+    # Guards as a pooled image's are: H a multiple of 32, W even and below
+    # 100, the batch any; probed without compiling a model.
+    from types import SimpleNamespace
+
+    from precompile_capture.capture import size_steps
+    from precompile_capture.export_guards import SizeRelation
+    from precompile_capture.guards import ArgGuard, Dim, GuardSet, SymbolRange, TensorSpec
+
+    guards = GuardSet(
+        args=(ArgGuard(parameter=0, tensor=TensorSpec(torch.float32, "cpu", (
+            Dim(symbol=0), Dim(static=3), Dim(symbol=1), Dim(symbol=2)))),
+              ArgGuard(parameter=1, tensor=TensorSpec(torch.float32, "cpu", (Dim(symbol=0), Dim(symbol=2))))),
+        symbols=(SymbolRange(0, 2, None, "s0"), SymbolRange(1, 2, None, "s1"), SymbolRange(2, 2, 99, "s2")),
+        grad_enabled=torch.is_grad_enabled(), default_dtype=torch.get_default_dtype(),
+        size_relations=(
+            SizeRelation((("symbol", 1), ("constant", 32), ("op", "MOD")), "EQ", (("constant", 0),),
+                         "x.size(2) % 32 == 0"),
+            SizeRelation((("symbol", 2), ("constant", 2), ("op", "MOD")), "EQ", (("constant", 0),),
+                         "x.size(3) % 2 == 0"),
+        ))
+    variants = [SimpleNamespace(guards=guards)]
+    names = ["x", "mask"]
+    call = [torch.empty(2, 3, 96, 80), torch.empty(2, 80)]
+    assert size_steps(variants, call, names) == [
+        "x.size(2) at 96 and next at 128 (97 to 127 are refused)",
+        "x.size(3) at 80 and next at 82 (81 is refused)",
+    ]
+    # At W = 98 the next even size is past the range; a call no variant
+    # serves says nothing.
+    assert size_steps(variants, [torch.empty(2, 3, 96, 98), torch.empty(2, 98)], names) == [
+        "x.size(2) at 96 and next at 128 (97 to 127 are refused)",
+        "x.size(3) at 98 and at none of 99 to 162",
+    ]
+    assert size_steps(variants, [torch.empty(2, 3, 95, 80), torch.empty(2, 80)], names) == []
+    # A guard relating two sizes asks them to move together: not a step.
+    related = dataclasses.replace(guards, size_relations=(
+        SizeRelation((("symbol", 1),), "EQ", (("symbol", 2), ("constant", 16), ("op", "ADD")),
+                     "x.size(2) == x.size(3) + 16"),))
+    assert size_steps([SimpleNamespace(guards=related)], call, names) == []
