@@ -62,8 +62,12 @@ def call_record(frame: Frame, values: Sequence[Any]) -> Dict[str, Any]:
 
 
 def _describe_call(values: Sequence[Any], frame: Frame) -> str:
+    """The call's arguments, None ones left out (a transformers model has a
+    dozen a call leaves None)."""
     parts = []
     for p, v in zip(frame.params, values):
+        if v is None:
+            continue
         if isinstance(v, torch.Tensor):
             dims = ", ".join(str(s) for s in v.shape)
             where = "" if v.device.type == "cpu" else f" on {v.device.type}"
