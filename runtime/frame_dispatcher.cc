@@ -24,25 +24,25 @@ int FrameDispatcher::Match(absl::Span<const ArgView> args,
 
 std::optional<FrameDispatcher::Explanation> FrameDispatcher::ExplainMiss(
     absl::Span<const ArgView> args, const GlobalState& state) const {
-  // The closest variant is one that takes the same inputs as the call (a
-  // call without a cache is a prefill, however far a decode variant's
-  // checks get before they find the cache missing), and among those the
-  // one whose first failing check comes latest; only its mismatch is put in
+  // The closest variant is one that takes the inputs the call sent, or the
+  // most of them (a call without a cache is a prefill, however far a decode
+  // variant's checks get before they find the cache missing), and among
+  // those the one whose first failing check comes latest; only its mismatch is put in
   // words (a refusal storm on a frame with many variants would otherwise
   // build a reason per variant per request). On a tie, the later one:
   // Dynamo recompiles a frame with the sizes that missed made dynamic, so
   // later variants are the more general, and their ranges say what the
   // frame takes.
   int closest = -1;
-  bool closest_same_inputs = false;
+  int closest_differ = 0;
   int closest_held = -1;
   for (int i = 0; i < static_cast<int>(variants_.size()); ++i) {
     const int held = variants_[i].ChecksHeld(args, state);
     if (held == variants_[i].num_checks()) continue;  // Holds: no mismatch.
-    const bool same_inputs = variants_[i].TakesTheSameInputs(args);
-    if (same_inputs < closest_same_inputs) continue;
-    if (same_inputs > closest_same_inputs || held >= closest_held) {
-      closest_same_inputs = same_inputs;
+    const int differ = variants_[i].InputsNotAsTaken(args);
+    if (closest >= 0 && differ > closest_differ) continue;
+    if (closest < 0 || differ < closest_differ || held >= closest_held) {
+      closest_differ = differ;
       closest_held = held;
       closest = i;
     }

@@ -31,10 +31,10 @@ class FrameDispatcher {
     int variant = -1;    // The closest variant.
     std::string reason;  // Its first failing guard, in words.
   };
-  // For a call that Match() missed: the variant that got furthest through its
-  // checks, preferring those that take the same inputs as the call (a tensor
-  // where it sends one, None where it sends none), and why it failed. nullopt if the frame has no
-  // variants.
+  // For a call that Match() missed: the variant that got furthest through
+  // its checks among those that take the most of the inputs the call sent
+  // (a tensor where it sends one, None where it sends none), and why it
+  // failed. nullopt if the frame has no variants.
   std::optional<Explanation> ExplainMiss(absl::Span<const ArgView> args,
                                          const GlobalState& state) const;
 

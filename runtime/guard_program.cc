@@ -386,12 +386,15 @@ bool GuardProgram::Matches(absl::Span<const ArgView> args,
   return FirstFailure(args, state, symbols) < 0;
 }
 
-bool GuardProgram::TakesTheSameInputs(absl::Span<const ArgView> args) const {
+int GuardProgram::InputsNotAsTaken(absl::Span<const ArgView> args) const {
+  int differ = 0;
   for (const Check& c : checks_) {
-    if (c.op == Op::kIsTensor && args[c.arg].kind != ArgView::Kind::kTensor) return false;
-    if (c.op == Op::kIsNone && args[c.arg].kind != ArgView::Kind::kNone) return false;
+    if ((c.op == Op::kIsTensor && args[c.arg].kind != ArgView::Kind::kTensor) ||
+        (c.op == Op::kIsNone && args[c.arg].kind != ArgView::Kind::kNone)) {
+      ++differ;
+    }
   }
-  return true;
+  return differ;
 }
 
 int GuardProgram::ChecksHeld(absl::Span<const ArgView> args,

@@ -82,11 +82,11 @@ class GuardProgram {
   // How many checks hold before the first failing one (num_checks() if all
   // hold): ExplainMismatch's checks_passed, without building the words.
   int ChecksHeld(absl::Span<const ArgView> args, const GlobalState& state) const;
-  // True if each parameter is a tensor or None as the guards expect,
-  // whatever its dtype, sizes or value: which inputs a call sends is the
+  // How many parameters are not a tensor, or not None, as the guards expect,
+  // whatever their dtypes, sizes or values: which inputs a call sends is the
   // client's choice of variant (a prefill sends no cache), so a miss is best
-  // explained by a variant that takes the same inputs.
-  bool TakesTheSameInputs(absl::Span<const ArgView> args) const;
+  // explained by a variant that takes the inputs it sent, or the most of them.
+  int InputsNotAsTaken(absl::Span<const ArgView> args) const;
 
   int num_checks() const { return static_cast<int>(checks_.size()); }
 

@@ -661,6 +661,71 @@ TEST(FrameDispatcher, ExplainsAVariantThatTakesTheInputsTheCallSent) {
   EXPECT_THAT(why->reason, HasSubstr("y.size(0)"));
 }
 
+// GPT-BigCode's prefill sent without its position ids: no variant takes
+// those inputs, and the prefill, which lacks one of them, explains the miss
+// rather than the decode step, which lacks more, though its checks held
+// longer.
+TEST(FrameDispatcher, ExplainsAVariantThatTakesTheMostOfTheInputsTheCallSent) {
+  std::vector<GuardProgram> programs;
+  programs.push_back(Compile(R"pb(
+    id: "forward#0"
+    symbols { symbol: 1 min: 2 name: "s0" }
+    symbols { symbol: 2 min: 2 name: "s1" }
+    guards {
+      parameter: 0
+      tensor {
+        dtype: DTYPE_FLOAT32
+        device: "cpu"
+        dims { symbol: 1 }
+        dims { symbol: 2 }
+      }
+    }
+    guards {
+      parameter: 1
+      tensor { is_none: true }
+    }
+    guards {
+      parameter: 2
+      equals { none: true }
+    }
+  )pb"));
+  programs.push_back(Compile(R"pb(
+    id: "forward#1"
+    symbols { symbol: 1 min: 1 name: "s0" }
+    guards {
+      parameter: 0
+      tensor {
+        dtype: DTYPE_FLOAT32
+        device: "cpu"
+        dims { symbol: 1 }
+        dims { static_size: 1 }
+      }
+    }
+    guards {
+      parameter: 1
+      tensor {
+        dtype: DTYPE_FLOAT32
+        device: "cpu"
+        dims { symbol: 1 }
+      }
+    }
+    guards {
+      parameter: 2
+      equals { none: true }
+    }
+  )pb"));
+  FrameDispatcher dispatcher(std::move(programs));
+  Call call;
+  call.x_shape = {2, 1};
+  std::vector<ArgView> views = call.Views();
+  views[1] = ArgView{};  // y: None; n: 0, where both variants take None.
+  ASSERT_EQ(dispatcher.Match(views, GlobalState{}), -1);
+  auto why = dispatcher.ExplainMiss(views, GlobalState{});
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(why->variant, 0);
+  EXPECT_EQ(why->reason, "x.size(1): expected a size in [2, inf), got 1");
+}
+
 TEST(FrameDispatcher, AFrameWithoutVariantsMatchesNothing) {
   FrameDispatcher dispatcher({});
   Call call;

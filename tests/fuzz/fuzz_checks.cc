@@ -675,15 +675,15 @@ absl::Status CheckGuards(const uint8_t* data, size_t size) {
     if (miss->variant < 0 || miss->variant >= n || matched[miss->variant]) {
       return Violation(absl::StrCat("ExplainMiss() names variant ", miss->variant));
     }
-    // The closest: among the variants that take the inputs the call sent
-    // (if any do), the one whose checks held longest.
+    // The closest: among the variants that take the most of the inputs the
+    // call sent, the one whose checks held longest.
     const auto& chosen = *mismatches[miss->variant];
-    const bool chosen_same = programs[miss->variant].TakesTheSameInputs(args);
+    const int chosen_differ = programs[miss->variant].InputsNotAsTaken(args);
     for (int i = 0; i < n; ++i) {
       if (!mismatches[i]) continue;
-      const bool same = programs[i].TakesTheSameInputs(args);
-      if (same > chosen_same ||
-          (same == chosen_same && mismatches[i]->checks_passed > chosen.checks_passed)) {
+      const int differ = programs[i].InputsNotAsTaken(args);
+      if (differ < chosen_differ ||
+          (differ == chosen_differ && mismatches[i]->checks_passed > chosen.checks_passed)) {
         return Violation("ExplainMiss() did not pick the closest variant");
       }
     }
