@@ -83,7 +83,10 @@ absl::Status Refusal(const ChargedCall::Record& r, absl::string_view what,
     // Never fits, however idle the server: a retry would only fail again.
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": this call asked for ", asked_for, " of ", r.asked, " bytes",
-        r.own_held == 0 ? "" : absl::StrCat(" while it held ", r.own_held, " of its own"),
+        // What the call held matters only where the tensor alone fits.
+        r.asked > r.limit || r.own_held == 0
+            ? ""
+            : absl::StrCat(" while it held ", r.own_held, " of its own"),
         ", more than the ", r.limit,
         " bytes all model calls may hold at once (--max_inference_memory_bytes); send smaller "
         "inputs"));
