@@ -47,7 +47,20 @@ absl::StatusOr<std::unique_ptr<Variant>> Variant::Load(
         static_cast<size_t>(options.num_runners),
         static_cast<c10::DeviceIndex>(options.device_index));
   });
-  if (!loader.ok()) return loader.status();
+  if (!loader.ok()) {
+    // An artifact from before manifests named the operators compiled code
+    // calls gets here for one that this process lacks.
+    if (absl::StrContains(loader.status().message(), "Could not find schema for")) {
+      return absl::Status(
+          loader.status().code(),
+          absl::StrCat(loader.status().message(),
+                       " (an operator of a library this server did not load: load it with "
+                       "--op_library; or, where it is defined in Python, capture the model again "
+                       "with this capture tool, whose manifest names the module that defines it, "
+                       "and serve it with --allow_python_programs)"));
+    }
+    return loader.status();
+  }
   return std::unique_ptr<Variant>(
       new Variant(id, options.device, options.device_index, *std::move(loader)));
 }

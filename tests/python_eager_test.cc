@@ -118,12 +118,27 @@ TEST(PythonEager, HitsAndPythonMissesFromManyThreads) {
 
 // tests/gate's model, whose compiled code calls precompile_test::gate, an
 // operator defined in Python (tests/gate/gated.py) that nothing here
-// registers in C++ (no --op_library). The two tests run in this order: once
+// registers in C++ (no --op_library). The tests run in this order: once
 // imported, the operator stays registered in the process.
 std::string GatedArtifact() {
   const std::string directory = testing::NewTempDirectory("gated");
   testing::CopyTree(RunfilesRoot() + "/tests/gate/gated", directory);
   return directory;
+}
+
+// An artifact captured before manifests named the operators: AOTInductor's
+// own refusal, with what to do about it.
+TEST(PythonOperators, AnArtifactThatDoesNotNameThemSaysHowToServeThem) {
+  const std::string directory = GatedArtifact();
+  testing::EditManifest(directory, [](artifact::v1::Manifest& m) { m.clear_operators(); });
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+      LoadedVersion::Load(directory, WithPython());
+  ASSERT_FALSE(model.ok());
+  EXPECT_THAT(model.status().message(),
+              HasSubstr("Could not find schema for precompile_test::gate"));
+  EXPECT_THAT(model.status().message(),
+              HasSubstr("load it with --op_library; or, where it is defined in Python, capture "
+                        "the model again"));
 }
 
 TEST(PythonOperators, AreRefusedByNameUnlessPythonIsAllowed) {

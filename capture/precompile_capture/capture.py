@@ -650,6 +650,14 @@ class Capture:
                                 f"{' or '.join(str(m) for m in missed)}")
         return gaps
 
+    def operators(self) -> Dict[str, str]:
+        """The operators outside ATen that the variants' compiled code calls,
+        each with the module that defines it in Python ("" for none)."""
+        from .called_operators import python_module  # noqa: PLC0415
+
+        names = {op for f in self._frames.values() for v in f.variants for op in v.operators}
+        return {name: python_module(name) for name in sorted(names)}
+
     def size_steps(self) -> List[str]:
         """Per example call, its dynamic sizes that no variant serves at one
         more (module-level size_steps). None with static shapes."""

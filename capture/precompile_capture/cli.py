@@ -260,6 +260,10 @@ def _capture(args: argparse.Namespace) -> int:
     print(f"  eager fallbacks: {list(summary.eager_fallbacks)}")
     print(f"  uncovered: {list(summary.uncovered_frames)}; truncated: {summary.truncated}; complete: {summary.complete}")
     print(f"  {len(cap.compile_log)} AOTInductor compiles, {total:.1f} s")
+    for name, module in cap.operators().items():
+        # The server must have each: from --op_library, or Python's.
+        print(f"  calls {name}, " + (f"defined in Python by {module} (serve with --allow_python_programs)"
+                                    if module else "from a library to load with --op_library"))
     # What a request may send: the entry's variants' guards, the bounds a
     # model's code put on its sizes among them (a request outside is refused).
     entry = cap.frame(cap.entry.name)

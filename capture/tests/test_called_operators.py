@@ -1,5 +1,7 @@
 """Which module defines an operator that compiled code calls: what the
-server imports to register it."""
+server imports to register it.
+
+One AOTInductor compile."""
 
 import warnings
 
@@ -12,6 +14,11 @@ from precompile_capture.called_operators import manifest_operators, python_modul
 @torch.library.custom_op("precompile_test_called::twice", mutates_args=())
 def twice(x: torch.Tensor) -> torch.Tensor:
     return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
 
 
 def test_an_operator_defined_with_custom_op_is_found_in_its_module():
@@ -29,3 +36,26 @@ def test_operators_no_module_defines_are_warned_of_by_name():
         warnings.simplefilter("error")
         assert manifest_operators("m", ["precompile_test_called::twice"]) == {
             "precompile_test_called::twice": __name__}
+
+
+class Twice(torch.nn.Module):
+    def forward(self, x):
+        return twice(x + 1) * 3
+
+
+def test_a_compiled_call_of_the_operator_is_recorded_with_its_module(tmp_path):
+    # One AOTInductor compile: the package's calls are read back from it.
+    import precompile_capture
+    from conftest import read_manifest
+
+    cap = precompile_capture.capture(Twice(), name="twice")
+    try:
+        x = torch.randn(4)
+        assert torch.equal(cap(x), (x + 1) * 2 * 3)
+        assert cap.operators() == {"precompile_test_called::twice": __name__}
+        out = cap.save(tmp_path / "twice", require_complete=False)
+    finally:
+        cap.close()
+    operators = read_manifest(out).operators
+    assert [(op.name, op.python_module) for op in operators] == [("precompile_test_called::twice", __name__)]
+    assert [m.name for m in read_manifest(out).python.modules] == [__name__.split(".")[0]]
