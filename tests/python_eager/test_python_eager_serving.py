@@ -288,14 +288,15 @@ def test_what_a_program_logs_on_every_call_reaches_the_servers_log_rate_limited(
     # `note` logs a warning at each step (logging's last resort: sys.stderr).
     # A client asking for 300 steps gets no more than the server's 100 lines
     # a minute of it (two windows at most, if one ends during the burst),
-    # each line whole.
+    # each line whole, stamped as the server's own lines are.
     before = len(script_server.log())
     for _ in range(100):
         infer(script_server, np.ones((8, 4), dtype=np.float32), 3, "script")
     logged = script_server.log()[before:].splitlines()
     steps = [line for line in logged if "step on" in line]
     assert 1 <= len(steps) <= 200, len(steps)
-    assert set(steps) == {"step on (8, 4)"}
+    stamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} warning \[stderr\] ")
+    assert {stamp.sub("", line, count=1) for line in steps} == {"step on (8, 4)"}, steps[:3]
 
 
 def test_the_manifest_and_frames_name_the_code_the_program_carries():
