@@ -14,7 +14,7 @@ is "output0". Leaves that are not tensors (None, ints, ...) stay in the list
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -126,17 +126,52 @@ def _spec_words(spec: pytree.TreeSpec) -> str:
     return f"{getattr(spec.type, '__name__', str(spec.type))}({children})"
 
 
+def _cache_hint(value: Any) -> str:
+    if not type(value).__name__.endswith("Cache"):
+        return ""
+    return (" (a transformers cache other than DynamicCache and EncoderDecoderCache of key/value "
+            "layers, which are served as their tensors: build the model with use_cache=False, "
+            "or pass use_cache=False)")
+
+
+def _unflattenable(value: Any, path: str = "") -> Tuple[str, Any]:
+    """The path and value of the outermost part of `value` whose own
+    flattening raises, looking into mappings, tuples and lists."""
+    if isinstance(value, Mapping):
+        children = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, (tuple, list)):
+        children = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return path, value
+    for key, child in children:
+        try:
+            pytree.tree_flatten(child)
+        except Exception:  # noqa: BLE001
+            return _unflattenable(child, f"{path}.{key}" if path else key)
+    return path, value
+
+
 def output_schema(frame: str, result: Any) -> OutputSchema:
     """The schema of `result`, or PrecompileError naming what cannot be served."""
     _register_dataclasses(result)
     for value in _attribute_values(result):
         register_known_structures(value)
     try:
-        with_paths, spec = pytree.tree_flatten_with_path(result)
-    except ValueError:
-        # A node type registered without keys: name its leaves by position.
-        leaves, spec = pytree.tree_flatten(result)
-        with_paths = [((pytree.SequenceKey(i),), leaf) for i, leaf in enumerate(leaves)]
+        try:
+            with_paths, spec = pytree.tree_flatten_with_path(result)
+        except ValueError:
+            # A node type registered without keys: name its leaves by position.
+            leaves, spec = pytree.tree_flatten(result)
+            with_paths = [((pytree.SequenceKey(i),), leaf) for i, leaf in enumerate(leaves)]
+    except Exception as e:  # noqa: BLE001 - a library's flatten function raised
+        # transformers' DynamicCache refuses to be taken apart when its
+        # layers are other than key/value layers (Mamba's).
+        name, culprit = _unflattenable(result)
+        raise PrecompileError(
+            f"frame '{frame}' returns a {type(culprit).__qualname__} at '{name or '(the output)'}' "
+            f"that its library cannot take apart into tensors ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}){_cache_hint(culprit)}; return its "
+            "tensors instead, or capture a wrapper that does") from e
     out: List[Leaf] = []
     names = set()
     for path, leaf in with_paths:
@@ -146,15 +181,8 @@ def output_schema(frame: str, result: Any) -> OutputSchema:
         elif isinstance(leaf, _CONSTANT_TYPES):
             out.append(Leaf(name, False, type(leaf).__name__))
         else:
-            hint = (
-                " (a transformers cache other than DynamicCache and EncoderDecoderCache, "
-                "which are served as their tensors: build the model with use_cache=False, or "
-                "pass use_cache=False)"
-                if type(leaf).__name__.endswith("Cache")
-                else ""
-            )
             raise PrecompileError(
-                f"frame '{frame}' returns a {type(leaf).__qualname__} at '{name}'{hint}; a "
+                f"frame '{frame}' returns a {type(leaf).__qualname__} at '{name}'{_cache_hint(leaf)}; a "
                 "frame's outputs are tensors (with None, bool, int, float or str leaves, which "
                 "are not served) in tuples, lists, dicts, dataclasses or other pytree nodes. "
                 "Register the type as a pytree node (torch.utils._pytree.register_pytree_node), "

@@ -177,6 +177,37 @@ def test_an_output_the_server_cannot_send_is_named_at_the_call():
     assert "register_pytree_node" in str(e.value)
 
 
+class LayeredCache:
+    """A cache whose library's flatten refuses some of its layers, as
+    transformers' DynamicCache refuses Mamba's."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+def _refuse_to_flatten(cache):
+    raise RuntimeError("This pytree flattening function should be applied to LayeredCache "
+                       "containing only key/value layers")
+
+
+torch.utils._pytree.register_pytree_node(LayeredCache, _refuse_to_flatten,
+                                         lambda children, context: LayeredCache(*children))
+
+
+def test_an_output_its_library_cannot_take_apart_is_named_at_the_call():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return {"logits": x + 1, "cache_params": LayeredCache(x)}
+
+    cap = precompile_capture.capture(Model(), name="m")
+    with pytest.raises(PrecompileError) as e:
+        cap(torch.randn(2))
+    message = str(e.value)
+    assert ("frame 'forward' returns a LayeredCache at 'cache_params' that its library cannot take "
+            "apart into tensors (RuntimeError: This pytree flattening function") in message, message
+    assert "use_cache=False" in message
+
+
 def test_outputs_must_keep_their_structure():
     class Model(torch.nn.Module):
         def forward(self, x: torch.Tensor, n: int) -> list:
