@@ -131,16 +131,26 @@ def size_steps(variants: Sequence[Any], values: List[Any], names: Sequence[str],
 
     steps = []
     for symbol, (i, d, value) in sorted(first.items()):
-        if symbol in batch or takes(symbol, value + 1):
+        if symbol in batch:
             continue
         size = values[i].shape[d]
-        step = next((k for k in range(2, probe + 1) if takes(symbol, value + k)), None)
+        offset = size - value
         name = f"{names[i]}.size({d})"
-        if step is None:
-            steps.append(f"{name} at {size} and at none of {size + 1} to {size + probe}")
-        else:
-            refused = f"{size + 1} is" if step == 2 else f"{size + 1} to {size + step - 1} are"
-            steps.append(f"{name} at {size} and next at {size + step} ({refused} refused)")
+        if not takes(symbol, value + 1):
+            step = next((k for k in range(2, probe + 1) if takes(symbol, value + k)), None)
+            if step is None:
+                steps.append(f"{name} at {size} and at none of {size + 1} to {size + probe}")
+            else:
+                refused = f"{size + 1} is" if step == 2 else f"{size + 1} to {size + step - 1} are"
+                steps.append(f"{name} at {size} and next at {size + step} ({refused} refused)")
+        # Below: the smallest size served, where guards on the size alone
+        # refuse more than its range says (a side of 32 pixels or fewer that
+        # pools to nothing).
+        lowest = ranges[symbol].min
+        smallest = next((v for v in range(lowest, value) if takes(symbol, v)), value)
+        if smallest > lowest and value - lowest <= 4096:
+            steps.append(f"{name} from {smallest + offset} up, none of {lowest + offset} to "
+                         f"{smallest + offset - 1}")
     return steps
 
 
@@ -811,9 +821,10 @@ class Capture:
         if stepped:
             shown = "; ".join(stepped[:3]) + (f"; and {len(stepped) - 3} more" if len(stepped) > 3 else "")
             warnings.warn(
-                f"precompile capture: model '{self.name}': dynamic sizes the variants serve only in steps "
-                f"(a shape guard of the model's code keeps a parity or a multiple of them, as pooling with "
-                f"ceil_mode does): {shown}. Add example calls at the sizes clients send",
+                f"precompile capture: model '{self.name}': dynamic sizes the variants serve only in steps, "
+                f"or only from some size up (a shape guard of the model's code on the size keeps a parity "
+                f"or a multiple of it, or a floor, as pooling does): {shown}. Add example calls at the "
+                "sizes clients send",
                 RuntimeWarning, stacklevel=2)
         fixed = self.static_sizes()
         if fixed:

@@ -160,7 +160,9 @@ class GuardSet:
                         seen.add(dim.symbol)
                         r = ranges[dim.symbol]
                         upper = f"{r.max}]" if r.max is not None else "inf)"
-                        dims.append(f"{dim.words()}, s{dim.symbol} in [{r.min}, {upper}"
+                        # A dimension offset from its symbol says the symbol's
+                        # range in parentheses, not as a dimension of its own.
+                        dims.append(f"{dim.words()} (s{dim.symbol} in [{r.min}, {upper})"
                                     if dim.offset else f"s{dim.symbol} in [{r.min}, {upper}")
                 where = "" if g.tensor.device == device else f" on {g.tensor.device}"
                 parts.append(

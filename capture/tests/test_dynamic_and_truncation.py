@@ -188,12 +188,14 @@ def test_sizes_served_only_in_steps_are_named_with_the_next_size_served():
     call = [torch.empty(2, 3, 96, 80), torch.empty(2, 80)]
     assert size_steps(variants, call, names) == [
         "x.size(2) at 96 and next at 128 (97 to 127 are refused)",
+        "x.size(2) from 32 up, none of 2 to 31",
         "x.size(3) at 80 and next at 82 (81 is refused)",
     ]
     # At W = 98 the next even size is past the range; a call no variant
     # serves says nothing.
     assert size_steps(variants, [torch.empty(2, 3, 96, 98), torch.empty(2, 98)], names) == [
         "x.size(2) at 96 and next at 128 (97 to 127 are refused)",
+        "x.size(2) from 32 up, none of 2 to 31",
         "x.size(3) at 98 and at none of 99 to 162",
     ]
     assert size_steps(variants, [torch.empty(2, 3, 95, 80), torch.empty(2, 80)], names) == []

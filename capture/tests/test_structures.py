@@ -101,6 +101,9 @@ def test_a_dimension_may_be_a_symbol_plus_an_offset():
                        symbols=guards.symbols, grad_enabled=guards.grad_enabled, default_dtype=guards.default_dtype)
     assert swapped.holds([torch.ones(6), torch.ones(5)]) and not swapped.holds([torch.ones(1), torch.ones(0)])
     assert guards.describe(["cache", "mask"]) == "cache: float32[s0 in [1, 127]], mask: float32[s0+1]"
+    # Its range in parentheses where the offset dimension comes first: not
+    # a dimension of its own.
+    assert swapped.describe(["mask", "cache"]) == "mask: float32[s0+1 (s0 in [1, 127])], cache: float32[s0]"
     # The manifest keeps the offset.
     v = pb.Variant(id="forward#0")
     guards_proto(v, guards, [Kind.TENSOR, Kind.TENSOR])
