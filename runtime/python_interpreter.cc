@@ -24,8 +24,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <string>
@@ -208,12 +210,48 @@ bool PrependToSysPath(const std::vector<std::string>& path, PythonError* error) 
   return true;
 }
 
+// The Python version a virtual environment was made from, as its
+// pyvenv.cfg says ("version = 3.11.7", or uv's "version_info = 3.11.7");
+// empty for an installation that is not a virtual environment.
+std::string VenvVersion(const std::string& environment) {
+  std::ifstream config(environment + "/pyvenv.cfg");
+  std::string line;
+  while (std::getline(config, line)) {
+    const size_t equals = line.find('=');
+    if (equals == std::string::npos) continue;
+    std::string key = line.substr(0, equals);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    if (key != "version" && key != "version_info") continue;
+    std::string value = line.substr(equals + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    // "3.11.7.final.0" -> "3.11.7"
+    size_t dots = 0, end = 0;
+    while (end < value.size() && (std::isdigit(static_cast<unsigned char>(value[end])) ||
+                                  (value[end] == '.' && ++dots < 3))) {
+      ++end;
+    }
+    return value.substr(0, end);
+  }
+  return "";
+}
+
 bool StartLocked(const std::string& environment, const std::vector<std::string>& path,
                  PythonError* error) {
   const std::string executable = environment + "/bin/python3";
   if (access(executable.c_str(), X_OK) != 0) {
     error->message = "no Python interpreter at " + executable +
                      " (the Python environment is named by --python_env)";
+    return false;
+  }
+  // An environment made from another Python build has another standard
+  // library and extension modules, which fail in this interpreter in ways
+  // that name neither ("No module named '_csv'").
+  if (const std::string made_from = VenvVersion(environment);
+      !made_from.empty() && made_from != PY_VERSION) {
+    error->message = "the Python environment " + environment + " was made from Python " +
+                     made_from +
+                     " (its pyvenv.cfg), and this server embeds Python " PY_VERSION
+                     ": name an environment made from Python " PY_VERSION " (--python_env)";
     return false;
   }
   // The plugin is loaded with RTLD_LOCAL, and so is libpython with it; the

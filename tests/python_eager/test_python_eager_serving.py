@@ -20,6 +20,7 @@ import contextlib
 import importlib.util
 import os
 import pathlib
+import platform
 import re
 import sys
 import urllib.request
@@ -324,6 +325,26 @@ def test_python_programs_load_only_when_the_server_allows_them(tmp_path):
         assert not python_loaded(server)
         with http_client(server) as client:
             assert client.is_model_ready("mlp") and not client.is_model_ready("blocks")
+    finally:
+        assert server.stop() == 0
+
+
+def test_an_environment_of_another_python_build_refuses_the_model_by_name(tmp_path):
+    # A virtual environment made from another Python: its standard library
+    # would fail in this interpreter naming neither ("No module named '_csv'").
+    env = tmp_path / "other-env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").symlink_to(sys.executable)
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.10.2\n")
+    server = serve(tmp_path, [("blocks", BIN / "examples" / "blocks", None),
+                              ("mlp", BIN / "examples" / "mlp", None)],
+                   flags=[f"--python_env={env}"], ready=NOT_READY)
+    try:
+        failure = server.await_output(r"event=model_load_failed model=blocks version=1 reason=\"([^\"]*)\"")
+        assert (f"the Python environment {env} was made from Python 3.10.2 (its pyvenv.cfg), and this server "
+                f"embeds Python {platform.python_version()}") in failure, failure
+        with http_client(server) as client:
+            assert client.is_model_ready("mlp")
     finally:
         assert server.stop() == 0
 
