@@ -49,6 +49,7 @@ void RateLimitedLines::Append(PartialLine& line, absl::string_view text) {
 }
 
 void RateLimitedLines::EndLine(PartialLine& line) {
+  if (options_.observe) options_.observe(line.text);
   const absl::Time now = now_();
   if (now - window_start_ >= options_.window) {
     window_start_ = now;

@@ -35,6 +35,9 @@ class RateLimitedLines : public std::streambuf {
     absl::Duration window = absl::Minutes(1);
     // Longer lines are cut, saying how much went.
     size_t max_line_bytes = 2048;
+    // Sees every whole line, passed or dropped, on the thread that wrote it
+    // (which may not write to the stream meanwhile).
+    std::function<void(absl::string_view line)> observe;
   };
   // Gets each line passed, its newline included.
   using Writer = std::function<void(absl::string_view line)>;

@@ -50,6 +50,27 @@ TEST(RateLimitedLines, DropsLinesPastTheRateAndSaysHowManyWhenLinesPassAgain) {
   EXPECT_EQ(out.buffer.dropped(), 0);
 }
 
+// The server learns from them why a compiled run failed, whether or not the
+// log has room for them.
+TEST(RateLimitedLines, AnObserverSeesEveryWholeLineOnItsWritersThreadPassedOrDropped) {
+  std::vector<std::pair<std::string, std::thread::id>> seen;
+  RateLimitedLines::Options options{.lines_per_window = 1, .window = absl::Minutes(1)};
+  options.observe = [&seen](absl::string_view line) {
+    seen.emplace_back(std::string(line), std::this_thread::get_id());
+  };
+  Captured out(options);
+  out.stream << "first\nsec";
+  std::thread([&out] { out.stream << "other thread\n"; }).join();
+  out.stream << "ond\n";
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].first, "first");
+  EXPECT_EQ(seen[1].first, "other thread");
+  EXPECT_NE(seen[1].second, std::this_thread::get_id());
+  EXPECT_EQ(seen[2].first, "second");
+  EXPECT_EQ(seen[2].second, std::this_thread::get_id());
+  EXPECT_THAT(out.lines, ElementsAre("first\n"));  // The rest dropped.
+}
+
 TEST(RateLimitedLines, CutsALongLineSayingHowMuchWent) {
   Captured out({.max_line_bytes = 8});
   out.stream << "0123456" << "789abc" << "\n" << "short\n";

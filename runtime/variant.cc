@@ -10,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "runtime/cuda_support.h"
 #include "runtime/inference_memory.h"
+#include "runtime/library_errors.h"
 #include "runtime/torch_errors.h"
 
 namespace precompile {
@@ -95,6 +96,7 @@ absl::StatusOr<std::vector<at::Tensor>> Variant::Run(
 
 absl::StatusOr<std::vector<at::Tensor>> Variant::RunLoader(
     std::vector<at::Tensor> inputs) const {
+  ForgetLibraryErrors();
   absl::StatusOr<std::vector<at::Tensor>> out = CallTorch(run_what_, [&] {
     for (at::Tensor& t : inputs) {
       if (device_ == DeviceType::kCuda && !t.is_cuda()) {
@@ -106,10 +108,12 @@ absl::StatusOr<std::vector<at::Tensor>> Variant::RunLoader(
     return loader_->boxed_run(std::move(inputs));
   });
   if (!out.ok() && absl::StrContains(out.status().message(), kRunnerFailed)) {
-    return absl::Status(out.status().code(),
-                        absl::StrCat(run_what_,
-                                     ": the compiled code raised an error, which AOTInductor "
-                                     "writes only to the server's log"));
+    const std::string why = TakeLibraryError();
+    return absl::Status(
+        out.status().code(),
+        absl::StrCat(run_what_, ": the compiled code raised an error",
+                     why.empty() ? ", which AOTInductor writes only to the server's log"
+                                 : absl::StrCat(": ", why)));
   }
   return out;
 }

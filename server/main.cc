@@ -25,6 +25,7 @@
 #include "base/rate_limited_lines.h"
 #include "base/usable_cores.h"
 #include "runtime/device_health.h"
+#include "runtime/library_errors.h"
 #include "runtime/torch_threads.h"
 #include "server/api/control_access.h"
 #include "server/server.h"
@@ -390,7 +391,11 @@ int main(int argc, char** argv) {
   // inside a model, as fast as clients make calls fail. Each line gets the
   // time and level the server's own lines start with, and says whose it is.
   // Never destroyed: a library may still write while the process exits.
-  std::cerr.rdbuf(new precompile::RateLimitedLines({}, [](absl::string_view text) {
+  precompile::RateLimitedLines::Options stderr_options;
+  // AOTInductor logs an exception here and returns only an error code: the
+  // run that failed takes the exception from its thread's lines.
+  stderr_options.observe = precompile::NoteLibraryLine;
+  std::cerr.rdbuf(new precompile::RateLimitedLines(stderr_options, [](absl::string_view text) {
     const std::string stamped =
         absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()),
                      " warning [stderr] ", text);

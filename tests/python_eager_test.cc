@@ -8,12 +8,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/rate_limited_lines.h"
 #include "runtime/inference_memory.h"
+#include "runtime/library_errors.h"
 #include "runtime/loaded_version.h"
 #include "tests/testing/artifacts.h"
 #include "tests/testing/reference.h"
@@ -171,6 +175,32 @@ TEST(PythonOperators, RunTheirPythonWhereAllowedFromManyThreads) {
     });
   }
   for (std::thread& thread : threads) thread.join();
+}
+
+// AOTInductor logs the exception of a call it makes through the dispatcher
+// and returns only an error code; the server's std::cerr passes its lines
+// to NoteLibraryLine, as here, and the run names the exception.
+TEST(PythonOperators, AnOperatorThatRaisesIsNamedInTheRefusal) {
+  absl::StatusOr<std::shared_ptr<LoadedVersion>> model =
+      LoadedVersion::Load(GatedArtifact(), WithPython());
+  ASSERT_TRUE(model.ok()) << model.status();
+  RateLimitedLines::Options options;
+  options.observe = NoteLibraryLine;
+  RateLimitedLines lines(options, [](absl::string_view) {});
+  std::streambuf* const cerr = std::cerr.rdbuf(&lines);
+  absl::StatusOr<CallResult> result =
+      (*model)->Call({NamedValue{"x", testing::AsTensorArg(at::full({4}, std::nanf("")))}});
+  std::cerr.rdbuf(cerr);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("the compiled code raised an error: ValueError: precompile_test::gate "
+                        "refuses NaN"));
+  // And the model serves on.
+  const at::Tensor x = at::full({4}, 2.0f);
+  absl::StatusOr<CallResult> served = (*model)->Call({NamedValue{"x", testing::AsTensorArg(x)}});
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_TRUE(at::equal(testing::AsTensor(served->outputs[0]), x * 2 + 1));
 }
 
 }  // namespace

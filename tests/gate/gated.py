@@ -10,6 +10,10 @@ import torch
 
 @torch.library.custom_op("precompile_test::gate", mutates_args=())
 def gate(x: torch.Tensor) -> torch.Tensor:
+    # Served from here (no --op_library), a NaN makes the operator raise:
+    # what a client of a model whose Python operator fails is told.
+    if torch.isnan(x).any():
+        raise ValueError("precompile_test::gate refuses NaN")
     return x.clone()
 
 
