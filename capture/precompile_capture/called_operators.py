@@ -51,11 +51,16 @@ def python_module(name: str) -> str:
     return "" if module == "__main__" else module
 
 
+def defining_modules(names: Iterable[str]) -> Dict[str, str]:
+    """Each operator of `names`, sorted, and the module that defines it in
+    Python ("" for none)."""
+    return {name: python_module(name) for name in sorted(set(names))}
+
+
 def manifest_operators(model: str, names: Iterable[str]) -> Dict[str, str]:
-    """Each operator of `names` and the module that defines it in Python
-    ("" for none), warning of those the server can get only from a library
-    of its own (--op_library)."""
-    operators = {name: python_module(name) for name in sorted(set(names))}
+    """defining_modules, warning of the operators the server can get only
+    from a library of its own (--op_library)."""
+    operators = defining_modules(names)
     unimported = [name for name, module in operators.items() if not module]
     if unimported:
         warnings.warn(

@@ -37,8 +37,7 @@ from .eager import ScriptContext, build_eager_programs, check_scriptable
 from .errors import PrecompileError
 from .frames import Frame, FrameInfo, Variant
 from .compiling import CompileError, Fallback, VariantCompiler
-from .export_guards import COMPARE
-from .guards import DTYPE_NAMES, evaluate_size_program
+from .guards import DTYPE_NAMES, relation_holds
 from .summary import ALL_CAUSES_IN_WORDS, PrecompileSummary
 
 if TYPE_CHECKING:
@@ -122,12 +121,7 @@ def size_steps(variants: Sequence[Any], values: List[Any], names: Sequence[str],
         r = ranges[symbol]
         if value < r.min or (r.max is not None and value > r.max):
             return False
-        for relation in alone.get(symbol, []):
-            left = evaluate_size_program(relation.left, {symbol: value})
-            right = evaluate_size_program(relation.right, {symbol: value})
-            if left is None or right is None or not COMPARE[relation.comparison](left, right):
-                return False
-        return True
+        return all(relation_holds(relation, {symbol: value}) for relation in alone.get(symbol, []))
 
     steps = []
     for symbol, (i, d, value) in sorted(first.items()):
@@ -621,6 +615,19 @@ class Capture:
             complete=not uncovered and not truncated,
         )
 
+    def _entry_calls_to_check(self) -> List[Tuple[int, List[Any]]]:
+        """The example calls' shapes (numbered, one value per parameter of the
+        entry) that the save() warnings check the variants against; none
+        where what they warn of is meant or served: with static shapes
+        (dynamic=False, every shape its own variant), or an entry that falls
+        back (it serves them eagerly)."""
+        entry = self.entry
+        if self.static_shapes or entry.eager_fallback or not entry.variants:
+            return []
+        # Inputs a later call added (an entry of **kwargs): None in earlier ones.
+        return [(number, values + [None] * (len(entry.params) - len(values)))
+                for number, values in enumerate(self._entry_shapes)]
+
     def batch_gaps(self) -> List[str]:
         """Example calls whose shapes the variants serve at the call's batch
         (the first dimension its tensors share) but not at batch 1 or at one
@@ -628,21 +635,15 @@ class Capture:
         calls never varied stays as it was (batch 1 is its own case: Dynamo
         makes a dynamic size start at 2), and a guard the code asks for
         (a parity, a size its shortcut takes) excludes others. One line per
-        shape, naming the batches. None where they are meant or served:
-        with static shapes (dynamic=False, every shape its own variant), or
-        an entry that falls back (it serves them eagerly)."""
+        shape, naming the batches (none where _entry_calls_to_check says)."""
         entry = self.entry
-        if self.static_shapes or entry.eager_fallback or not entry.variants:
-            return []
 
         def served(values: List[Any]) -> bool:
             return any(v.guards.holds(values) for v in entry.variants)
 
         gaps, seen = [], set()
         with torch.no_grad():
-            for number, values in enumerate(self._entry_shapes):
-                # Inputs a later call added (an entry of **kwargs): None here.
-                values = values + [None] * (len(entry.params) - len(values))
+            for number, values in self._entry_calls_to_check():
                 tensors = [v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0]
                 if not tensors or not served(values):
                     continue
@@ -663,22 +664,18 @@ class Capture:
     def operators(self) -> Dict[str, str]:
         """The operators outside ATen that the variants' compiled code calls,
         each with the module that defines it in Python ("" for none)."""
-        from .called_operators import python_module  # noqa: PLC0415
+        from .called_operators import defining_modules  # noqa: PLC0415
 
-        names = {op for f in self._frames.values() for v in f.variants for op in v.operators}
-        return {name: python_module(name) for name in sorted(names)}
+        return defining_modules(op for f in self._frames.values() for v in f.variants for op in v.operators)
 
     def size_steps(self) -> List[str]:
         """Per example call, its dynamic sizes that no variant serves at one
-        more (module-level size_steps). None with static shapes."""
+        more (module-level size_steps; none where _entry_calls_to_check says)."""
         entry = self.entry
-        if self.static_shapes or entry.eager_fallback or not entry.variants:
-            return []
         names = [p.name for p in entry.params]
         lines, seen = [], set()
         with torch.no_grad():
-            for number, values in enumerate(self._entry_shapes):
-                values = values + [None] * (len(entry.params) - len(values))
+            for number, values in self._entry_calls_to_check():
                 steps = size_steps(entry.variants, values, names)
                 if steps and tuple(steps) not in seen:
                     seen.add(tuple(steps))
@@ -690,14 +687,12 @@ class Capture:
         every variant still takes as one fixed size: Dynamo specialized them
         (the model's code used the size as a Python number: a loop's trip
         count, a shape it computed with), so only the sizes the calls had
-        are served. One line per dimension, naming the sizes seen. None with
-        static shapes (every shape its own variant, by request)."""
+        are served. One line per dimension, naming the sizes seen (none
+        where _entry_calls_to_check says)."""
         entry = self.entry
-        if self.static_shapes or entry.eager_fallback or not entry.variants:
-            return []
         # Per (parameter, rank, dimension): the sizes the calls had.
         seen: Dict[Tuple[int, int, int], List[int]] = {}
-        for values in self._entry_shapes:
+        for _, values in self._entry_calls_to_check():
             for i, v in enumerate(values):
                 if isinstance(v, torch.Tensor):
                     for d, size in enumerate(v.shape):
@@ -809,9 +804,12 @@ class Capture:
             message = self.incompleteness_message()
             if message is not None:
                 raise PrecompileError(message)
+        def first_three(lines: List[str]) -> str:
+            return "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
+
         gaps = self.batch_gaps()
         if gaps:
-            shown = "; ".join(gaps[:3]) + (f"; and {len(gaps) - 3} more" if len(gaps) > 3 else "")
+            shown = first_three(gaps)
             warnings.warn(
                 f"precompile capture: model '{self.name}': no variant serves the shapes of these example "
                 f"calls at another batch (1, or one more than the call's): {shown}. Add example calls "
@@ -819,7 +817,7 @@ class Capture:
                 "dynamic sizes start at 2)", RuntimeWarning, stacklevel=2)
         stepped = self.size_steps()
         if stepped:
-            shown = "; ".join(stepped[:3]) + (f"; and {len(stepped) - 3} more" if len(stepped) > 3 else "")
+            shown = first_three(stepped)
             warnings.warn(
                 f"precompile capture: model '{self.name}': dynamic sizes the variants serve only in steps, "
                 f"or only from some size up (a shape guard of the model's code on the size keeps a parity "

@@ -133,12 +133,7 @@ class GuardSet:
                         bound[dim.symbol] = size
             elif not same_scalar(g.value, v):
                 return False
-        for relation in self.size_relations:
-            left = evaluate_size_program(relation.left, bound)
-            right = evaluate_size_program(relation.right, bound)
-            if left is None or right is None or not COMPARE[relation.comparison](left, right):
-                return False
-        return True
+        return all(relation_holds(relation, bound) for relation in self.size_relations)
 
     def describe(self, names: Sequence[str], device: str = "cpu") -> str:
         """The guards in words: `x: float32[s0 in [2, inf), 4], n == 0`."""
@@ -826,6 +821,14 @@ _SIZE_OPS: Dict[str, Callable[[int, int], int]] = {
     "ADD": operator.add, "MUL": operator.mul, "FLOOR_DIV": operator.floordiv,
     "MOD": operator.mod, "MAX": max, "MIN": min,
 }
+
+
+def relation_holds(relation: SizeRelation, symbols: Dict[int, int]) -> bool:
+    """Whether `relation` holds for the symbols' values; not where either
+    side's value is not known (evaluate_size_program)."""
+    left = evaluate_size_program(relation.left, symbols)
+    right = evaluate_size_program(relation.right, symbols)
+    return left is not None and right is not None and COMPARE[relation.comparison](left, right)
 
 
 def evaluate_size_program(steps: Sequence[SizeStep], symbols: Dict[int, int]) -> Optional[int]:
