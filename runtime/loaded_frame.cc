@@ -57,14 +57,17 @@ absl::StatusOr<std::unique_ptr<LoadedFrame>> LoadFrame(const Artifact& artifact,
                      LoadTorchScriptProgram(proto.name(),
                                             artifact.PathOf(proto.eager_program_path()), device));
   } else if (proto.has_python_program()) {
-    ASSIGN_OR_RETURN(frame->eager,
-                     LoadPythonProgram(proto.name(),
-                                       artifact.PathOf(proto.python_program().path()), device,
-                                       artifact.manifest.python(),
-                                       {options.allow_python_programs, options.python_environment,
-                                        options.python_plugin, options.python_path}));
+    ASSIGN_OR_RETURN(
+        frame->eager,
+        LoadPythonProgram(proto.name(), artifact.PathOf(proto.python_program().path()), device,
+                          artifact.manifest.python(), PythonSettingsOf(options)));
   }
   return frame;
+}
+
+PythonSettings PythonSettingsOf(const LoadOptions& options) {
+  return {options.allow_python_programs, options.python_environment, options.python_plugin,
+          options.python_path};
 }
 
 }  // namespace precompile

@@ -22,6 +22,7 @@
 #include "runtime/eager_program.h"
 #include "runtime/frame_dispatcher.h"
 #include "runtime/loaded_version.h"
+#include "runtime/python_program.h"
 #include "runtime/variant.h"
 
 namespace precompile {
@@ -62,6 +63,10 @@ absl::StatusOr<std::unique_ptr<LoadedFrame>> LoadFrame(const Artifact& artifact,
                                                        const artifact::v1::Frame& proto,
                                                        int index, DeviceType device,
                                                        const LoadOptions& options);
+
+// What `options` allow of Python: its programs, and the operators defined in
+// Python that compiled code calls (runtime/operators.h).
+PythonSettings PythonSettingsOf(const LoadOptions& options);
 
 }  // namespace precompile
 

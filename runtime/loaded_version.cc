@@ -639,10 +639,7 @@ absl::StatusOr<std::shared_ptr<LoadedVersion>> LoadedVersion::Load(const std::st
       }
     }
   }
-  const LoadOptions& o = impl->options;
-  if (absl::Status s = ProvideOperators(
-          m, {o.allow_python_programs, o.python_environment, o.python_plugin, o.python_path});
-      !s.ok()) {
+  if (absl::Status s = ProvideOperators(m, PythonSettingsOf(impl->options)); !s.ok()) {
     return fail(s);
   }
   if (absl::Status s = impl->LoadFrames(); !s.ok()) return fail(s);
