@@ -5,9 +5,11 @@ the tests read them from its `event=listening` log line and wait for
 `event=ready`.
 """
 
+import codecs
 import os
 import pathlib
 import re
+import select
 import signal
 import subprocess
 import threading
@@ -27,29 +29,55 @@ def built(path: pathlib.Path) -> pathlib.Path:
 
 class LoggedProcess:
     """A child process whose output (stdout and stderr) is kept as it comes,
-    for tests to wait for what it prints."""
+    for tests to wait for what it prints.
+
+    The server writes each log line before it answers the request that
+    caused it, so log() first takes what the pipe already holds: a test that
+    reads the log after an answer sees every line written before it, however
+    late the reading thread is scheduled."""
 
     def __init__(self, command: Sequence[str], name: str, **popen_args):
         self.name = name
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, **popen_args)
+                                        **popen_args)
+        self._pipe = self.process.stdout.fileno()
+        os.set_blocking(self._pipe, False)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
         self.lines = []
         self._ended = False
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
-    def _read(self):
-        for line in self.process.stdout:
-            with self._changed:
-                self.lines.append(line)
-                self._changed.notify_all()
-        with self._changed:
-            self._ended = True
+    def _take_pipe(self):
+        """Appends what the pipe holds now (under self._changed)."""
+        while not self._ended:
+            try:
+                chunk = os.read(self._pipe, 1 << 16)
+            except BlockingIOError:
+                return
+            text = self._partial + self._decoder.decode(chunk, final=not chunk)
+            *whole, self._partial = text.split("\n")
+            self.lines.extend(line + "\n" for line in whole)
+            if not chunk:
+                if self._partial:
+                    self.lines.append(self._partial)
+                self._ended = True
             self._changed.notify_all()
+
+    def _read(self):
+        while True:
+            with self._changed:
+                self._take_pipe()
+                if self._ended:
+                    break
+            select.select([self._pipe], [], [])
+        self.process.stdout.close()
 
     def log(self) -> str:
         with self._changed:
+            self._take_pipe()
             return "".join(self.lines)
 
     def await_match(self, pattern: str, timeout: float = 60.0) -> re.Match:
