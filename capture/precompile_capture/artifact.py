@@ -422,10 +422,13 @@ def build_manifest(contents: ArtifactContents, root: str, dirs: Dict[str, str]) 
             pp.binding = _BINDINGS[p.binding]
             pp.passed = p.passed
             pp.structure = p.tree
+        structures: Dict[str, pb.Structure] = {}
         for name, spec in frame.trees.items():
-            structure = f.structures.add()
-            structure.parameter = name
-            structure.tree_spec = _dumped_tree_spec(spec)
+            structures[name] = f.structures.add(parameter=name, tree_spec=_dumped_tree_spec(spec))
+        for name, spec in frame.empty_trees.items():
+            if name not in structures:
+                structures[name] = f.structures.add(parameter=name)
+            structures[name].empty_tree_spec = _dumped_tree_spec(spec)
         for param_name, dims in frame.size_limits.items():
             if all(p.name != param_name for p in frame.params):
                 raise PrecompileError(

@@ -369,7 +369,11 @@ def call_from_signature(
     values = _signature_values(sig, frame)
     generator = torch.Generator().manual_seed(seed)
     has_var_positional = any(p.binding == _Binding.VAR_POSITIONAL for p in frame.parameters)
-    specs = {s.parameter: _loaded_tree_spec(s, frame.name) for s in frame.structures}
+    trees = {p.structure for p in frame.parameters if p.structure}
+    specs = {s.parameter: _loaded_tree_spec(s.tree_spec, s.parameter, frame.name)
+             for s in frame.structures if s.parameter in trees}
+    empty = {s.parameter: _loaded_tree_spec(s.empty_tree_spec, s.parameter, frame.name)
+             for s in frame.structures if s.empty_tree_spec}
     args: List[Any] = []
     kwargs: Dict[str, Any] = {}
     leaves: Dict[str, List[Any]] = {}
@@ -384,6 +388,8 @@ def call_from_signature(
                 continue
             name = p.structure
             value = precompile_eager.structure_from_leaves(specs[name], gathered)
+        if value is None and name in empty:
+            value = pytree.tree_unflatten([], empty[name])
         if p.binding in (_Binding.POSITIONAL_ONLY, _Binding.VAR_POSITIONAL) or (
             p.binding == _Binding.POSITIONAL_OR_KEYWORD and has_var_positional
         ):
@@ -395,25 +401,24 @@ def call_from_signature(
     return args, kwargs
 
 
-def _loaded_tree_spec(structure: pb.Structure, frame: str) -> pytree.TreeSpec:
+def _loaded_tree_spec(tree_spec: str, parameter: str, frame: str) -> pytree.TreeSpec:
     """The spec of a structure a frame takes (its library's node types
     registered first, as the capture registered them)."""
-    if not structure.tree_spec:
+    if not tree_spec:
         raise PrecompileError(
-            f"frame '{frame}': the structure of parameter '{structure.parameter}' was not "
+            f"frame '{frame}': the structure of parameter '{parameter}' was not "
             "recorded (torch cannot serialize its type), so calls of it cannot be replayed"
         )
-    if "transformers" in structure.tree_spec:
+    if "transformers" in tree_spec:
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache  # noqa: PLC0415
 
         precompile_eager.register_known_structures(DynamicCache)
         precompile_eager.register_known_structures(EncoderDecoderCache)
     try:
-        return pytree.treespec_loads(structure.tree_spec)
+        return pytree.treespec_loads(tree_spec)
     except Exception as e:  # noqa: BLE001 - an unknown type, a format of another torch
         raise PrecompileError(
-            f"frame '{frame}': cannot rebuild the structure of parameter "
-            f"'{structure.parameter}': {e}"
+            f"frame '{frame}': cannot rebuild the structure of parameter '{parameter}': {e}"
         ) from e
 
 
@@ -653,6 +658,25 @@ def _past_size_limit(call: pb.CallSignature, limits: Mapping[str, Mapping[Option
     return None
 
 
+def _partly_sent_structure(call: pb.CallSignature, frame: pb.Frame) -> Optional[str]:
+    """How a call sends some of a structure's tensors and not the others, in
+    words, if it does. The server refuses such a call naming a missing one,
+    and a structure rebuilt from some of its leaves is not one the frame was
+    captured with (a cache of fewer layers), so replaying it would end the
+    recapture."""
+    sent = {a.name for a in call.arguments if a.WhichOneof("value") == "tensor"}
+    leaves: Dict[str, List[str]] = {}
+    for p in frame.parameters:
+        if p.structure:
+            leaves.setdefault(p.structure, []).append(p.name)
+    for structure, names in leaves.items():
+        missing = [name for name in names if name not in sent]
+        if 0 < len(missing) < len(names):
+            return (f"it sends {len(names) - len(missing)} of the {len(names)} tensors of '{structure}', "
+                    f"not '{missing[0]}': a structure's tensors are sent all or none; not replayed")
+    return None
+
+
 def _entry_misses(
     proto: admin_pb2.MissesResponse, old: pb.Manifest
 ) -> Tuple[List[pb.CallSignature], Dict[bytes, str]]:
@@ -679,6 +703,10 @@ def _entry_misses(
                     f"its tensor '{off_device[0]}' is not on '{old.device}', the device the variants are "
                     "compiled for, so no variant can take it; not replayed"
                 )
+                continue
+            partly = _partly_sent_structure(ms.call, entry) if entry is not None else None
+            if partly is not None:
+                skipped[key] = partly
                 continue
             past = _past_size_limit(ms.call, limits)
             if past is not None:

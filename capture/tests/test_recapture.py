@@ -343,6 +343,34 @@ def test_a_miss_that_returns_other_outputs_is_not_replayed(tmp_path):
     assert snapshot(model_dir) == before
 
 
+def test_a_miss_that_sends_part_of_a_structure_is_not_replayed(tmp_path):
+    # A client that leaves out one layer of a cache is refused by the server;
+    # rebuilt, its call would be a cache of fewer layers, which the capture
+    # refuses, ending the recapture of every other miss.
+    m = pb.Manifest(entry_frame="forward", device="cpu")
+    frame = m.frames.add(name="forward")
+    frame.parameters.add(name="ids")
+    for name in ("cache.0", "cache.1", "cache.2"):
+        frame.parameters.add(name=name, structure="cache")
+    none = {"name": "cache.1", "scalar": {"none": True}}
+    calls = [
+        [tensor_arg("ids", [1, 1]), tensor_arg("cache.0", [1, 4]), none, tensor_arg("cache.2", [1, 4])],
+        [tensor_arg("ids", [1, 1]), tensor_arg("cache.0", [1, 4]), tensor_arg("cache.1", [1, 4]),
+         tensor_arg("cache.2", [1, 4])],
+        [tensor_arg("ids", [1, 3])],
+        [tensor_arg("ids", [1, 1]), tensor_arg("cache.2", [1, 4])],
+    ]
+    proto, _ = load_misses(write_json(tmp_path / "misses.json", misses_doc([miss(c) for c in calls])))
+    replayed, skipped = _entry_misses(proto, m)
+    assert [[a.name for a in c.arguments if a.WhichOneof("value") == "tensor"] for c in replayed] == [
+        ["ids", "cache.0", "cache.1", "cache.2"], ["ids"]]
+    assert list(skipped.values()) == [
+        "it sends 2 of the 3 tensors of 'cache', not 'cache.1': a structure's tensors are sent all or none; "
+        "not replayed",
+        "it sends 1 of the 3 tensors of 'cache', not 'cache.0': a structure's tensors are sent all or none; "
+        "not replayed"]
+
+
 def test_a_miss_past_the_size_every_variant_bounds_is_not_replayed(tmp_path):
     # Variants whose sequence ends at 128 (a position table): a client's miss
     # of 300 tokens is not run, nor is one past a bound another variant of

@@ -16,7 +16,7 @@ import precompile_eager
 from conftest import read_manifest
 from examples.models import opaque
 from precompile_capture import PrecompileError
-from precompile_capture.artifact import guards_from_proto, guards_proto
+from precompile_capture.artifact import build_manifest, guards_from_proto, guards_proto
 from precompile_capture.cli import load_calls, resolved
 from precompile_capture.frames import Frame, Kind, Variant
 from precompile_capture.guards import ArgGuard, Dim, GuardSet, SymbolRange, TensorSpec
@@ -207,6 +207,28 @@ def test_a_replayed_call_rebuilds_the_structure_from_its_leaves():
         sig.arguments[[a.name for a in sig.arguments].index(name)].scalar.none = True
     _, kwargs = call_from_signature(sig, frame, seed=0, int_ranges={})
     assert kwargs["cache"] is None
+
+
+def test_a_replayed_call_passes_the_empty_structure_an_example_call_passed(tmp_path):
+    # T5 given no cache builds one from a copy of its config, which Dynamo
+    # cannot trace: a recapture that replayed model.generate()'s first call
+    # with None for the cache would flag the entry and fail.
+    def decline(ep):
+        raise torch._dynamo.exc.SkipFrame("no compile in this test")
+
+    cap = precompile_capture.capture(WithCache(), name="m", decline=decline)
+    ids = torch.zeros(1, 3, dtype=torch.int64)
+    cap(ids, cache=_encoder_decoder_cache())
+    cap(ids, cache=_encoder_decoder_cache(past=1, encoder=3))
+    m = build_manifest(cap._contents({}), str(tmp_path), {})
+    cap.close()
+    frame = m.frames[0]
+    assert [s.parameter for s in frame.structures] == ["cache"]
+    assert frame.structures[0].tree_spec and frame.structures[0].empty_tree_spec
+    _, kwargs = call_from_signature(m.captured_calls[0], frame, seed=0, int_ranges={})
+    assert type(kwargs["cache"]).__name__ == "EncoderDecoderCache" and pytree.tree_leaves(kwargs["cache"]) == []
+    _, kwargs = call_from_signature(m.captured_calls[1], frame, seed=0, int_ranges={})
+    assert [t.shape for t in pytree.tree_leaves(kwargs["cache"])[:1]] == [(1, 4, 1, 16)]
 
 
 def test_an_eager_program_takes_and_gives_structures():
