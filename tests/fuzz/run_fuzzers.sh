@@ -18,7 +18,8 @@
 # then fix the bug; //tests/fuzz:fuzz_regression_test replays that file.
 #
 # Environment: FUZZERS (the targets to run, default all), FUZZ_CXX (default
-# clang++), FUZZ_JOBS (parallel compiles, default nproc).
+# clang++), FUZZ_JOBS (fuzzers run at once, default nproc; compiles always use
+# every core).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -109,7 +110,7 @@ say "compiling with $cxx -fsanitize=fuzzer,address,undefined into $build/"
 start=$SECONDS
 # shellcheck disable=SC2016  # $1 is expanded by the inner bash
 printf '%s\n' "${sources[@]}" "${fuzzers[@]/#/tests/fuzz/}" | sed 's/_fuzzer$/&.cc/' |
-  xargs -P "${FUZZ_JOBS:-$(nproc)}" -I{} bash -c 'compile_one "$1"' _ {} >"$build/objects" ||
+  xargs -P "$(nproc)" -I{} bash -c 'compile_one "$1"' _ {} >"$build/objects" ||
   give_up "compilation failed"
 mapfile -t objects < <(grep -v '_fuzzer\.cc\.o$' "$build/objects")
 for f in "${fuzzers[@]}"; do
