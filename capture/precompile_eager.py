@@ -257,15 +257,22 @@ class Program:
         leaves of its result in torch.utils._pytree's order."""
         if len(values) != len(self.params):
             raise TypeError(f"frame '{self.frame}' takes {len(self.params)} arguments, not {len(values)}")
+        # As the capture called the frame (Frame.call_arguments): by keyword
+        # where a parameter takes one and no *args entry follows it, so that
+        # a decorator adding a keyword its caller left out (transformers'
+        # use_cache) does not find the parameter given twice.
+        by_position = (POSITIONAL_ONLY, VAR_POSITIONAL)
+        if any(p.binding == VAR_POSITIONAL for p in self.params):
+            by_position += (POSITIONAL_OR_KEYWORD,)
         positional: List[Any] = []
         keywords: Dict[str, Any] = {}
         start = 0
         for p, count in _grouped(self.params):
             v = _structure(p, list(values[start:start + count])) if p.tree else values[start]
             start += count
-            if p.binding in _POSITIONAL:
+            if p.binding in by_position:
                 positional.append(v)
-            elif p.binding == KEYWORD_ONLY or v is not None:
+            elif p.binding != VAR_KEYWORD or v is not None:
                 keywords[p.name] = v
         result = self.target(*positional, **keywords)
         register_dataclasses(result)

@@ -233,3 +233,26 @@ def test_a_frame_call_refuses_what_python_refuses(args, kwargs, message):
     with pytest.raises(TypeError) as e:
         precompile_eager.bind("f", PARAMS, args, kwargs)
     assert message in str(e.value)
+
+
+def test_a_program_passes_keywords_as_the_frames_callers_do():
+    # transformers' merge_with_config_defaults adds use_cache=config.use_cache
+    # where no keyword names it: given use_cache by position as well, the
+    # decorated forward raised "multiple values for argument 'use_cache'".
+    def use_cache_from_config(forward):
+        def wrapper(self, *args, **kwargs):
+            if kwargs.get("use_cache") is None:
+                kwargs["use_cache"] = True
+            return forward(self, *args, **kwargs)
+        return wrapper
+
+    class Model(torch.nn.Module):
+        @use_cache_from_config
+        def forward(self, x, use_cache=None, **kwargs):
+            return x * 2 if use_cache else x + 1000
+
+    program = precompile_eager.Program("forward", Model(), [
+        P("x", precompile_eager.POSITIONAL_OR_KEYWORD), P("use_cache", precompile_eager.POSITIONAL_OR_KEYWORD, True, None)])
+    x = torch.ones(2)
+    assert torch.equal(program([x, None])[0], x * 2)
+    assert torch.equal(program([x, False])[0], x + 1000)

@@ -7,6 +7,7 @@ raised at the call that shows them rather than at save().
 """
 
 import dataclasses
+import functools
 import os
 import pathlib
 import sys
@@ -140,6 +141,40 @@ def test_a_dataclass_output_is_a_pytree(tmp_path):
     with pytest.raises(PrecompileError, match="fell back to eager on its first call"):
         cap.save(tmp_path / "dc")
     assert cap.frame("forward").outputs == ("output0.first", "output1")
+
+
+def _use_cache_from_config(forward):
+    """As transformers' merge_with_config_defaults: a default taken from the
+    config goes in as a keyword where no keyword names the parameter."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        if kwargs.get("use_cache") is None:
+            kwargs["use_cache"] = True
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+def test_the_exported_frame_is_called_with_keywords_as_its_callers_call_it():
+    # Given use_cache positionally as well, the decorated forward is a call
+    # Python refuses but Dynamo traces, putting the second value in **kwargs:
+    # the exported program then took the branch the eager call never takes.
+    class Model(torch.nn.Module):
+        @_use_cache_from_config
+        def forward(self, x, use_cache=None, **kwargs):
+            return x * 2 if use_cache else x + 1000
+
+    programs = []
+
+    def keep(ep):
+        programs.append(ep)
+        skip_every_graph(ep)
+
+    cap = precompile_capture.capture(Model(), name="uc", decline=keep)
+    x = torch.ones(2)
+    assert torch.equal(cap(x), x * 2)
+    assert torch.equal(programs[0].module()(x, None), x * 2)  # the frame's inputs: x, use_cache
 
 
 def test_a_call_that_does_not_match_the_signature_names_the_frame():

@@ -67,9 +67,9 @@ def test_a_structure_becomes_one_input_per_leaf_in_its_place():
     assert frame.compiled_shapes == [[(1, 3), None, None, (1, 3), None]]
     # The frame's code gets the structure back; a call without it gets None.
     args, kwargs = frame.call_arguments(values)
-    assert args[1] == cache and args[1]["key"][0] is cache["key"][0]
-    args, _ = frame.call_arguments(frame.bind((ids,), {}))
-    assert args[1] is None
+    assert args == [] and kwargs["cache"] == cache and kwargs["cache"]["key"][0] is cache["key"][0]
+    _, kwargs = frame.call_arguments(frame.bind((ids,), {}))
+    assert kwargs["cache"] is None
 
 
 def test_a_structure_of_another_shape_is_refused():
@@ -162,9 +162,9 @@ def test_an_empty_structure_is_given_again_where_its_inputs_are_absent():
     values = frame.bind((ids,), {"cache": given})
     assert values[1] is None
     frame.observe(values)
-    args, _ = frame.call_arguments(values)
-    assert type(args[1]) is type(given) and args[1] is not given
-    assert pytree.tree_leaves(args[1]) == []
+    _, kwargs = frame.call_arguments(values)
+    assert type(kwargs["cache"]) is type(given) and kwargs["cache"] is not given
+    assert pytree.tree_leaves(kwargs["cache"]) == []
 
     # A filled one: both caches' leaves, named by attribute.
     filled = _encoder_decoder_cache(past=1, encoder=6)
@@ -173,14 +173,14 @@ def test_an_empty_structure_is_given_again_where_its_inputs_are_absent():
         f"cache.{attention}.{kind}.{layer}" for attention in ("self_attention_cache", "cross_attention_cache")
         for kind in ("key_cache", "value_cache") for layer in (0, 1)]
     assert values[5] is filled.cross_attention_cache.layers[0].keys
-    args, _ = frame.call_arguments(values)
-    rebuilt = args[1]
+    _, kwargs = frame.call_arguments(values)
+    rebuilt = kwargs["cache"]
     assert torch.equal(rebuilt.cross_attention_cache.layers[1].values, filled.cross_attention_cache.layers[1].values)
     # As transformers builds it: both layers' encoder keys are cached.
     assert rebuilt.is_updated == {0: True, 1: True}
     # Its inputs absent again: an empty cache again.
-    args, _ = frame.call_arguments([ids] + [None] * 8 + [None, 1])
-    assert type(args[1]) is type(given) and pytree.tree_leaves(args[1]) == []
+    _, kwargs = frame.call_arguments([ids] + [None] * 8 + [None, 1])
+    assert type(kwargs["cache"]) is type(given) and pytree.tree_leaves(kwargs["cache"]) == []
 
     # An empty structure of another kind is refused, naming the parameter.
     with pytest.raises(PrecompileError, match="parameter 'cache': this call passes an empty DynamicCache"):
