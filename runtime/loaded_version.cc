@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/log_text.h"
@@ -30,6 +31,7 @@
 #include "runtime/frame_caller.h"
 #include "runtime/frame_dispatcher.h"
 #include "runtime/inference_memory.h"
+#include "runtime/kernel_input_checks.h"
 #include "runtime/loaded_frame.h"
 #include "runtime/miss_log.h"
 #include "runtime/operators.h"
@@ -554,6 +556,11 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
                   : absl::StatusOr<std::vector<at::Tensor>>(leaves.status());
   const absl::Time done = absl::Now();
   if (!out.ok()) {
+    // A kernel's input check failed on what the client sent.
+    if (out.status().code() == absl::StatusCode::kInternal &&
+        absl::StrContains(out.status().message(), kKernelInputRefused)) {
+      out = absl::InvalidArgumentError(out.status().message());
+    }
     // A callee's refusal refuses the call; anything else is an error.
     Outcome outcome = out.status().code() == absl::StatusCode::kFailedPrecondition
                           ? Outcome::kRefused

@@ -9,11 +9,12 @@ its peak memory within a bound and drain with exit 0 on SIGTERM.
 Needs the Bazel build outputs: bazel build //server:precompile_server
 //examples:artifacts //gallery:gpt2 //tests/output_sizes:tiles
 //tests/value_indices:value_indexed //tests/value_indices:labelled_head
-//tests/size_limits:bounded_images //tests/size_relations:area_branch. Runs
+//tests/value_indices:ctc_head //tests/size_limits:bounded_images //tests/size_relations:area_branch. Runs
 with the project's environment:
 .venv/bin/python -m pytest tests/hostile
 """
 
+import importlib.util
 import json
 import pathlib
 import re
@@ -61,6 +62,8 @@ def server(tmp_path_factory):
               root / "repository" / "value_indexed" / "1")
     copy_tree(built(BIN / "tests" / "value_indices" / "labelled_head"),
               root / "repository" / "labelled_head" / "1")
+    copy_tree(built(BIN / "tests" / "value_indices" / "ctc_head"),
+              root / "repository" / "ctc_head" / "1")
     copy_tree(built(BIN / "tests" / "size_limits" / "bounded_images"),
               root / "repository" / "bounded_images" / "1")
     copy_tree(built(BIN / "tests" / "size_relations" / "area_branch"),
@@ -497,6 +500,48 @@ def test_labels_past_a_loss_s_classes_fail_only_that_call(server):
                     f"(labels.size(0)*labels.size(1)), got 80 != {4 * short}"
                     in failed.value.details()), failed.value.details()
         assert call(labels)[1] == loss
+    assert_still_serving(server)
+
+
+def test_labels_past_an_eager_ctc_loss_s_classes_fail_only_that_call(server):
+    # ctc_head called with labels runs its eager program, whose ctc_loss
+    # reads the log-probabilities at each label, negative labels being
+    # padding: unchecked, a label of 1e8 ended the process and one of 12
+    # (the class count) read another allocation.
+    import torch
+    spec = importlib.util.spec_from_file_location(
+        "ctc_head", ROOT / "tests" / "value_indices" / "ctc_head.py")
+    ctc_head = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ctc_head)
+
+    rng = np.random.default_rng(5)
+    hidden = rng.standard_normal((2, 24, 16)).astype(np.float32)
+    labels = rng.integers(1, 12, (2, 6))
+    labels[1, 4:] = -1
+
+    def call(values):
+        request = inference_pb2.ModelInferRequest(model_name="ctc_head")
+        request.inputs.add(name="hidden", datatype="FP32", shape=[2, 24, 16])
+        request.inputs.add(name="labels", datatype="INT64", shape=[2, 6])
+        request.raw_input_contents.extend([hidden.tobytes(), values.astype(np.int64).tobytes()])
+        response = stub.ModelInfer(request, timeout=30)
+        return float(np.frombuffer(response.raw_output_contents[0], np.float32)[0])
+
+    with torch.inference_mode():
+        eager = ctc_head.make_ctc_head()(torch.from_numpy(hidden), torch.from_numpy(labels)).item()
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        loss = call(labels)
+        assert loss == pytest.approx(eager, rel=1e-5)
+        for outside in (100_000_000, 12, 2**62):
+            values = labels.copy()
+            values[0, 2] = outside
+            with pytest.raises(grpc.RpcError) as failed:
+                call(values)
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, failed.value
+            assert (f"ctc_loss: targets holds {outside}, but a target is a class of log_probs' "
+                    "last dimension, 0 to 11" in failed.value.details()), failed.value.details()
+        assert call(labels) == loss
     assert_still_serving(server)
 
 

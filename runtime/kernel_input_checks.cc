@@ -1,0 +1,229 @@
+#include "runtime/kernel_input_checks.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_ctc_loss_ops.h>
+#include <ATen/ops/_cudnn_ctc_loss_ops.h>
+#include <ATen/ops/_embedding_bag_forward_only_ops.h>
+#include <ATen/ops/_embedding_bag_ops.h>
+#include <ATen/ops/_pack_padded_sequence_ops.h>
+#include <ATen/ops/_pad_packed_sequence_ops.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/segment_reduce_ops.h>
+#include <ATen/ops/tensor.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/WrapDimMinimal.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+
+#include "runtime/torch_errors.h"
+
+namespace precompile {
+namespace {
+
+// The kernels a checked call goes on to: those below the check's key.
+c10::DispatchKeySet BelowCheck(c10::DispatchKeySet keys) {
+  return keys &
+         c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
+}
+
+// Offsets into a dimension of `size` entries, each row (along the last
+// dimension) starting a segment where the one before ends: the kernels read
+// from offset to offset without checking either.
+void CheckOffsets(const char* op, const at::Tensor& offsets, int64_t size, const char* size_is) {
+  if (offsets.numel() == 0 || offsets.dim() == 0 ||
+      !at::isIntegralType(offsets.scalar_type(), /*includeBool=*/false)) {
+    return;
+  }
+  const at::Tensor rows = offsets.to(at::kCPU, at::kLong).contiguous().view({-1, offsets.size(-1)});
+  const auto values = rows.accessor<int64_t, 2>();
+  for (int64_t row = 0; row < values.size(0); ++row) {
+    int64_t previous = 0;
+    for (int64_t i = 0; i < values.size(1); ++i) {
+      const int64_t offset = values[row][i];
+      TORCH_CHECK_INDEX(offset >= 0 && offset <= size, op, ": offsets holds ", offset,
+                        ", but an offset is from 0 to ", size, " (", size_is,
+                        "): ", kKernelInputRefused);
+      TORCH_CHECK_INDEX(offset >= previous, op, ": offsets holds ", offset, " after ", previous,
+                        ", but offsets do not decrease: ", kKernelInputRefused);
+      previous = offset;
+    }
+  }
+}
+
+// ctc_loss reads log_probs at every target it uses: row i's first
+// target_lengths[i] entries of padded (batch, S) targets, or the first
+// sum(target_lengths) of concatenated ones. The kernel checks the lengths and
+// the shapes itself, so calls it would refuse for those are left to it.
+void CheckCtcTargets(const at::Tensor& log_probs, const at::Tensor& targets,
+                     const at::Tensor& target_lengths) {
+  if (log_probs.dim() != 3 || target_lengths.dim() != 1 || targets.numel() == 0 ||
+      !at::isIntegralType(targets.scalar_type(), /*includeBool=*/false)) {
+    return;
+  }
+  at::Tensor read;
+  if (targets.dim() == 2) {
+    if (target_lengths.size(0) != targets.size(0)) return;
+    const at::Tensor lengths =
+        target_lengths.to(targets.device(), at::kLong).clamp(0, targets.size(1));
+    const at::Tensor positions = at::arange(targets.size(1), lengths.options());
+    read = targets.masked_select(positions.unsqueeze(0).lt(lengths.unsqueeze(1)));
+  } else if (targets.dim() == 1) {
+    const int64_t used =
+        target_lengths.to(at::kLong).clamp(0, targets.size(0)).sum().item<int64_t>();
+    read = targets.narrow(0, 0, std::min(used, targets.size(0)));
+  } else {
+    return;
+  }
+  if (read.numel() == 0) return;
+  const int64_t classes = log_probs.size(2);
+  const auto [low, high] = at::aminmax(read);
+  const int64_t lowest = low.item<int64_t>();
+  const int64_t highest = high.item<int64_t>();
+  TORCH_CHECK_INDEX(lowest >= 0 && highest < classes, "ctc_loss: targets holds ",
+                    lowest < 0 ? lowest : highest,
+                    ", but a target is a class of log_probs' last dimension, 0 to ", classes - 1,
+                    ": ", kKernelInputRefused);
+}
+
+at::Tensor LengthsTensor(at::IntArrayRef lengths) { return at::tensor(lengths, at::kLong); }
+
+std::tuple<at::Tensor, at::Tensor> CtcLoss(c10::DispatchKeySet keys, const at::Tensor& log_probs,
+                                           const at::Tensor& targets, at::IntArrayRef input_lengths,
+                                           at::IntArrayRef target_lengths, int64_t blank,
+                                           bool zero_infinity) {
+  CheckCtcTargets(log_probs, targets, LengthsTensor(target_lengths));
+  return at::_ops::_ctc_loss::redispatch(BelowCheck(keys), log_probs, targets, input_lengths,
+                                         target_lengths, blank, zero_infinity);
+}
+
+std::tuple<at::Tensor, at::Tensor> CudnnCtcLoss(c10::DispatchKeySet keys,
+                                                const at::Tensor& log_probs,
+                                                const at::Tensor& targets,
+                                                at::IntArrayRef input_lengths,
+                                                at::IntArrayRef target_lengths, int64_t blank,
+                                                bool deterministic, bool zero_infinity) {
+  CheckCtcTargets(log_probs, targets, LengthsTensor(target_lengths));
+  return at::_ops::_cudnn_ctc_loss::redispatch(BelowCheck(keys), log_probs, targets, input_lengths,
+                                               target_lengths, blank, deterministic, zero_infinity);
+}
+
+std::tuple<at::Tensor, at::Tensor> CudnnCtcLossOfTensors(
+    c10::DispatchKeySet keys, const at::Tensor& log_probs, const at::Tensor& targets,
+    const at::Tensor& input_lengths, const at::Tensor& target_lengths, int64_t blank,
+    bool deterministic, bool zero_infinity) {
+  CheckCtcTargets(log_probs, targets, target_lengths);
+  return at::_ops::_cudnn_ctc_loss_Tensor::redispatch(BelowCheck(keys), log_probs, targets,
+                                                      input_lengths, target_lengths, blank,
+                                                      deterministic, zero_infinity);
+}
+
+// The bags' offsets into the indices, which the kernels that sum or average
+// the bags read between. (Called with 2-D indices, embedding_bag makes its
+// own offsets before this kernel.)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> EmbeddingBag(
+    c10::DispatchKeySet keys, const at::Tensor& weight, const at::Tensor& indices,
+    const at::Tensor& offsets, bool scale_grad_by_freq, int64_t mode, bool sparse,
+    const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+    int64_t padding_idx) {
+  if (indices.dim() == 1 && offsets.dim() == 1) {
+    CheckOffsets("embedding_bag", offsets, indices.numel(), "the count of indices");
+  }
+  return at::_ops::_embedding_bag::redispatch(BelowCheck(keys), weight, indices, offsets,
+                                              scale_grad_by_freq, mode, sparse, per_sample_weights,
+                                              include_last_offset, padding_idx);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> EmbeddingBagForwardOnly(
+    c10::DispatchKeySet keys, const at::Tensor& weight, const at::Tensor& indices,
+    const at::Tensor& offsets, bool scale_grad_by_freq, int64_t mode, bool sparse,
+    const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+    int64_t padding_idx) {
+  if (indices.dim() == 1 && offsets.dim() == 1) {
+    CheckOffsets("embedding_bag", offsets, indices.numel(), "the count of indices");
+  }
+  return at::_ops::_embedding_bag_forward_only::redispatch(
+      BelowCheck(keys), weight, indices, offsets, scale_grad_by_freq, mode, sparse,
+      per_sample_weights, include_last_offset, padding_idx);
+}
+
+// Offsets into data along `axis`, which the kernel reads between unchecked.
+// Lengths are checked by the kernel unless the caller asked it not to
+// (unsafe=True): their check is kept.
+at::Tensor SegmentReduce(c10::DispatchKeySet keys, const at::Tensor& data, c10::string_view reduce,
+                         const std::optional<at::Tensor>& lengths,
+                         const std::optional<at::Tensor>& indices,
+                         const std::optional<at::Tensor>& offsets, int64_t axis, bool unsafe,
+                         const std::optional<at::Scalar>& initial) {
+  if (offsets.has_value() && offsets->defined() && data.dim() > 0 && axis >= -data.dim() &&
+      axis < data.dim()) {
+    CheckOffsets("segment_reduce", *offsets, data.size(c10::maybe_wrap_dim(axis, data.dim())),
+                 "data's size along axis");
+  }
+  return at::_ops::segment_reduce::redispatch(BelowCheck(keys), data, reduce, lengths, indices,
+                                              offsets, axis, /*unsafe=*/false, initial);
+}
+
+// pack_padded_sequence makes a batch size for every step up to the longest
+// length, so a length past the input's steps costs memory in proportion.
+std::tuple<at::Tensor, at::Tensor> PackPaddedSequence(c10::DispatchKeySet keys,
+                                                      const at::Tensor& input,
+                                                      const at::Tensor& lengths, bool batch_first) {
+  const int64_t step_dim = batch_first ? 1 : 0;
+  if (input.dim() > step_dim && lengths.numel() > 0 &&
+      at::isIntegralType(lengths.scalar_type(), /*includeBool=*/false)) {
+    const int64_t longest = lengths.max().item<int64_t>();
+    TORCH_CHECK_INDEX(longest <= input.size(step_dim), "pack_padded_sequence: lengths holds ",
+                      longest, ", but a sequence is at most the input's ", input.size(step_dim),
+                      " steps: ", kKernelInputRefused);
+  }
+  return at::_ops::_pack_padded_sequence::redispatch(BelowCheck(keys), input, lengths, batch_first);
+}
+
+// A batch size below 1 makes pad_packed_sequence corrupt the heap.
+std::tuple<at::Tensor, at::Tensor> PadPackedSequence(
+    c10::DispatchKeySet keys, const at::Tensor& data, const at::Tensor& batch_sizes,
+    bool batch_first, const at::Scalar& padding_value, int64_t total_length) {
+  if (batch_sizes.numel() > 0 &&
+      at::isIntegralType(batch_sizes.scalar_type(), /*includeBool=*/false)) {
+    const int64_t smallest = batch_sizes.min().item<int64_t>();
+    TORCH_CHECK_INDEX(smallest >= 1, "pad_packed_sequence: batch_sizes holds ", smallest,
+                      ", but every step has a batch of at least 1: ", kKernelInputRefused);
+  }
+  return at::_ops::_pad_packed_sequence::redispatch(BelowCheck(keys), data, batch_sizes,
+                                                    batch_first, padding_value, total_length);
+}
+
+}  // namespace
+
+absl::Status InstallKernelInputChecks() {
+  static const absl::Status* const installed =
+      new absl::Status(CallTorch("registering the kernels' input checks", [] {
+        // Kept for the process: dropping a Library unregisters its kernels.
+        // _ctc_loss.Tensor is not among them: it calls _ctc_loss on every
+        // device. cuDNN's kernels are reached from ctc_loss directly.
+        auto* library = new torch::Library(torch::Library::IMPL, "aten",
+                                           c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
+        library->impl("_ctc_loss", TORCH_FN(CtcLoss));
+        library->impl("_cudnn_ctc_loss", TORCH_FN(CudnnCtcLoss));
+        library->impl("_cudnn_ctc_loss.Tensor", TORCH_FN(CudnnCtcLossOfTensors));
+        library->impl("_embedding_bag", TORCH_FN(EmbeddingBag));
+        library->impl("_embedding_bag_forward_only", TORCH_FN(EmbeddingBagForwardOnly));
+        library->impl("segment_reduce", TORCH_FN(SegmentReduce));
+        library->impl("_pack_padded_sequence", TORCH_FN(PackPaddedSequence));
+        library->impl("_pad_packed_sequence", TORCH_FN(PadPackedSequence));
+        // Sparse tensors' indices are checked as they are made (torch's
+        // check_sparse_tensor_invariants): unchecked, converting or
+        // multiplying a CSR tensor with a row pointer past its values, or
+        // densifying a COO tensor with an index past its size, reads or
+        // writes out of bounds.
+        at::globalContext().setCheckSparseTensorInvariants(true);
+      }));
+  return *installed;
+}
+
+}  // namespace precompile
