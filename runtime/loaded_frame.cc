@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/guard_program.h"
-#include "runtime/kernel_input_checks.h"
 #include "runtime/python_program.h"
 #include "runtime/torchscript_program.h"
 
@@ -53,10 +52,6 @@ absl::StatusOr<std::unique_ptr<LoadedFrame>> LoadFrame(const Artifact& artifact,
   frame->dispatcher = std::make_unique<FrameDispatcher>(std::move(programs));
   frame->hits = std::make_unique<std::atomic<uint64_t>[]>(proto.variants_size());
   for (int i = 0; i < proto.variants_size(); ++i) frame->hits[i] = 0;
-  // An eager program runs ATen's kernels on what clients send.
-  if (!proto.eager_program_path().empty() || proto.has_python_program()) {
-    RETURN_IF_ERROR(InstallKernelInputChecks());
-  }
   if (!proto.eager_program_path().empty()) {
     ASSIGN_OR_RETURN(frame->eager,
                      LoadTorchScriptProgram(proto.name(),

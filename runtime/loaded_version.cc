@@ -616,6 +616,9 @@ absl::StatusOr<std::shared_ptr<LoadedVersion>> LoadedVersion::Load(const std::st
     return absl::Status(s.code(), absl::StrCat("model '", impl->options.name,
                                                "': ", s.message()));
   };
+  // Eager programs, and operators defined in Python that compiled code
+  // calls, run ATen's kernels on what clients send.
+  if (absl::Status checks = InstallKernelInputChecks(); !checks.ok()) return fail(checks);
   if (impl->options.require_complete && !m.summary().complete()) {
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "the capture is incomplete (uncovered frames: [",
