@@ -90,10 +90,12 @@ def _stand_in(value: Any, rows: Optional[int] = None) -> Any:
 def size_steps(variants: Sequence[Any], values: List[Any], names: Sequence[str],
                probe: int = 64) -> List[str]:
     """The dynamic sizes of a call (`values`, one per parameter) that the
-    variant serving it takes at the call's size but not at one more: a shape
-    guard of the model's code on that size alone keeps a parity or a
-    multiple of it (pooling with ceil_mode, patches). Each as "x.size(2) at
-    96 and next at 128 (97 to 127 are refused)", probing up to `probe` more.
+    variant serving it takes at the call's size but not at some sizes above
+    it: a shape guard of the model's code on that size alone keeps a parity
+    or a multiple of it (pooling with ceil_mode, patches). Each as
+    "x.size(2) at 96 and next at 128 (97 to 127 are refused)" or "x.size(3)
+    at 80 to 94, then at none of 95 to 110, next at 111", probing up to
+    `probe` more; and the sizes below the call's refused past its range's.
     Per size symbol past the first dimension (the batch: Capture.
     batch_gaps), by its range and the guards on it alone: guards relating it
     to other sizes ask those to move with it, which is not a step."""
@@ -137,14 +139,26 @@ def size_steps(variants: Sequence[Any], values: List[Any], names: Sequence[str],
             else:
                 refused = f"{size + 1} is" if step == 2 else f"{size + 1} to {size + step - 1} are"
                 steps.append(f"{name} at {size} and next at {size + step} ({refused} refused)")
+        else:
+            # Served in runs: a parity of the size after floor divisions
+            # (AlexNet's and VGG's pooling) takes a run of sizes, then
+            # refuses the next. Refusals past the range's top are not steps.
+            top = probe if ranges[symbol].max is None else min(probe, ranges[symbol].max - value)
+            gap = next((k for k in range(2, top + 1) if not takes(symbol, value + k)), None)
+            if gap is not None:
+                resume = next((k for k in range(gap + 1, probe + 1) if takes(symbol, value + k)), None)
+                steps.append(
+                    f"{name} at {size} to {size + gap - 1}, then at none of {size + gap} to "
+                    + (f"{size + resume - 1}, next at {size + resume}" if resume is not None
+                       else f"{size + probe}"))
         # Below: the smallest size served, where guards on the size alone
         # refuse more than its range says (a side of 32 pixels or fewer that
-        # pools to nothing).
+        # pools to nothing). Not "from there up": the steps above may refuse
+        # sizes past the call as well.
         lowest = ranges[symbol].min
         smallest = next((v for v in range(lowest, value) if takes(symbol, v)), value)
         if smallest > lowest and value - lowest <= 4096:
-            steps.append(f"{name} from {smallest + offset} up, none of {lowest + offset} to "
-                         f"{smallest + offset - 1}")
+            steps.append(f"{name} at none of {lowest + offset} to {smallest + offset - 1}")
     return steps
 
 
@@ -819,10 +833,10 @@ class Capture:
         if stepped:
             shown = first_three(stepped)
             warnings.warn(
-                f"precompile capture: model '{self.name}': dynamic sizes the variants serve only in steps, "
-                f"or only from some size up (a shape guard of the model's code on the size keeps a parity "
-                f"or a multiple of it, or a floor, as pooling does): {shown}. Add example calls at the "
-                "sizes clients send",
+                f"precompile capture: model '{self.name}': dynamic sizes the variants serve only in steps "
+                f"or runs, or not below some size (a shape guard of the model's code on the size keeps a "
+                f"parity or a multiple of it, or a floor, as pooling does): {shown}. Add example calls at "
+                "the sizes clients send",
                 RuntimeWarning, stacklevel=2)
         fixed = self.static_sizes()
         if fixed:
