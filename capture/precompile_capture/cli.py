@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -320,6 +321,22 @@ def _recapture(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Progress(logging.Handler):
+    """Prints what the capture is compiling to standard error as it starts
+    and ends (a dynamic variant of a large model can take many minutes)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"precompile_capture: {record.getMessage()}", file=sys.stderr, flush=True)
+
+
+def _print_progress() -> None:
+    progress = logging.getLogger("precompile_capture.progress")
+    progress.setLevel(logging.INFO)
+    progress.propagate = False
+    if not any(isinstance(h, _Progress) for h in progress.handlers):
+        progress.addHandler(_Progress())
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m precompile_capture", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="pkg.module:factory")
@@ -354,6 +371,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--int-range", action="append", default=[], metavar="NAME=LO:HI",
                         help="values [LO, HI) of integer tensors made up for entry parameter NAME")
     args = parser.parse_args(argv)
+    _print_progress()
     if args.recapture is None:
         missing = [flag for flag, value in (("--calls", args.calls), ("--name", args.name), ("--out", args.out))
                    if not value]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import logging
 import os
 import re
 import time
@@ -33,6 +34,9 @@ from .frames import Frame, Variant
 from .guards import GuardExtractionError, GuardSet, NotPlainSymbol, extract_guards, output_specs
 from .outputs import exported_leaf_kinds
 from .summary import FallbackCause
+
+# What the command line prints as it goes (cli.py); silent for a library's caller.
+_progress = logging.getLogger("precompile_capture.progress")
 
 _DETAIL_LINES = 6
 _DETAIL_CHARS = 1500
@@ -448,6 +452,9 @@ class VariantCompiler:
         """A new variant of `frame` for the call whose inputs are `values`
         (in the frame's order), `captured_from` naming that call; Fallback
         or CompileError where there is none."""
+        # Exports and compiles can take minutes (Inductor's index
+        # simplification of a large dynamic graph more): say which call.
+        _progress.info("frame '%s': exporting and compiling a variant for %s", frame.name, captured_from)
         ep, guards, tensor_inputs = self._trace(frame, values)
         if frame.size_limits:
             guards = limited_sizes(guards, frame, values, captured_from)
@@ -498,4 +505,5 @@ class VariantCompiler:
             operators=package_operators(package),
         )
         self.compile_log.append((frame.name, variant_id, seconds))
+        _progress.info("frame '%s': %s compiled in %.1f s", frame.name, variant_id, seconds)
         return variant

@@ -3,6 +3,7 @@ No AOTInductor compile happens here."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -159,7 +160,11 @@ def test_cli_suppresses_compile_errors_when_asked(tmp_path, monkeypatch, capsys)
     assert not (tmp_path / "refused").exists()
     out = tmp_path / "suppressed"
     assert cli.main(argv + ["--out", str(out), "--suppress-errors", "--allow-incomplete"]) == 0
-    printed = capsys.readouterr().out
+    printed, progress = capsys.readouterr()
+    # What it compiles, as it goes: a long compile names its call.
+    assert ("precompile_capture: frame 'forward': exporting and compiling a variant for call 0: "
+            "forward(x=float32[8, 4])\n" in progress), progress
+    assert re.search(r"precompile_capture: frame 'forward': forward#0 compiled in \d+\.\d s\n", progress), progress
     # The first call's variant is kept; the second's call ran eagerly.
     assert "variants: {'forward': 1}" in printed, printed
     # What requests may send, the variant's guards, is printed too.
