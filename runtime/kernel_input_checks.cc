@@ -124,7 +124,9 @@ std::tuple<at::Tensor, at::Tensor> CudnnCtcLossOfTensors(
 
 // The bags' offsets into the indices, which the kernels that sum or average
 // the bags read between. (Called with 2-D indices, embedding_bag makes its
-// own offsets before this kernel.)
+// own offsets before this kernel.) `Op` is _embedding_bag or its
+// forward-only twin, which take the same arguments.
+template <typename Op>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> EmbeddingBag(
     c10::DispatchKeySet keys, const at::Tensor& weight, const at::Tensor& indices,
     const at::Tensor& offsets, bool scale_grad_by_freq, int64_t mode, bool sparse,
@@ -133,22 +135,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> EmbeddingBag(
   if (indices.dim() == 1 && offsets.dim() == 1) {
     CheckOffsets("embedding_bag", offsets, indices.numel(), "the count of indices");
   }
-  return at::_ops::_embedding_bag::redispatch(BelowCheck(keys), weight, indices, offsets,
-                                              scale_grad_by_freq, mode, sparse, per_sample_weights,
-                                              include_last_offset, padding_idx);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> EmbeddingBagForwardOnly(
-    c10::DispatchKeySet keys, const at::Tensor& weight, const at::Tensor& indices,
-    const at::Tensor& offsets, bool scale_grad_by_freq, int64_t mode, bool sparse,
-    const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
-    int64_t padding_idx) {
-  if (indices.dim() == 1 && offsets.dim() == 1) {
-    CheckOffsets("embedding_bag", offsets, indices.numel(), "the count of indices");
-  }
-  return at::_ops::_embedding_bag_forward_only::redispatch(
-      BelowCheck(keys), weight, indices, offsets, scale_grad_by_freq, mode, sparse,
-      per_sample_weights, include_last_offset, padding_idx);
+  return Op::redispatch(BelowCheck(keys), weight, indices, offsets, scale_grad_by_freq, mode,
+                        sparse, per_sample_weights, include_last_offset, padding_idx);
 }
 
 // Offsets into data along `axis`, which the kernel reads between unchecked.
@@ -211,8 +199,9 @@ absl::Status InstallKernelInputChecks() {
         library->impl("_ctc_loss", TORCH_FN(CtcLoss));
         library->impl("_cudnn_ctc_loss", TORCH_FN(CudnnCtcLoss));
         library->impl("_cudnn_ctc_loss.Tensor", TORCH_FN(CudnnCtcLossOfTensors));
-        library->impl("_embedding_bag", TORCH_FN(EmbeddingBag));
-        library->impl("_embedding_bag_forward_only", TORCH_FN(EmbeddingBagForwardOnly));
+        library->impl("_embedding_bag", TORCH_FN(EmbeddingBag<at::_ops::_embedding_bag>));
+        library->impl("_embedding_bag_forward_only",
+                      TORCH_FN(EmbeddingBag<at::_ops::_embedding_bag_forward_only>));
         library->impl("segment_reduce", TORCH_FN(SegmentReduce));
         library->impl("_pack_padded_sequence", TORCH_FN(PackPaddedSequence));
         library->impl("_pad_packed_sequence", TORCH_FN(PadPackedSequence));
