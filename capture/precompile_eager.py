@@ -257,20 +257,24 @@ class Program:
         leaves of its result in torch.utils._pytree's order."""
         if len(values) != len(self.params):
             raise TypeError(f"frame '{self.frame}' takes {len(self.params)} arguments, not {len(values)}")
-        # As the capture called the frame (Frame.call_arguments): by keyword
-        # where a parameter takes one and no *args entry follows it, so that
-        # a decorator adding a keyword its caller left out (transformers'
-        # use_cache) does not find the parameter given twice.
-        by_position = (POSITIONAL_ONLY, VAR_POSITIONAL)
-        if any(p.binding == VAR_POSITIONAL for p in self.params):
-            by_position += (POSITIONAL_OR_KEYWORD,)
+        # As the capture called the frame (Frame.call_arguments): required
+        # parameters by position, those with a default by keyword unless an
+        # *args entry follows, so that a decorator adding a keyword its
+        # caller left out (transformers' use_cache) does not find the
+        # parameter given twice.
+        star_args = any(p.binding == VAR_POSITIONAL for p in self.params)
+
+        def by_position(p: Param) -> bool:
+            return p.binding in (POSITIONAL_ONLY, VAR_POSITIONAL) or (
+                p.binding == POSITIONAL_OR_KEYWORD and (not p.has_default or star_args))
+
         positional: List[Any] = []
         keywords: Dict[str, Any] = {}
         start = 0
         for p, count in _grouped(self.params):
             v = _structure(p, list(values[start:start + count])) if p.tree else values[start]
             start += count
-            if p.binding in by_position:
+            if by_position(p):
                 positional.append(v)
             elif p.binding != VAR_KEYWORD or v is not None:
                 keywords[p.name] = v

@@ -447,17 +447,18 @@ class Frame:
         arguments and keywords, structures rebuilt from their leaves (a
         None entry of **kwargs is left out, as it was absent).
 
-        A parameter that can take a keyword gets one (positional only where
-        *args entries follow it), as a model's callers pass them: a decorator
-        in front of the code that reads its arguments from **kwargs
-        (transformers' merge_with_config_defaults adds use_cache=config.
-        use_cache where no keyword names it) would otherwise add a second
-        value for one passed positionally. Python refuses that call, but
-        Dynamo, tracing it, puts the second value into the code's **kwargs,
-        from which it can override the code's own choice (BigBirdModel then
-        returns the DynamicCache its eager call never makes)."""
-        by_position = (Binding.POSITIONAL_ONLY, Binding.VAR_POSITIONAL) + (
-            (Binding.POSITIONAL_OR_KEYWORD,) if self.var_positional_count else ())
+        Parameters go as Python callers pass them: the required ones by
+        position, those with a default by keyword (all by position where
+        *args entries follow them). A decorator in front of the code that
+        reads its optional arguments from **kwargs (transformers'
+        merge_with_config_defaults adds use_cache=config.use_cache where no
+        keyword names it) would otherwise add a second value for one passed
+        positionally. Python refuses that call, but Dynamo, tracing it, puts
+        the second value into the code's **kwargs, from which it can
+        override the code's own choice (BigBirdModel then returns the
+        DynamicCache its eager call never makes). Required ones stay
+        positional for the hooks that read a module's inputs by position."""
+        star_args = bool(self.var_positional_count)
         args: List[Any] = []
         kwargs: Dict[str, Any] = {}
         trees: Dict[str, List[Any]] = {}
@@ -473,7 +474,8 @@ class Frame:
                 name = p.name
             if v is None and name in self.empty_trees:
                 v = pytree.tree_unflatten([], self.empty_trees[name])
-            if p.binding in by_position:
+            if p.binding in (Binding.POSITIONAL_ONLY, Binding.VAR_POSITIONAL) or (
+                    p.binding is Binding.POSITIONAL_OR_KEYWORD and (star_args or not p.has_default)):
                 args.append(v)
             elif not (p.binding is Binding.VAR_KEYWORD and v is None):
                 kwargs[name] = v

@@ -256,3 +256,13 @@ def test_a_program_passes_keywords_as_the_frames_callers_do():
     x = torch.ones(2)
     assert torch.equal(program([x, None])[0], x * 2)
     assert torch.equal(program([x, False])[0], x + 1000)
+
+
+def test_a_program_passes_required_inputs_by_position_for_the_modules_hooks():
+    # A forward pre-hook gets the inputs passed by position only: given x by
+    # keyword, this one would find none.
+    model = torch.nn.Identity()
+    model.register_forward_pre_hook(lambda module, inputs: (inputs[0] * 2,))
+    program = precompile_eager.Program("forward", model, [P("input", precompile_eager.POSITIONAL_OR_KEYWORD)])
+    x = torch.ones(2)
+    assert torch.equal(program([x])[0], x * 2)

@@ -67,7 +67,8 @@ def test_a_structure_becomes_one_input_per_leaf_in_its_place():
     assert frame.compiled_shapes == [[(1, 3), None, None, (1, 3), None]]
     # The frame's code gets the structure back; a call without it gets None.
     args, kwargs = frame.call_arguments(values)
-    assert args == [] and kwargs["cache"] == cache and kwargs["cache"]["key"][0] is cache["key"][0]
+    # The required ids by position, the optional cache by keyword.
+    assert args == [ids] and kwargs["cache"] == cache and kwargs["cache"]["key"][0] is cache["key"][0]
     _, kwargs = frame.call_arguments(frame.bind((ids,), {}))
     assert kwargs["cache"] is None
 
