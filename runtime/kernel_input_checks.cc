@@ -194,8 +194,8 @@ absl::Status InstallKernelInputChecks() {
         // Kept for the process: dropping a Library unregisters its kernels.
         // _ctc_loss.Tensor is not among them: it calls _ctc_loss on every
         // device. cuDNN's kernels are reached from ctc_loss directly.
-        auto* library = new torch::Library(torch::Library::IMPL, "aten",
-                                           c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
+        static auto* const library = new torch::Library(
+            torch::Library::IMPL, "aten", c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
         library->impl("_ctc_loss", TORCH_FN(CtcLoss));
         library->impl("_cudnn_ctc_loss", TORCH_FN(CudnnCtcLoss));
         library->impl("_cudnn_ctc_loss.Tensor", TORCH_FN(CudnnCtcLossOfTensors));
