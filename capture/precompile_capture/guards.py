@@ -382,6 +382,7 @@ _INDEX_LISTS = {_aten.index.Tensor, _aten._unsafe_index.Tensor} | _INDEX_PUTS
 _INDEX_ALONG_DIM = {
     _aten.index_add.default: False, _aten.index_copy.default: False,
     _aten.index_fill.int_Scalar: True, _aten.index_fill.int_Tensor: True,
+    _aten.index_reduce.default: False,
 }
 # Losses whose integer targets (argument 1) are classes: indices into the
 # classes' dimension of their input (argument 0), which become a gather only
@@ -404,6 +405,7 @@ class IndexedDim(NamedTuple):
     dim: Optional[int]  # None: the table's elements, counted flat (take).
     place: ArgumentPlace  # Where the op takes the index tensor.
     ignored: Optional[int] = None  # A value taken besides: a loss's ignore_index.
+    ignored_is: str = "its ignore_index"  # What that value means, in words.
 
 
 def _out_of_place(target: Any) -> Any:
@@ -454,10 +456,29 @@ def _indexed_dimensions(node: Any) -> List[IndexedDim]:
             ignored = args[ignore_at] if len(args) > ignore_at else node.kwargs.get(
                 "ignore_index", _IGNORE_INDEX_DEFAULT)
         return [IndexedDim(size(args[0], classes), args[1], False, args[0], classes, 1, ignored)]
+    if target is _aten.multilabel_margin_loss.default and isinstance(args[1], torch.fx.Node) \
+            and _is_integer_input(args[1]):
+        # Each row's target classes, up to a -1 that ends them.
+        t = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
+        if not isinstance(t, torch.Tensor):
+            return []
+        classes = t.dim() - 1
+        return [IndexedDim(size(args[0], classes), args[1], False, args[0], classes, 1, -1,
+                           "the end of its targets")]
     if target in _INDEX_LISTS:
-        # Negative indices count from the end, as in Python.
-        return [IndexedDim(size(args[0], d), index, True, args[0], d, (1, d))
-                for d, index in enumerate(args[1]) if isinstance(index, torch.fx.Node)]
+        # Negative indices count from the end, as in Python. A boolean (or
+        # uint8) mask indexes as many dimensions as it has, at positions
+        # within them by construction: not an index to check.
+        indexed, d = [], 0
+        for place, index in enumerate(args[1]):
+            t = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+            if isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8):
+                d += t.dim()
+                continue
+            if isinstance(index, torch.fx.Node):
+                indexed.append(IndexedDim(size(args[0], d), index, True, args[0], d, (1, place)))
+            d += 1
+        return indexed
     return []
 
 
@@ -543,7 +564,7 @@ def _index_limits(
         sources = sorted(known[p] for p in placeholders_upstream(indexed.index) & inputs.keys())
         if indexed.ignored is not None:
             return (f"{node.target}'s class targets{' from ' + ', '.join(sources) if sources else ''}: "
-                    f"indices into {into} of {table or 'its input'}, or {indexed.ignored} (its ignore_index)")
+                    f"indices into {into} of {table or 'its input'}, or {indexed.ignored} ({indexed.ignored_is})")
         return (f"{node.target}'s indices{' from ' + ', '.join(sources) if sources else ''} into {into}"
                 f"{' of ' + table if table else ''}")
 

@@ -342,6 +342,42 @@ def test_a_loss_s_own_ignore_index_is_taken_and_no_other():
         program(scores, torch.tensor([0, 4, -100, 2]))
 
 
+def test_multilabel_targets_are_checked_as_classes_or_their_end():
+    # Each row's classes, up to a -1 that ends them; unchecked, a target of
+    # the class count or past -1 ended the process in compiled code.
+    class MultiLabel(torch.nn.Module):
+        def forward(self, scores, targets):
+            return F.multilabel_margin_loss(scores, targets, reduction="none")
+
+    model = MultiLabel()
+    scores, targets = torch.randn(2, 6), torch.tensor([[3, 0, -1, 5, 5, 5], [1, 2, 5, 4, -1, 0]])
+    program, warned = fenced(model, (scores, targets), ({0: AUTO}, {0: AUTO}))
+    assert len(warned) == 1
+    assert ("aten.multilabel_margin_loss.default's class targets from targets: indices into dimension 1 "
+            "(6) of scores, or -1 (the end of its targets)") in warned[0]
+    assert torch.equal(program(scores, targets), model(scores, targets))
+    for outside in (6, -2, 2**40):
+        bad = targets.clone()
+        bad[1, 0] = outside
+        with pytest.raises(RuntimeError, match=r"or -1 \(the end of its targets\)"):
+            program(scores, bad)
+
+
+def test_a_boolean_mask_is_not_taken_for_indices():
+    # Fenced as indices, a mask of one True became rows 0 and 1: the
+    # compiled variant answered valid calls wrongly.
+    class Masked(torch.nn.Module):
+        def forward(self, x, m):
+            return x[m].sum(0)
+
+    model = Masked()
+    x, m = torch.arange(24.0).view(12, 2), torch.zeros(12, dtype=torch.bool)
+    m[3] = True
+    program, warned = fenced(model, (x, m), ({0: AUTO}, {0: AUTO}))
+    assert warned == []
+    assert torch.equal(program(x, m), model(x, m))
+
+
 def test_probabilities_as_targets_index_nothing():
     class Soft(torch.nn.Module):
         def forward(self, scores, targets):
@@ -376,8 +412,13 @@ class IndexedBy(torch.nn.Module):
     (lambda t, i: t.clone().index_fill_(0, i, 2.0), [-4 / 3, 1.0], [4 / 3, -5 / 3]),
     (lambda t, i: t.clone().index_put_((i,), torch.tensor(2.0)), [-4 / 3, 1.0], [4 / 3, -5 / 3]),
     (lambda t, i: t.clone().scatter_(0, i[:, None], 2.0), [0.0, 1.0], [4 / 3, -1 / 3]),
+    # Unchecked, Inductor's mean over the rows indexed ended the process.
+    (lambda t, i: t.index_reduce(0, i, torch.ones(i.shape[0], 5), "mean"), [0.0, 1.0], [4 / 3, -1 / 3]),
+    (lambda t, i: t.clone().index_reduce_(0, i, torch.ones(i.shape[0], 5), "amax"), [0.0, 1.0],
+     [4 / 3, -1 / 3]),
 ], ids=["take", "index_add", "index_copy", "index_fill", "embedding_bag",
-        "put_", "index_add_", "index_copy_", "index_fill_", "index_put_", "scatter_"])
+        "put_", "index_add_", "index_copy_", "index_fill_", "index_put_", "scatter_",
+        "index_reduce", "index_reduce_"])
 def test_indices_of_ops_that_take_them_along_a_dimension_are_checked(op, within, outside):
     model = IndexedBy(op)
     table = torch.randn(4, 5)
