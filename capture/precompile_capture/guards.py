@@ -406,6 +406,10 @@ class IndexedDim(NamedTuple):
     place: ArgumentPlace  # Where the op takes the index tensor.
     ignored: Optional[int] = None  # A value taken besides: a loss's ignore_index.
     ignored_is: str = "its ignore_index"  # What that value means, in words.
+    # Where the indexed elements are not the table's: the sizes (ints or the
+    # graph's size nodes) whose product counts them (max_unpool's indices,
+    # flat into each plane of its output).
+    flat_sizes: Optional[Tuple[Any, ...]] = None
 
 
 def _out_of_place(target: Any) -> Any:
@@ -465,6 +469,15 @@ def _indexed_dimensions(node: Any) -> List[IndexedDim]:
         classes = t.dim() - 1
         return [IndexedDim(size(args[0], classes), args[1], False, args[0], classes, 1, -1,
                            "the end of its targets")]
+    if target in (_aten.max_unpool2d.default, _aten.max_unpool3d.default) \
+            and isinstance(args[1], torch.fx.Node) and _is_integer_input(args[1]):
+        # Each index is a position in its plane of the output, counted flat.
+        sizes = tuple(args[2])
+        known_sizes = [s if isinstance(s, int) else s.meta.get("val") if isinstance(s, torch.fx.Node) else None
+                       for s in sizes]
+        if any(s is None for s in known_sizes):
+            return []
+        return [IndexedDim(math.prod(known_sizes), args[1], False, args[0], None, 1, flat_sizes=sizes)]
     if target in _INDEX_LISTS:
         # Negative indices count from the end, as in Python. A boolean (or
         # uint8) mask indexes as many dimensions as it has, at positions
@@ -561,6 +574,8 @@ def _index_limits(
         size = "a size the capture does not know" if indexed.size is None else indexed.size
         into = f"the {size} elements" if indexed.dim is None else f"dimension {indexed.dim} ({size})"
         table = known.get(indexed.table.name)
+        if indexed.flat_sizes is not None:
+            into, table = f"each plane of its output ({size} elements)", None
         sources = sorted(known[p] for p in placeholders_upstream(indexed.index) & inputs.keys())
         if indexed.ignored is not None:
             return (f"{node.target}'s class targets{' from ' + ', '.join(sources) if sources else ''}: "
@@ -680,7 +695,7 @@ def _index_limits(
     for node, indexed in fences:
         what = describe(node, indexed)
         fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what,
-                    indexed.ignored)
+                    indexed.ignored, indexed.flat_sizes)
         checks.append(what)
     if fences:
         ep.graph.lint()

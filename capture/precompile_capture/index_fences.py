@@ -30,7 +30,7 @@ for the device.
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -42,17 +42,24 @@ ArgumentPlace = Union[int, Tuple[int, int]]
 
 
 def fence_index(graph: torch.fx.Graph, op: torch.fx.Node, place: ArgumentPlace, table: torch.fx.Node,
-                dim: Optional[int], negative: bool, what: str, ignored: Optional[int] = None) -> None:
+                dim: Optional[int], negative: bool, what: str, ignored: Optional[int] = None,
+                flat_sizes: Optional[Sequence[Any]] = None) -> None:
     """Rewrites `op` so that the index tensor at `place` is checked against
     dimension `dim` of `table` (None: its elements, counted flat) before use
     (module docstring); `ignored` is a value the op takes besides (a loss's
-    ignore_index, whose rows it skips). `what` says in the failed run's
-    message what was out of range."""
+    ignore_index, whose rows it skips); `flat_sizes`, where given, are the
+    sizes (ints or size nodes) whose product the index stays below instead.
+    `what` says in the failed run's message what was out of range."""
     index = op.args[place] if isinstance(place, int) else op.args[place[0]][place[1]]
     val = table.meta["val"]
     size: Any = val.numel() if dim is None else val.shape[dim]
     with graph.inserting_before(op):
-        if not isinstance(size, int):
+        if flat_sizes is not None:
+            size = 1
+            for factor in flat_sizes:
+                size = size * factor if isinstance(size, int) and isinstance(factor, int) else \
+                    graph.call_function(operator.mul, (size, factor))
+        elif not isinstance(size, int):
             size = (graph.call_function(_aten.sym_numel.default, (table,)) if dim is None else
                     graph.call_function(_aten.sym_size.int, (table, dim)))
         if not negative:

@@ -363,6 +363,38 @@ def test_multilabel_targets_are_checked_as_classes_or_their_end():
             program(scores, bad)
 
 
+class Unpooled(torch.nn.Module):
+    """SegNet's decoder: the encoder's pooling indices, from the request,
+    place each value in its plane of the output, counted flat."""
+
+    def __init__(self, output_size=None):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x, indices):
+        return F.max_unpool2d(x, indices, 2, output_size=self.output_size)
+
+
+def test_unpooling_indices_are_bounded_by_the_planes_of_the_output():
+    # Unchecked, 1e8 ended the process and -5 wrote into another plane.
+    x = torch.randn(2, 3, 2, 2)
+    indices = torch.tensor([0, 5, 10, 15]).view(1, 1, 2, 2).expand(2, 3, 2, 2).contiguous()
+    # Planes of a size given: the indices' values are bounded before the call.
+    guards, warned = guards_and_warnings(Unpooled((4, 4)), (x, indices), ({0: AUTO}, {0: AUTO}))
+    assert warned == [] and guards.index_ranges == ((1, 0, 16),)
+    # Planes as large as the input makes them: checked as the code runs.
+    model = Unpooled()
+    program, warned = fenced(model, (x, indices), ({0: AUTO, 2: AUTO, 3: AUTO}, {0: AUTO, 2: AUTO, 3: AUTO}))
+    assert len(warned) == 1
+    assert "aten.max_unpool2d.default's indices from indices into each plane of its output" in warned[0]
+    assert torch.equal(program(x, indices), model(x, indices))
+    for outside in (16, -5, 10**8):
+        bad = indices.clone()
+        bad[1, 2, 0, 1] = outside
+        with pytest.raises(RuntimeError, match="into each plane of its output"):
+            program(x, bad)
+
+
 def test_a_boolean_mask_is_not_taken_for_indices():
     # Fenced as indices, a mask of one True became rows 0 and 1: the
     # compiled variant answered valid calls wrongly.
