@@ -51,17 +51,19 @@ def fence_index(graph: torch.fx.Graph, op: torch.fx.Node, place: ArgumentPlace, 
     sizes (ints or size nodes) whose product the index stays below instead.
     `what` says in the failed run's message what was out of range."""
     index = op.args[place] if isinstance(place, int) else op.args[place[0]][place[1]]
-    val = table.meta["val"]
-    size: Any = val.numel() if dim is None else val.shape[dim]
     with graph.inserting_before(op):
+        size: Any
         if flat_sizes is not None:
             size = 1
             for factor in flat_sizes:
                 size = size * factor if isinstance(size, int) and isinstance(factor, int) else \
                     graph.call_function(operator.mul, (size, factor))
-        elif not isinstance(size, int):
-            size = (graph.call_function(_aten.sym_numel.default, (table,)) if dim is None else
-                    graph.call_function(_aten.sym_size.int, (table, dim)))
+        else:
+            val = table.meta["val"]
+            size = val.numel() if dim is None else val.shape[dim]
+            if not isinstance(size, int):
+                size = (graph.call_function(_aten.sym_numel.default, (table,)) if dim is None else
+                        graph.call_function(_aten.sym_size.int, (table, dim)))
         if not negative:
             low: Any = 0
         elif isinstance(size, int):
