@@ -24,7 +24,7 @@ from torch.utils._sympy.numbers import IntInfinity, int_oo
 from torch.utils._sympy.value_ranges import ValueRanges as SizeRange
 
 from .export_guards import COMPARE, SizeRelation, export_size_relations
-from .index_fences import ArgumentPlace, fence_index
+from .index_fences import ArgumentPlace, fence_index, reflect_grids_before_sampling
 from .index_values import SAME_VALUES, ValueRanges, limits_within, placeholders_upstream
 
 DTYPE_NAMES = {
@@ -557,6 +557,8 @@ def _index_limits(
     it. A loss's class targets, which may also be its ignore_index, get no
     range of an input's values: they are proved from the sizes or fenced.
     The third value describes each fence, naming `names` (the parameters).
+    A grid sampler whose compiled form checks image indices it computes
+    inconsistently is rewritten too (`reflect_grids_before_sampling`).
     """
     ranges: Dict[int, Tuple[int, int]] = {}
     limits: Dict[sympy.Symbol, int] = {}
@@ -697,7 +699,7 @@ def _index_limits(
         fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what,
                     indexed.ignored, indexed.flat_sizes)
         checks.append(what)
-    if fences:
+    if reflect_grids_before_sampling(ep.graph) or fences:
         ep.graph.lint()
         ep.graph_module.recompile()
     return ranges, limits, checks

@@ -89,3 +89,51 @@ def fence_index(graph: torch.fx.Graph, op: torch.fx.Node, place: ArgumentPlace, 
         indices[place[1]] = safe
         args[place[0]] = indices
     op.args = tuple(args)
+
+
+_GRID_SAMPLERS = {_aten.grid_sampler.default, _aten.grid_sampler_2d.default}
+_BILINEAR, _BORDER, _REFLECTION = 0, 1, 2
+
+
+def reflect_grids_before_sampling(graph: torch.fx.Graph) -> bool:
+    """Rewrites each bilinear 2-D grid sampler with reflection padding into
+    one with border padding that samples the grid reflected into [-1, 1];
+    returns whether it rewrote any.
+
+    Inductor's bilinear sampler computes a reflected coordinate twice, in
+    two kernels, with fmod, whose vectorized and scalar forms round
+    differently: a grid value just past an odd integer (255.00001525878906)
+    or above about 9e6 puts the two copies on either side of the image's
+    edge, and the kernel that reads the image checks an index the other
+    kernel's mask let through, which ends the process. Reflecting the grid
+    beforehand with floor, division by 2 and subtraction, each exact or
+    rounded the same in every kernel, leaves the sampler only border's clamp,
+    whose copies agree. Both paddings fold the image's span, [-1, 1] in grid
+    units whatever align_corners says, so the two are the same sampling; a
+    grid within [-1, 1] is passed on untouched.
+    """
+    rewrote = False
+    for op in list(graph.nodes):
+        if (op.op != "call_function" or op.target not in _GRID_SAMPLERS or len(op.args) != 5
+                or op.args[2] != _BILINEAR or op.args[3] != _REFLECTION
+                or op.args[1].meta["val"].dim() != 4):
+            continue
+        grid = op.args[1]
+        with graph.inserting_before(op):
+            def call(target: Any, *args: Any) -> torch.fx.Node:
+                return graph.call_function(target, args)
+
+            # Reflected about -1 first: the distance from -1 in spans of 2.
+            distance = call(_aten.abs.default, call(_aten.add.Scalar, grid, 1))
+            spans = call(_aten.floor.default, call(_aten.div.Scalar, distance, 2))
+            into_span = call(_aten.sub.Tensor, distance, call(_aten.mul.Scalar, spans, 2))
+            halves = call(_aten.floor.default, call(_aten.div.Scalar, spans, 2))
+            even = call(_aten.eq.Tensor, spans, call(_aten.mul.Scalar, halves, 2))
+            reflected = call(_aten.where.self, even, call(_aten.sub.Scalar, into_span, 1),
+                             call(_aten.rsub.Scalar, into_span, 1))
+            inside = call(_aten.le.Scalar, call(_aten.abs.default, grid), 1)
+            folded = call(_aten.where.self, inside, grid, reflected)
+        op.args = (op.args[0], folded, _BILINEAR, _BORDER, op.args[4])
+        rewrote = True
+    return rewrote
+

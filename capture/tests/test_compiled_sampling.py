@@ -1,0 +1,72 @@
+"""A bilinear grid sampler with reflection padding, compiled by Inductor for
+the CPU with a dynamic batch: a grid of 35 points (a vector and its tail)
+holding a value just past an odd integer (255.00001525878906) or of about
+1e7 made its kernel check an image index out of bounds, which AOTInductor's
+runner turns into the end of the serving process. The capture rewrites the sampler (index_fences.py,
+`reflect_grids_before_sampling`); here the rewritten graph is compiled by
+Inductor (torch.compile raises the same check as an exception) and called
+with those grids.
+
+One Inductor compile (about 20 s on two cores).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+
+from precompile_capture.guards import extract_guards
+
+
+class Warp(torch.nn.Module):
+    def __init__(self, align_corners):
+        super().__init__()
+        self.align_corners = align_corners
+        self.register_buffer("image", torch.randn(1, 1, 5, 5, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, grid):
+        image = self.image.expand(grid.shape[0], 1, 5, 5)
+        return F.grid_sample(image, grid, mode="bilinear", padding_mode="reflection",
+                             align_corners=self.align_corners)
+
+
+def captured(module, grid):
+    ep = torch.export.export(module, (grid,), dynamic_shapes=({0: Dim.AUTO},), strict=True)
+    extract_guards(ep, [grid])
+    return ep.module()
+
+
+def test_grids_past_the_image_sample_as_eager_reflects_them_in_compiled_code():
+    grid = torch.rand(2, 5, 7, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    warp = Warp(align_corners=False).eval()
+    compiled = torch.compile(captured(warp, grid), dynamic=True)
+    assert torch.allclose(compiled(grid), warp(grid), atol=1e-5)
+    for value in (255.00001525878906, -255.00001525878906, 9.49e6, 1e8):
+        hostile = grid.clone()
+        hostile.view(-1)[:] = value
+        # Eager itself loses precision folding 1e8 into 5 pixels.
+        if abs(value) < 1e6:
+            assert torch.allclose(compiled(hostile), warp(hostile), atol=1e-3), value
+        else:
+            assert compiled(hostile).isfinite().all(), value
+    # Past the image, within a few spans: eager's reflection, to rounding.
+    beyond = grid * 7.5
+    assert torch.allclose(compiled(beyond), warp(beyond), atol=1e-4)
+
+
+def test_only_reflection_is_rewritten_and_it_samples_as_eager_does():
+    grid = torch.rand(2, 5, 7, 2, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    for align_corners in (False, True):
+        warp = Warp(align_corners).eval()
+        module = captured(warp, grid)
+        samplers = [n for n in module.graph.nodes if n.target == torch.ops.aten.grid_sampler.default]
+        assert [n.args[3] for n in samplers] == [1]
+        for scale in (1.0, 3.7, 40.0):
+            assert torch.allclose(module(grid * scale), warp(grid * scale), atol=1e-4), (align_corners, scale)
+
+    class Zeros(Warp):
+        def forward(self, grid):
+            return F.grid_sample(self.image.expand(grid.shape[0], 1, 5, 5), grid, padding_mode="zeros",
+                                 align_corners=False)
+
+    module = captured(Zeros(False).eval(), grid)
+    assert [n.args[3] for n in module.graph.nodes if n.target == torch.ops.aten.grid_sampler.default] == [0]
