@@ -24,8 +24,9 @@ from torch.utils._sympy.numbers import IntInfinity, int_oo
 from torch.utils._sympy.value_ranges import ValueRanges as SizeRange
 
 from .export_guards import COMPARE, SizeRelation, export_size_relations
-from .index_fences import ArgumentPlace, fence_index, reflect_grids_before_sampling
+from .index_fences import ArgumentPlace, fence_index
 from .index_values import SAME_VALUES, ValueRanges, limits_within, placeholders_upstream
+from .rewrites import UnservableGraph, rewrite_for_serving
 
 DTYPE_NAMES = {
     torch.bool: "bool",
@@ -223,8 +224,16 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
     Returns the guard set and the parameters whose tensors the compiled program
     takes, in order. Raises NotPlainSymbol when a size is an expression.
     Indices the guards cannot keep within their tables are fenced in `ep`'s
-    graph, which is then compiled as it is (`_index_limits`).
+    graph (`_index_limits`), and ops whose compiled form would not serve
+    what eager computes are rewritten there (rewrites.py); the graph is then
+    compiled as it is.
     """
+    try:
+        if rewrite_for_serving(ep.graph):
+            ep.graph.lint()
+            ep.graph_module.recompile()
+    except UnservableGraph as e:
+        raise GuardExtractionError(str(e)) from e
     user_specs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     if len(user_specs) != len(values):
         raise GuardExtractionError(
@@ -557,8 +566,6 @@ def _index_limits(
     it. A loss's class targets, which may also be its ignore_index, get no
     range of an input's values: they are proved from the sizes or fenced.
     The third value describes each fence, naming `names` (the parameters).
-    A grid sampler whose compiled form checks image indices it computes
-    inconsistently is rewritten too (`reflect_grids_before_sampling`).
     """
     ranges: Dict[int, Tuple[int, int]] = {}
     limits: Dict[sympy.Symbol, int] = {}
@@ -699,7 +706,7 @@ def _index_limits(
         fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what,
                     indexed.ignored, indexed.flat_sizes)
         checks.append(what)
-    if reflect_grids_before_sampling(ep.graph) or fences:
+    if fences:
         ep.graph.lint()
         ep.graph_module.recompile()
     return ranges, limits, checks

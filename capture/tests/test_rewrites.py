@@ -1,20 +1,29 @@
-"""A bilinear grid sampler with reflection padding, compiled by Inductor for
+"""Ops whose compiled form would not serve what eager computes, rewritten
+by the capture before it compiles (rewrites.py).
+
+A bilinear grid sampler with reflection padding, compiled by Inductor for
 the CPU with a dynamic batch: a grid of 35 points (a vector and its tail)
 holding a value just past an odd integer (255.00001525878906) or of about
 1e7 made its kernel check an image index out of bounds, which AOTInductor's
-runner turns into the end of the serving process. The capture rewrites the sampler (index_fences.py,
-`reflect_grids_before_sampling`); here the rewritten graph is compiled by
-Inductor (torch.compile raises the same check as an exception) and called
-with those grids.
+runner turns into the end of the serving process. The capture rewrites the
+sampler (`reflect_grids_before_sampling`); here the rewritten graph is
+compiled by Inductor (torch.compile raises the same check as an exception)
+and called with those grids: one compile, about 20 s on two cores.
 
-One Inductor compile (about 20 s on two cores).
+An embedding with max_norm renormalizes its table in place; AOTInductor
+returned the table as an extra output, and every call of such a variant
+failed in the server. The capture scales the looked-up rows instead: the
+served program writes nothing and answers as eager does (export only).
 """
 
+import copy
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.export import Dim
 
-from precompile_capture.guards import extract_guards
+from precompile_capture.guards import GuardExtractionError, extract_guards
 
 
 class Warp(torch.nn.Module):
@@ -70,3 +79,43 @@ def test_only_reflection_is_rewritten_and_it_samples_as_eager_does():
 
     module = captured(Zeros(False).eval(), grid)
     assert [n.args[3] for n in module.graph.nodes if n.target == torch.ops.aten.grid_sampler.default] == [0]
+
+
+class Words(torch.nn.Module):
+    def __init__(self, tied=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding = torch.nn.Embedding(10, 4, max_norm=1.0)
+        self.tied = tied
+
+    def forward(self, ids):
+        words = self.embedding(ids)
+        return words @ self.embedding.weight.t() if self.tied else words * 2
+
+
+def test_rows_past_max_norm_are_scaled_as_eager_scales_them_and_the_table_is_not_written():
+    words = Words().eval()
+    assert (words.embedding.weight.norm(dim=1) > 1).sum() >= 8
+    ids = torch.tensor([[1, 2, 3, 3]])
+    ep = torch.export.export(copy.deepcopy(words), (ids,), dynamic_shapes=({1: Dim.AUTO},), strict=True)
+    guards, _ = extract_guards(ep, [ids])
+    assert guards.index_ranges == ((0, 0, 10),)
+    served = ep.module()
+    table = served.embedding.weight.detach().clone()
+    used = copy.deepcopy(words)
+    for call in ([[1, 2, 3, 3]], [[0, 1, 2, 4, 5, 6, 7, 8, 9]], [[3, 6, 3]]):
+        x = torch.tensor(call)
+        # Eager from the captured weights, and eager after its earlier calls
+        # scaled rows in place: the same answer.
+        expected = copy.deepcopy(words)(x)
+        assert torch.allclose(served(x), expected, rtol=0, atol=1e-6), call
+        assert torch.allclose(used(x), expected, rtol=0, atol=1e-6), call
+    assert torch.equal(served.embedding.weight, table)
+
+
+def test_a_renormed_table_used_otherwise_afterwards_is_refused_naming_it():
+    ids = torch.tensor([[1, 2, 3]])
+    ep = torch.export.export(Words(tied=True).eval(), (ids,), strict=True)
+    with pytest.raises(GuardExtractionError, match="max_norm renormalizes its table 'p_embedding_weight' in place, "
+                                                   "and the graph then uses the table otherwise"):
+        extract_guards(ep, [ids])
