@@ -14,11 +14,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+import re
 import warnings
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils._sympy.numbers import IntInfinity, int_oo
 from torch.utils._sympy.value_ranges import ValueRanges as SizeRange
@@ -565,7 +567,9 @@ def _index_limits(
     op is fenced in `ep`'s graph (index_fences.py), and the capture warns of
     it. A loss's class targets, which may also be its ignore_index, get no
     range of an input's values: they are proved from the sizes or fenced.
-    The third value describes each fence, naming `names` (the parameters).
+    The third value describes each fence, naming `names` (the parameters),
+    and the checks the exported program itself makes of values it reads
+    from the inputs.
     """
     ranges: Dict[int, Tuple[int, int]] = {}
     limits: Dict[sympy.Symbol, int] = {}
@@ -592,6 +596,10 @@ def _index_limits(
         return (f"{node.target}'s indices{' from ' + ', '.join(sources) if sources else ''} into {into}"
                 f"{' of ' + table if table else ''}")
 
+    # The program's own checks of values it reads from the inputs (narrow
+    # at s.item(): "u0 <= 8"): a call that breaks one fails the run, as a
+    # fenced index does. Listed before the fences add theirs.
+    checks = _value_assertions(ep, inputs, known)
     program_tensors = _program_tensors(ep)
     computed = ValueRanges(program_tensors)
     integer_inputs = {n.name for n in ep.graph.nodes
@@ -700,7 +708,6 @@ def _index_limits(
                 for symbol in input_symbols:
                     if roots[symbol] == root:
                         limit(symbol, largest)
-    checks = []
     for node, indexed in fences:
         what = describe(node, indexed)
         fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what,
@@ -710,6 +717,49 @@ def _index_limits(
         ep.graph.lint()
         ep.graph_module.recompile()
     return ranges, limits, checks
+
+
+_ASSERTION_PREFIX = "Runtime assertion failed for expression "
+_LISTED_ASSERTIONS = 4
+
+
+def _value_assertions(ep: torch.export.ExportedProgram, inputs: Dict[str, int],
+                      known: Dict[str, str]) -> List[str]:
+    """The exported program's runtime assertions about values it reads from
+    the inputs (`.item()`, data-dependent sizes), in words: one line naming
+    the inputs, `u0` said as `s.item()` where it is read straight from one."""
+    read_as: Dict[str, str] = {}
+    # The inputs whose values become sizes or scalars: upstream of an op
+    # whose result has unbacked symbols that its arguments do not.
+    read: Set[str] = set()
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or not free_unbacked_symbols(node.meta.get("val")) or any(
+                free_unbacked_symbols(a.meta.get("val")) for a in node.all_input_nodes):
+            continue
+        read |= placeholders_upstream(node) & inputs.keys()
+        if (node.target in (_aten.item.default, _aten._local_scalar_dense.default)
+                and node.args[0].name in inputs and isinstance(node.meta["val"], torch.SymInt)):
+            read_as[str(node.meta["val"].node.expr)] = f"{known[node.args[0].name]}.item()"
+    sources: Set[str] = set()
+    expressions: List[str] = []
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or node.target is not _aten._assert_scalar.default:
+            continue
+        upstream = placeholders_upstream(node.args[0]) & read
+        if not upstream:
+            continue
+        sources |= upstream
+        message = str(node.args[1]) if len(node.args) > 1 else ""
+        expression = message.removeprefix(_ASSERTION_PREFIX).split(" on node ")[0]
+        expressions.append(re.sub(r"\bu\d+\b", lambda m: read_as.get(m.group(0), m.group(0)), expression))
+    if not expressions:
+        return []
+    expressions = list(dict.fromkeys(expressions))
+    listed = "; ".join(expressions[:_LISTED_ASSERTIONS])
+    if len(expressions) > _LISTED_ASSERTIONS:
+        listed += f"; and {len(expressions) - _LISTED_ASSERTIONS} more"
+    return [f"what the program requires of values it reads from {', '.join(sorted(known[p] for p in sources))}: "
+            f"{listed}"]
 
 
 # Ops that broadcast their tensor inputs to their output's shape, beyond

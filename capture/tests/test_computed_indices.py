@@ -481,3 +481,24 @@ def test_indices_put_in_place_are_bounded_as_those_put_out_of_place():
                                          ({0: AUTO, 1: AUTO}, {0: AUTO, 1: AUTO}))
     assert warned == []
     assert guards.index_ranges == ((1, 0, 2),)
+
+
+class NarrowAt(torch.nn.Module):
+    def forward(self, x, start):
+        return x.narrow(1, start.item(), 2) * 1.0
+
+
+def test_the_programs_own_checks_of_values_it_reads_are_named_as_checks_of_the_call():
+    # The compiled code asserts what narrow requires of start.item(); a call
+    # that breaks it fails the run, which the server answers as the client's
+    # doing only for a variant that lists the check (it answered 500).
+    x, start = torch.rand(3, 8), torch.tensor(3)
+    ep = torch.export.export(NarrowAt(), (x, start))
+    guards, _ = extract_guards(ep, [x, start], ["x", "start"])
+    assert len(guards.index_checks) == 1, guards.index_checks
+    assert guards.index_checks[0].startswith("what the program requires of values it reads from start: ")
+    assert "start.item() <= 8" in guards.index_checks[0]
+    assert "more" in guards.index_checks[0]
+    # Sizes alone: nothing the call's values could break.
+    plain, _ = guards_and_warnings(torch.nn.Linear(8, 2), (x,), ({0: AUTO},))
+    assert plain.index_checks == ()
