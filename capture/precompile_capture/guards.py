@@ -489,6 +489,10 @@ def _indexed_dimensions(node: Any) -> List[IndexedDim]:
         if any(s is None for s in known_sizes):
             return []
         return [IndexedDim(math.prod(known_sizes), args[1], False, args[0], None, 1, flat_sizes=sizes)]
+    if target is _aten.one_hot.default and len(args) > 1 and isinstance(args[1], int) and args[1] > 0:
+        # Classes: compiled, a class past them gave a row of zeros where
+        # eager refuses the call.
+        return [IndexedDim(args[1], args[0], False, args[0], None, 0, flat_sizes=(args[1],))]
     if target in _INDEX_LISTS:
         # Negative indices count from the end, as in Python. A boolean (or
         # uint8) mask indexes as many dimensions as it has, at positions
@@ -548,7 +552,7 @@ def _index_limits(
     Returns the value range [min, max) of each integer input (by parameter)
     used as indices into a dimension of static size (an embedding's rows;
     index, index_select, gather, scatter, index_put, take, index_add, index_copy,
-    index_fill, embedding_bag), and the largest size of
+    index_fill, embedding_bag, one_hot), and the largest size of
     each symbol that is the length of an arange used so (position ids), of a
     cache that such an arange's positions follow, or of a dimension that
     bounds indices the graph computes (RoBERTa's position ids count the
@@ -587,7 +591,9 @@ def _index_limits(
         size = "a size the capture does not know" if indexed.size is None else indexed.size
         into = f"the {size} elements" if indexed.dim is None else f"dimension {indexed.dim} ({size})"
         table = known.get(indexed.table.name)
-        if indexed.flat_sizes is not None:
+        if node.target is _aten.one_hot.default:
+            into, table = f"its {size} classes", None
+        elif indexed.flat_sizes is not None:
             into, table = f"each plane of its output ({size} elements)", None
         sources = sorted(known[p] for p in placeholders_upstream(indexed.index) & inputs.keys())
         if indexed.ignored is not None:

@@ -395,6 +395,24 @@ def test_unpooling_indices_are_bounded_by_the_planes_of_the_output():
             program(x, bad)
 
 
+class Classes(torch.nn.Module):
+    def forward(self, labels, x):
+        return F.one_hot(labels, 6).float() + F.one_hot((x.abs() * 2).long(), 6).float()
+
+
+def test_one_hot_classes_are_bounded_as_indices():
+    # Compiled, a class past 6 gave a row of zeros where eager refuses.
+    labels, x = torch.tensor([0, 5, 2]), torch.tensor([0.3, 1.2, 2.9])
+    guards, warned = guards_and_warnings(Classes(), (labels, x), ({0: AUTO}, {0: AUTO}))
+    assert guards.index_ranges == ((0, 0, 6),)
+    assert len(warned) == 1 and "aten.one_hot.default's indices from x into its 6 classes" in warned[0]
+    model = Classes()
+    program, _ = fenced(model, (labels, x), ({0: AUTO}, {0: AUTO}))
+    assert torch.equal(program(labels, x), model(labels, x))
+    with pytest.raises(RuntimeError, match="into its 6 classes"):
+        program(labels, torch.tensor([0.3, 3.0, 2.9]))
+
+
 def test_a_boolean_mask_is_not_taken_for_indices():
     # Fenced as indices, a mask of one True became rows 0 and 1: the
     # compiled variant answered valid calls wrongly.
