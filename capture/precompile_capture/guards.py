@@ -26,7 +26,7 @@ from torch.utils._sympy.numbers import IntInfinity, int_oo
 from torch.utils._sympy.value_ranges import ValueRanges as SizeRange
 
 from .export_guards import COMPARE, SizeRelation, export_size_relations
-from .index_fences import ArgumentPlace, fence_index
+from .index_fences import ArgumentPlace, fence_index, fence_strided_view
 from .index_values import SAME_VALUES, ValueRanges, limits_within, placeholders_upstream
 from .rewrites import UnservableGraph, rewrite_for_serving
 
@@ -719,7 +719,26 @@ def _index_limits(
         fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what,
                     indexed.ignored, indexed.flat_sizes)
         checks.append(what)
-    if fences:
+    # A view whose layout comes from values the graph reads: compiled code
+    # takes it as given (a stride of s.item() = 1e8 read far past the base).
+    strided = False
+    for node in list(ep.graph.nodes):
+        if node.op != "call_function" or node.target is not _aten.as_strided.default:
+            continue
+        layout = [a for arg in node.args[1:] for a in (arg if isinstance(arg, (list, tuple)) else [arg])
+                  if isinstance(a, torch.fx.Node)]
+        if not any(free_unbacked_symbols(a.meta.get("val")) for a in layout):
+            continue
+        sources = sorted(known[p] for a in layout for p in placeholders_upstream(a) & inputs.keys())
+        base = known.get(node.args[0].name, "its input")
+        what = (f"{node.target}'s sizes and strides from {', '.join(dict.fromkeys(sources))}: "
+                f"a view within the elements of {base}")
+        fence_strided_view(ep.graph, node, what)
+        warnings.warn(f"precompile capture: {what}: the compiled code checks the view before it is read, "
+                      "and a call that takes it outside fails", RuntimeWarning, stacklevel=2)
+        strided = True
+        checks.append(what)
+    if fences or strided:
         ep.graph.lint()
         ep.graph_module.recompile()
     return ranges, limits, checks

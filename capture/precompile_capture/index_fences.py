@@ -89,3 +89,37 @@ def fence_index(graph: torch.fx.Graph, op: torch.fx.Node, place: ArgumentPlace, 
         indices[place[1]] = safe
         args[place[0]] = indices
     op.args = tuple(args)
+
+
+def fence_strided_view(graph: torch.fx.Graph, op: torch.fx.Node, what: str) -> None:
+    """Checks, before `op` (as_strided), that the view it takes stays within
+    its base's elements: sizes and strides not negative, and the last
+    element it reaches, offset + sum((size - 1) * stride), before the
+    base's count. For a layout computed from values the graph reads
+    (`s.item()`); the check is on the same symbols, so the compiled code
+    makes it as soon as they are read, before any kernel reads the view.
+    A base that is itself a view of a larger storage may hold a valid view
+    this refuses."""
+    base, sizes, strides = op.args[0], list(op.args[1]), list(op.args[2])
+    offset = op.args[3] if len(op.args) > 3 and op.args[3] is not None else 0
+
+    def apply(f: Any, a: Any, b: Any) -> Any:
+        if not isinstance(a, torch.fx.Node) and not isinstance(b, torch.fx.Node):
+            return f(a, b)
+        return graph.call_function(f, (a, b))
+
+    def check(condition: Any) -> None:
+        if isinstance(condition, torch.fx.Node):
+            graph.call_function(_aten._assert_scalar.default, (condition, what))
+
+    with graph.inserting_before(op):
+        count = base.meta["val"].numel()
+        if not isinstance(count, int):
+            count = graph.call_function(_aten.sym_numel.default, (base,))
+        last = offset
+        check(apply(operator.ge, offset, 0))
+        for size, stride in zip(sizes, strides):
+            check(apply(operator.ge, size, 0))
+            check(apply(operator.ge, stride, 0))
+            last = apply(operator.add, last, apply(operator.mul, apply(operator.sub, size, 1), stride))
+        check(apply(operator.lt, last, count))

@@ -413,6 +413,29 @@ def test_one_hot_classes_are_bounded_as_indices():
         program(labels, torch.tensor([0.3, 3.0, 2.9]))
 
 
+class Strided(torch.nn.Module):
+    def forward(self, x, step):
+        return x.as_strided((2,), (step.item(),)) * 1.0
+
+
+def test_a_view_whose_strides_come_from_values_is_checked_within_its_base():
+    # Compiled, a stride of 1e8 read far past x (SIGSEGV) and 24 or -5 read
+    # outside it, where eager refuses each.
+    x, step = torch.rand(3, 8), torch.tensor(3)
+    ep = torch.export.export(Strided(), (x, step), dynamic_shapes=({0: AUTO}, None))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guards, _ = extract_guards(ep, [x, step], ["x", "step"])
+    what = "aten.as_strided.default's sizes and strides from step: a view within the elements of x"
+    assert what in guards.index_checks
+    assert any(what in str(w.message) for w in caught)
+    program = ep.module()
+    assert torch.equal(program(x, torch.tensor(23)), x.as_strided((2,), (23,)))
+    for outside in (24, 10**8, -5):
+        with pytest.raises(RuntimeError, match="a view within the elements of x"):
+            program(x, torch.tensor(outside))
+
+
 def test_a_boolean_mask_is_not_taken_for_indices():
     # Fenced as indices, a mask of one True became rows 0 and 1: the
     # compiled variant answered valid calls wrongly.
