@@ -20,6 +20,7 @@ torch.export as the tracer and AOTInductor as the backend):
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import itertools
@@ -38,7 +39,7 @@ from .errors import PrecompileError
 from .frames import Frame, FrameInfo, Variant
 from .compiling import CompileError, Fallback, VariantCompiler
 from .guards import DTYPE_NAMES, relation_holds
-from .summary import ALL_CAUSES_IN_WORDS, PrecompileSummary
+from .summary import ALL_CAUSES_IN_WORDS, FallbackCause, PrecompileSummary
 
 if TYPE_CHECKING:
     from .artifact import ArtifactContents
@@ -498,6 +499,10 @@ class Capture:
                 if len(outputs.registered_nodes) == registered:
                     raise
                 self._compile(frame, values, call_number)
+            except Fallback as fb:
+                if not self._set_up_by_a_first_call(frame, fb, args, kwargs):
+                    raise
+                self._compile(frame, values, call_number)
         except Fallback as fb:
             frame.flag(fb.cause, fb.detail, fb.error_type)
             if not frame.variantless_entry_fallback:
@@ -523,6 +528,27 @@ class Capture:
             self._check_variant_outputs(frame, frame.variants[-1])
             return result
         return self._run_eager(frame, args, kwargs, intercept=True)
+
+    def _set_up_by_a_first_call(self, frame: Frame, fallback: Fallback, args: Tuple[Any, ...],
+                                kwargs: Dict[str, Any]) -> bool:
+        """Whether `frame`, whose first trace broke the graph, has now run
+        once eagerly, so that its trace may be tried again.
+
+        Code that sets itself up on its first call can break the graph only
+        then: transformers installs its output-capturing hooks on the first
+        call that asks for hidden states or attentions, under a lock Dynamo
+        cannot trace, and BERT called with output_hidden_states=True fell
+        back to eager for good. The eager run takes copies of the inputs, so
+        that a cache among them is not extended twice."""
+        if fallback.cause is not FallbackCause.GRAPH_BREAK or frame.variants or frame.calls != 1:
+            return False
+        try:
+            copied = copy.deepcopy((args, kwargs))
+        except Exception:  # noqa: BLE001 - inputs that cannot be copied: no second try
+            return False
+        with self._interceptor.state(False):
+            frame.call_original(*copied[0], **copied[1])
+        return True
 
     def _choose_eager_program(self, frame: Frame) -> str:
         """The kind of eager program `frame` (just flagged) gets, or
@@ -737,10 +763,9 @@ class Capture:
             "this is refused whatever require_complete says (require_complete=False does not get "
             "past it). Causes of such a fallback: " + ALL_CAUSES_IN_WORDS + ". Make the entry's "
             "first example call compile (fix what made Dynamo give up), or capture a smaller entry "
-            "frame. Where the break is set-up the model does on its first call only (under a "
-            "lock, as transformers does to install its output-capturing hooks when outputs are "
-            "collected: output_hidden_states=True, Segformer), call the model once before "
-            "capturing it."
+            "frame. The capture ran the call once eagerly and traced it again, so the break is "
+            "not set-up on a first call alone (transformers installs its output-capturing hooks "
+            "so, under a lock)."
         )
 
     def incompleteness_message(self) -> Optional[str]:

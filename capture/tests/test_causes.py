@@ -109,14 +109,22 @@ class SetUpOnFirstCall(torch.nn.Module):
         return x + 1
 
 
+class LockedOnEveryCall(torch.nn.Module):
+    lock = threading.Lock()
+
+    def forward(self, x):
+        with self.lock:
+            return x + 1
+
+
 def test_a_graph_break_says_where_in_the_users_code_it_is(tmp_path):
-    cap, _ = _variantless(SetUpOnFirstCall(), torch.randn(3))
+    cap, _ = _variantless(LockedOnEveryCall(), torch.randn(3))
     with pytest.raises(PrecompileError) as e:
         cap.save(tmp_path / "out")
     msg = str(e.value)
-    line = SetUpOnFirstCall.forward.__code__.co_firstlineno + 2
+    line = LockedOnEveryCall.forward.__code__.co_firstlineno + 1
     assert f"Unsupported context manager (at {os.path.basename(__file__)}:{line} in forward: with self.lock:)" in msg
-    assert "call the model once before capturing it" in msg
+    assert "not set-up on a first call alone" in msg
 
 
 def test_data_dependent_branching_is_a_graph_break():
@@ -281,7 +289,9 @@ def test_a_flagged_frame_torchscript_cannot_compile_is_an_error_at_its_call(tmp_
     assert msg.startswith("frame 'inner' cannot be scripted for its eager program: ")
     assert "Lambda" in msg or "lambda" in msg
     assert "Frame 'inner' is flagged eager_fallback (GRAPH_BREAK: " in msg
-    assert cap.export_count == 2  # Reported before anything was compiled.
+    # Reported before anything was compiled: each frame traced twice, the
+    # second time after one eager run.
+    assert cap.export_count == 4
 
 
 def test_a_parameter_torchscript_types_differently_is_an_error_at_its_call(tmp_path):
@@ -328,3 +338,36 @@ def test_a_frame_no_call_reached_is_uncovered_and_gets_no_eager_program(tmp_path
     fwd = frame_proto(m, "forward")
     assert [leaf.name for leaf in fwd.outputs.leaves] == ["output0", "output1"]
     assert fwd.eager_program_path == ""
+
+
+def test_a_frame_that_sets_itself_up_on_its_first_call_is_traced_after_it():
+    traced = []
+
+    def decline(ep):
+        traced.append(ep)
+        raise RuntimeError("not compiling in this test")
+
+    model = SetUpOnFirstCall()
+    cap = precompile_capture.capture(model, name="m", suppress_errors=True, decline=decline)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert torch.equal(cap(torch.ones(3)), torch.ones(3) + 1)
+    # The trace after the eager run exported the frame: no fallback.
+    assert len(traced) == 1
+    assert not cap.frame("forward").eager_fallback
+
+
+def test_a_frame_that_breaks_on_every_call_still_falls_back_after_one_eager_run(tmp_path):
+    runs = []
+
+    class Counted(DataDependentBranch):
+        def forward(self, x):
+            runs.append(1)
+            return super().forward(x)
+
+    x = torch.randn(3)
+    cap, result = _variantless(Counted(), x)
+    assert torch.equal(result, DataDependentBranch()(x))
+    _assert_variantless_entry(cap, FallbackCause.GRAPH_BREAK)
+    # Once before the second trace, once to answer the call.
+    assert len(runs) == 2
