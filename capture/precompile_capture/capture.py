@@ -510,6 +510,13 @@ class Capture:
                     frame.eager_program = self._choose_eager_program(frame)
         except CompileError as e:
             if not self.suppress_errors:
+                refused = self._eager_failure(frame, args, kwargs)
+                if refused is not None:
+                    raise PrecompileError(
+                        f"frame '{frame.name}': capturing {_describe_call(values, frame)} failed, and the "
+                        f"call fails in eager too ({type(refused).__name__}: {str(refused).splitlines()[0]}): "
+                        "an example call the model itself refuses; drop it or fix its inputs"
+                    ) from refused
                 raise PrecompileError(
                     f"frame '{frame.name}': {e} (capturing {_describe_call(values, frame)}; "
                     "pass suppress_errors=True (command line: --suppress-errors --allow-incomplete) "
@@ -528,6 +535,22 @@ class Capture:
             self._check_variant_outputs(frame, frame.variants[-1])
             return result
         return self._run_eager(frame, args, kwargs, intercept=True)
+
+    def _eager_failure(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Exception]:
+        """What the call raises in eager, on copies of its inputs; None if it
+        runs (or its inputs cannot be copied). A compile that failed on an
+        example call eager refuses too is the call's fault, which Dynamo's
+        message only hints at."""
+        try:
+            copied = copy.deepcopy((args, kwargs))
+        except Exception:  # noqa: BLE001 - inputs that cannot be copied: not run
+            return None
+        try:
+            with self._interceptor.state(False):
+                frame.call_original(*copied[0], **copied[1])
+        except Exception as e:  # noqa: BLE001 - whatever the model raises is the answer
+            return e
+        return None
 
     def _set_up_by_a_first_call(self, frame: Frame, fallback: Fallback, args: Tuple[Any, ...],
                                 kwargs: Dict[str, Any]) -> bool:

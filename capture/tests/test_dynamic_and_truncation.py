@@ -223,3 +223,21 @@ def test_sizes_served_only_in_steps_are_named_with_the_next_size_served():
         SizeRelation((("symbol", 1),), "EQ", (("symbol", 2), ("constant", 16), ("op", "ADD")),
                      "x.size(2) == x.size(3) + 16"),))
     assert size_steps([SimpleNamespace(guards=related)], call, names) == []
+
+
+class Halves(torch.nn.Module):
+    """Its two halves meet only for an even width: eager refuses odd ones."""
+
+    def forward(self, x):
+        return torch.cat([x[:, ::2], x[:, 1::2]], dim=0) * 1.0
+
+
+def test_an_example_call_eager_refuses_too_is_said_to_be_the_calls_fault():
+    # Dynamo's message only hinted at it ("Your code may result in an error
+    # when running in eager"), after its fake-tensor trace.
+    cap = precompile_capture.capture(Halves(), name="halves")
+    cap(torch.rand(2, 8))
+    with pytest.raises(precompile_capture.PrecompileError,
+                       match=r"capturing forward\(x=float32\[3, 9\]\) failed, and the call fails in eager too "
+                             r"\(RuntimeError: Sizes of tensors must match"):
+        cap(torch.rand(3, 9))
