@@ -16,7 +16,7 @@ exported program's signature still names the graph's outputs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, Set
 
 import torch
 
@@ -48,26 +48,42 @@ def scale_renormed_rows(graph: torch.fx.Graph) -> bool:
     call's output is the same; the table itself stays as captured (eager's
     keeps the rows it scaled, which changes no later lookup: a scaled row's
     norm no longer passes `max_norm`). A table that the graph uses after
-    the renorm other than to look up those rows (a tied output projection,
-    which in eager sees the rows this call and earlier calls scaled) is
-    refused: UnservableGraph.
+    a renorm other than to look up rows a renorm scales (a tied output
+    projection, which in eager sees the rows this call and earlier calls
+    scaled) is refused: UnservableGraph.
     """
-    order = {node: i for i, node in enumerate(graph.nodes)}
+    renorms = [n for n in graph.nodes if n.op == "call_function" and n.target is _aten.embedding_renorm_.default]
+
+    def table_of(renorm: torch.fx.Node) -> torch.fx.Node:
+        table = renorm.args[0]
+        return table.args[0] if table.op == "call_function" and table.target is _aten.detach.default else table
+
+    def renorms_it(use: torch.fx.Node) -> bool:
+        """Another renorm of the table, or the detached table it renorms."""
+        return use.target is _aten.embedding_renorm_.default or (
+            use.target is _aten.detach.default
+            and all(u.target is _aten.embedding_renorm_.default for u in use.users))
+
+    # Per table, the indices some renorm scales: a lookup of those rows is
+    # rewritten by that renorm, whichever comes first.
+    renormed: Dict[torch.fx.Node, Set[torch.fx.Node]] = {}
+    for renorm in renorms:
+        renormed.setdefault(table_of(renorm), set()).add(renorm.args[1])
     rewrote = False
-    for renorm in list(graph.nodes):
-        if renorm.op != "call_function" or renorm.target is not _aten.embedding_renorm_.default:
-            continue
-        table, indices, max_norm, norm_type = renorm.args
-        weight = table.args[0] if table.op == "call_function" and table.target is _aten.detach.default else table
-        after = [u for u in list(weight.users) + list(table.users)
-                 if u is not renorm and u is not table and order[u] > order[renorm]]
+    for renorm in renorms:
+        order = {node: i for i, node in enumerate(graph.nodes)}
+        detached, indices, max_norm, norm_type = renorm.args
+        weight = table_of(renorm)
+        after = [u for u in dict.fromkeys(list(weight.users) + list(detached.users))
+                 if u is not renorm and u is not detached and order[u] > order[renorm] and not renorms_it(u)]
         lookups = [u for u in after if u.target is _aten.embedding.default and u.args[1] is indices]
-        if len(lookups) != len(after):
-            others = ", ".join(sorted(str(u.target) for u in after if u not in lookups))
+        others = [u for u in after if u not in lookups
+                  and not (u.target is _aten.embedding.default and u.args[1] in renormed[weight])]
+        if others:
             raise UnservableGraph(
                 f"an embedding's max_norm renormalizes its table '{weight.name}' in place, and the graph then "
-                f"uses the table otherwise ({others}): eager's answer depends on the rows earlier calls "
-                "scaled, which a served program does not keep")
+                f"uses the table otherwise ({', '.join(sorted(str(u.target) for u in others))}): eager's answer "
+                "depends on the rows earlier calls scaled, which a served program does not keep")
         for lookup in lookups:
             with graph.inserting_before(lookup):
                 rows = graph.call_function(_aten.embedding.default, lookup.args, lookup.kwargs)
@@ -78,8 +94,8 @@ def scale_renormed_rows(graph: torch.fx.Graph) -> bool:
                                _call(graph, _aten.gt.Scalar, norm, max_norm), scale, 1.0)
             lookup.target, lookup.args, lookup.kwargs = _aten.mul.Tensor, (rows, factor), {}
         graph.erase_node(renorm)
-        if table is not weight and not table.users:
-            graph.erase_node(table)
+        if detached is not weight and not detached.users:
+            graph.erase_node(detached)
         rewrote = True
     return rewrote
 

@@ -119,3 +119,28 @@ def test_a_renormed_table_used_otherwise_afterwards_is_refused_naming_it():
     with pytest.raises(GuardExtractionError, match="max_norm renormalizes its table 'p_embedding_weight' in place, "
                                                    "and the graph then uses the table otherwise"):
         extract_guards(ep, [ids])
+
+
+class TwoLookups(torch.nn.Module):
+    """One table with max_norm looked up twice, then without it."""
+
+    def __init__(self, plain=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding = torch.nn.Embedding(10, 4, max_norm=1.0)
+        self.plain = plain
+
+    def forward(self, a, b):
+        both = self.embedding(a) + self.embedding(b)
+        return both + F.embedding(a.flip(0), self.embedding.weight) if self.plain else both
+
+
+def test_a_table_looked_up_twice_with_max_norm_is_served_as_eager():
+    a, b = torch.tensor([1, 2, 3]), torch.tensor([3, 4, 5])
+    ep = torch.export.export(copy.deepcopy(TwoLookups()), (a, b), strict=True)
+    extract_guards(ep, [a, b])
+    assert torch.allclose(ep.module()(a, b), TwoLookups()(a, b), rtol=0, atol=1e-6)
+    # A plain lookup after the renorms sees the rows they scaled in eager.
+    ep = torch.export.export(TwoLookups(plain=True), (a, b), strict=True)
+    with pytest.raises(GuardExtractionError, match=r"uses the table otherwise \(aten.embedding.default\)"):
+        extract_guards(ep, [a, b])
