@@ -536,18 +536,25 @@ class Capture:
             return result
         return self._run_eager(frame, args, kwargs, intercept=True)
 
-    def _eager_failure(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Exception]:
-        """What the call raises in eager, on copies of its inputs; None if it
-        runs (or its inputs cannot be copied). A compile that failed on an
-        example call eager refuses too is the call's fault, which Dynamo's
-        message only hints at."""
+    def _run_on_copies(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+        """Runs `frame` eagerly, uncaptured, on copies of the call's inputs
+        (a cache among them is not extended twice); False, without running,
+        where the inputs cannot be copied. What the frame raises propagates."""
         try:
             copied = copy.deepcopy((args, kwargs))
         except Exception:  # noqa: BLE001 - inputs that cannot be copied: not run
-            return None
+            return False
+        with self._interceptor.state(False):
+            frame.call_original(*copied[0], **copied[1])
+        return True
+
+    def _eager_failure(self, frame: Frame, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Exception]:
+        """What the call raises in eager; None if it runs (or its inputs
+        cannot be copied). A compile that failed on an example call eager
+        refuses too is the call's fault, which Dynamo's message only hints
+        at."""
         try:
-            with self._interceptor.state(False):
-                frame.call_original(*copied[0], **copied[1])
+            self._run_on_copies(frame, args, kwargs)
         except Exception as e:  # noqa: BLE001 - whatever the model raises is the answer
             return e
         return None
@@ -561,17 +568,10 @@ class Capture:
         then: transformers installs its output-capturing hooks on the first
         call that asks for hidden states or attentions, under a lock Dynamo
         cannot trace, and BERT called with output_hidden_states=True fell
-        back to eager for good. The eager run takes copies of the inputs, so
-        that a cache among them is not extended twice."""
+        back to eager for good."""
         if fallback.cause is not FallbackCause.GRAPH_BREAK or frame.variants or frame.calls != 1:
             return False
-        try:
-            copied = copy.deepcopy((args, kwargs))
-        except Exception:  # noqa: BLE001 - inputs that cannot be copied: no second try
-            return False
-        with self._interceptor.state(False):
-            frame.call_original(*copied[0], **copied[1])
-        return True
+        return self._run_on_copies(frame, args, kwargs)
 
     def _choose_eager_program(self, frame: Frame) -> str:
         """The kind of eager program `frame` (just flagged) gets, or
