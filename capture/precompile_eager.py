@@ -41,6 +41,25 @@ VAR_KEYWORD = "var_keyword"
 _POSITIONAL = (POSITIONAL_ONLY, POSITIONAL_OR_KEYWORD, VAR_POSITIONAL)
 
 
+def passed_by_position(binding: str, has_default: bool, star_args: bool) -> bool:
+    """Whether a frame's parameter is passed by position, as Python callers
+    pass it: the required ones by position, those with a default by keyword
+    (all by position where the frame takes *args entries, `star_args`).
+
+    A decorator in front of the code that reads its optional arguments from
+    **kwargs (transformers' merge_with_config_defaults adds
+    use_cache=config.use_cache where no keyword names it) would otherwise
+    add a second value for one passed positionally. Python refuses that
+    call, but Dynamo, tracing it, puts the second value into the code's
+    **kwargs, from which it can override the code's own choice
+    (BigBirdModel then returns the DynamicCache its eager call never
+    makes). Required ones stay positional for the hooks that read a
+    module's inputs by position. The capture (Frame.call_arguments) and the
+    served program (Program) call a frame alike."""
+    return binding in (POSITIONAL_ONLY, VAR_POSITIONAL) or (
+        binding == POSITIONAL_OR_KEYWORD and (not has_default or star_args))
+
+
 @dataclasses.dataclass(frozen=True)
 class Param:
     name: str
@@ -257,24 +276,14 @@ class Program:
         leaves of its result in torch.utils._pytree's order."""
         if len(values) != len(self.params):
             raise TypeError(f"frame '{self.frame}' takes {len(self.params)} arguments, not {len(values)}")
-        # As the capture called the frame (Frame.call_arguments): required
-        # parameters by position, those with a default by keyword unless an
-        # *args entry follows, so that a decorator adding a keyword its
-        # caller left out (transformers' use_cache) does not find the
-        # parameter given twice.
         star_args = any(p.binding == VAR_POSITIONAL for p in self.params)
-
-        def by_position(p: Param) -> bool:
-            return p.binding in (POSITIONAL_ONLY, VAR_POSITIONAL) or (
-                p.binding == POSITIONAL_OR_KEYWORD and (not p.has_default or star_args))
-
         positional: List[Any] = []
         keywords: Dict[str, Any] = {}
         start = 0
         for p, count in _grouped(self.params):
             v = _structure(p, list(values[start:start + count])) if p.tree else values[start]
             start += count
-            if by_position(p):
+            if passed_by_position(p.binding, p.has_default, star_args):
                 positional.append(v)
             elif p.binding != VAR_KEYWORD or v is not None:
                 keywords[p.name] = v

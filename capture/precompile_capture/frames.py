@@ -84,6 +84,15 @@ class Binding(enum.Enum):
     VAR_KEYWORD = "VAR_KEYWORD"
 
 
+# Each binding as the served eager program (precompile_eager) names it.
+EAGER_BINDINGS = {
+    Binding.POSITIONAL_ONLY: precompile_eager.POSITIONAL_ONLY,
+    Binding.POSITIONAL_OR_KEYWORD: precompile_eager.POSITIONAL_OR_KEYWORD,
+    Binding.KEYWORD_ONLY: precompile_eager.KEYWORD_ONLY,
+    Binding.VAR_POSITIONAL: precompile_eager.VAR_POSITIONAL,
+    Binding.VAR_KEYWORD: precompile_eager.VAR_KEYWORD,
+}
+
 _BINDINGS = {
     inspect.Parameter.POSITIONAL_OR_KEYWORD: Binding.POSITIONAL_OR_KEYWORD,
     inspect.Parameter.POSITIONAL_ONLY: Binding.POSITIONAL_ONLY,
@@ -448,16 +457,8 @@ class Frame:
         None entry of **kwargs is left out, as it was absent).
 
         Parameters go as Python callers pass them: the required ones by
-        position, those with a default by keyword (all by position where
-        *args entries follow them). A decorator in front of the code that
-        reads its optional arguments from **kwargs (transformers'
-        merge_with_config_defaults adds use_cache=config.use_cache where no
-        keyword names it) would otherwise add a second value for one passed
-        positionally. Python refuses that call, but Dynamo, tracing it, puts
-        the second value into the code's **kwargs, from which it can
-        override the code's own choice (BigBirdModel then returns the
-        DynamicCache its eager call never makes). Required ones stay
-        positional for the hooks that read a module's inputs by position."""
+        position, those with a default by keyword
+        (precompile_eager.passed_by_position, which says why)."""
         star_args = bool(self.var_positional_count)
         args: List[Any] = []
         kwargs: Dict[str, Any] = {}
@@ -474,8 +475,7 @@ class Frame:
                 name = p.name
             if v is None and name in self.empty_trees:
                 v = pytree.tree_unflatten([], self.empty_trees[name])
-            if p.binding in (Binding.POSITIONAL_ONLY, Binding.VAR_POSITIONAL) or (
-                    p.binding is Binding.POSITIONAL_OR_KEYWORD and (star_args or not p.has_default)):
+            if precompile_eager.passed_by_position(EAGER_BINDINGS[p.binding], p.has_default, star_args):
                 args.append(v)
             elif not (p.binding is Binding.VAR_KEYWORD and v is None):
                 kwargs[name] = v

@@ -52,15 +52,7 @@ import precompile_eager
 
 from .eager import ScriptContext, submodule_callees_replaced
 from .errors import PrecompileError
-from .frames import Binding, Frame
-
-_BINDINGS = {
-    Binding.POSITIONAL_ONLY: precompile_eager.POSITIONAL_ONLY,
-    Binding.POSITIONAL_OR_KEYWORD: precompile_eager.POSITIONAL_OR_KEYWORD,
-    Binding.KEYWORD_ONLY: precompile_eager.KEYWORD_ONLY,
-    Binding.VAR_POSITIONAL: precompile_eager.VAR_POSITIONAL,
-    Binding.VAR_KEYWORD: precompile_eager.VAR_KEYWORD,
-}
+from .frames import EAGER_BINDINGS, Frame
 # Modules the server has whatever the artifact: its own, and the standard
 # library's.
 _PROVIDED = {"precompile_eager", "builtins", "__builtin__"}
@@ -68,7 +60,7 @@ _PROVIDED = {"precompile_eager", "builtins", "__builtin__"}
 
 def _params(frame: Frame) -> List[precompile_eager.Param]:
     return [
-        precompile_eager.Param(p.name, _BINDINGS[p.binding], p.has_default, p.default, p.tree, frame.trees.get(p.tree))
+        precompile_eager.Param(p.name, EAGER_BINDINGS[p.binding], p.has_default, p.default, p.tree, frame.trees.get(p.tree))
         for p in frame.params
     ]
 
