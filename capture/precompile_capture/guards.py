@@ -719,9 +719,21 @@ def _index_limits(
         fence_index(ep.graph, node, indexed.place, indexed.table, indexed.dim, indexed.negative, what,
                     indexed.ignored, indexed.flat_sizes)
         checks.append(what)
-    # A view whose layout comes from values the graph reads: compiled code
-    # takes it as given (a stride of s.item() = 1e8 read far past the base).
-    strided = False
+    strided = _fenced_strided_views(ep, inputs, known)
+    checks.extend(strided)
+    if fences or strided:
+        ep.graph.lint()
+        ep.graph_module.recompile()
+    return ranges, limits, checks
+
+
+def _fenced_strided_views(ep: torch.export.ExportedProgram, inputs: Dict[str, int],
+                          known: Dict[str, str]) -> List[str]:
+    """Fences each view whose layout comes from values the graph reads
+    (index_fences.py, `fence_strided_view`): compiled code takes it as given
+    (a stride of s.item() = 1e8 read far past the base). Returns the checks
+    in words, naming the inputs the layout comes from."""
+    checks = []
     for node in list(ep.graph.nodes):
         if node.op != "call_function" or node.target is not _aten.as_strided.default:
             continue
@@ -735,13 +747,9 @@ def _index_limits(
                 f"a view within the elements of {base}")
         fence_strided_view(ep.graph, node, what)
         warnings.warn(f"precompile capture: {what}: the compiled code checks the view before it is read, "
-                      "and a call that takes it outside fails", RuntimeWarning, stacklevel=2)
-        strided = True
+                      "and a call that takes it outside fails", RuntimeWarning, stacklevel=3)
         checks.append(what)
-    if fences or strided:
-        ep.graph.lint()
-        ep.graph_module.recompile()
-    return ranges, limits, checks
+    return checks
 
 
 _ASSERTION_PREFIX = "Runtime assertion failed for expression "
