@@ -188,8 +188,10 @@ OUTCOMES = {"0": 0, "1": 0, "nan": 0, "small sizes": 0, "rank": 0, "kind": 0}
 
 
 # Each example exports a program: no shrinking (it would export thousands),
-# the failure message names the guards and the call instead.
-@settings(max_examples=100, deadline=None, phases=[Phase.generate],
+# the failure message names the guards and the call instead. The same
+# examples every run (derandomize): the counts the last tests check are then
+# a fact of the code, not a draw (a random run once fell short of them).
+@settings(max_examples=100, deadline=None, phases=[Phase.generate], derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_torch_export_checks_agree_with_the_guards(runtime, data):
@@ -273,7 +275,7 @@ def factored(draw, elements):
     return draw(st.sampled_from(pairs)) if pairs else (2, 2)
 
 
-@settings(max_examples=25, deadline=None, phases=[Phase.generate],
+@settings(max_examples=25, deadline=None, phases=[Phase.generate], derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_relations_between_sizes_agree_with_torch_export_s_guards_code(runtime, data):
