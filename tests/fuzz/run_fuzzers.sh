@@ -19,7 +19,9 @@
 #
 # Environment: FUZZERS (the targets to run, default all), FUZZ_CXX (default
 # clang++), FUZZ_JOBS (fuzzers run at once, default nproc; compiles always use
-# every core).
+# every core), FUZZ_GEN (a bazel-bin that already holds the generated protos:
+# no Bazel command is run, so another may be running), FUZZ_BUILD_ONLY=1
+# (build the fuzzers, run none).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -43,11 +45,16 @@ echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return
   "$cxx" -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null ||
   give_up "$cxx cannot link -fsanitize=fuzzer (Debian: apt-get install libclang-rt-14-dev)"
 
-say "building the generated protos (bazel build //proto:...)"
-bazel build --noshow_progress //proto:artifact_cc_proto //proto:inference_cc_proto \
-  //proto:model_config_cc_proto || give_up "bazel build of the protos failed"
-# Not the bazel-bin symlink: it follows whichever configuration built last.
-gen=$(bazel info bazel-bin 2>/dev/null) || give_up "bazel info bazel-bin failed"
+if [[ -n ${FUZZ_GEN:-} ]]; then
+  gen=$FUZZ_GEN
+else
+  say "building the generated protos (bazel build //proto:...)"
+  bazel build --noshow_progress //proto:artifact_cc_proto //proto:inference_cc_proto \
+    //proto:model_config_cc_proto || give_up "bazel build of the protos failed"
+  # Not the bazel-bin symlink: it follows whichever configuration built last.
+  gen=$(bazel info bazel-bin 2>/dev/null) || give_up "bazel info bazel-bin failed"
+fi
+[[ -f $gen/proto/inference.pb.cc ]] || give_up "no generated protos in $gen"
 build=.fuzz
 mkdir -p "$build/obj" "$build/bin" "$build/crashes"
 # The generated protos by a path inside the checkout, so that what the
@@ -120,6 +127,7 @@ for f in "${fuzzers[@]}"; do
   fi
 done
 say "built ${#fuzzers[@]} fuzzers in $((SECONDS - start)) s"
+[[ ${FUZZ_BUILD_ONLY:-} == 1 ]] && exit 0
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
