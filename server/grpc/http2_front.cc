@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -36,6 +37,8 @@ namespace {
 constexpr size_t kBytesPerTurn = 1 << 20;
 // How long accepting pauses when the process is out of descriptors.
 constexpr int kAcceptPauseMs = 100;
+// The opaque data of GoAway's PING ("goaway!!"), in the frame it writes.
+constexpr uint64_t kGoAwayPing = 0x676f61776179'2121;
 // With name_peers: what the gRPC ends connect to, after the front's names.
 constexpr absl::string_view kPeerListenerName = "gRPC";
 
@@ -243,12 +246,17 @@ struct Http2Front::Connection {
   bool handshaken = false;
   bool closed = false;
   bool queued = false;  // Waits in Shard::ready for another turn.
+  // GoAway: its frames to be written, written, or acknowledged with no call
+  // open.
+  enum class GoingAway { kNo, kToWrite, kWritten, kGone } going_away = GoingAway::kNo;
 
   // Guarded by Shared::mu: what the bounds over all connections see of it.
   int counted_streams = 0;
   absl::Time counted_last_opened;
   // Asked to close: it no longer counts, and its shard closes it next.
   bool doomed = false;
+  // Told by GoAway, and not yet gone away or closed.
+  bool awaited = false;
 };
 
 // A relay thread and the connections it was given.
@@ -266,6 +274,7 @@ struct Http2Front::Shard {
   // buffer_bytes).
   std::unique_ptr<char[]> scratch;
   absl::Time accept_paused_until = absl::InfinitePast();  // The accepting shard's.
+  bool going_away = false;                                // Has seen GoAway.
 
   // Guarded by Shared::mu: connections given to it, and those it is asked
   // to close.
@@ -283,6 +292,10 @@ struct Http2Front::Shared {
   std::mutex mu;
   // Every connection not yet closed by its shard, doomed ones included.
   absl::flat_hash_set<Connection*> connections;
+  // GoAway: the connections told that have neither gone away nor closed,
+  // and the shards that have not told theirs yet.
+  int awaited = 0;
+  std::condition_variable gone_away;
   // Of those not doomed: how many, and their streams together.
   int counted_connections = 0;
   int64_t open_streams = 0;
@@ -488,6 +501,12 @@ void Http2Front::Run(Shard& shard) {
       }
     }
     TakeArrivals(shard);
+    if (!shard.going_away && going_away_.load()) {
+      shard.going_away = true;
+      std::vector<Connection*> told;
+      for (auto& [connection, owned] : shard.open) told.push_back(connection);
+      TellToGoAway(shard, told, /*shard_seen=*/true);
+    }
     for (size_t turns = shard.ready.size(); turns > 0; --turns) {
       Connection* connection = shard.ready.front();
       shard.ready.pop_front();
@@ -512,8 +531,10 @@ void Http2Front::TakeArrivals(Shard& shard) {
     arriving.swap(shard.arriving);
     doomed.swap(shard.doomed);
   }
+  std::vector<Connection*> told;
   for (std::unique_ptr<Connection>& owned : arriving) {
     Connection& connection = *owned;
+    if (shard.going_away) told.push_back(&connection);
     shard.open.emplace(&connection, std::move(owned));
     // Edge-triggered, reported once now if either socket is ready already.
     epoll_event watch{};
@@ -522,8 +543,87 @@ void Http2Front::TakeArrivals(Shard& shard) {
     epoll_ctl(shard.epoll, EPOLL_CTL_ADD, connection.client_fd, &watch);
     epoll_ctl(shard.epoll, EPOLL_CTL_ADD, connection.grpc_fd, &watch);
   }
+  if (!told.empty()) TellToGoAway(shard, told, /*shard_seen=*/false);
   // Arrivals first: a connection can be doomed before its shard took it.
   for (Connection* connection : doomed) Close(shard, *connection);
+}
+
+void Http2Front::GoAway() {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    if (going_away_.exchange(true)) return;
+    // Each shard counts until it has told its connections.
+    shared_->awaited += static_cast<int>(shards_.size());
+  }
+  for (auto& shard : shards_) shard->Wake();
+}
+
+bool Http2Front::AwaitGoneAway(absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(shared_->mu);
+  return shared_->gone_away.wait_until(lock, absl::ToChronoTime(deadline),
+                                       [&] { return shared_->awaited == 0; });
+}
+
+void Http2Front::TellToGoAway(Shard& shard, const std::vector<Connection*>& connections,
+                              bool shard_seen) {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    for (Connection* connection : connections) {
+      if (connection->closed || connection->doomed) continue;
+      connection->awaited = true;
+      ++shared_->awaited;
+    }
+    if (shard_seen) --shared_->awaited;
+    if (shared_->awaited == 0) shared_->gone_away.notify_all();
+  }
+  for (Connection* connection : connections) {
+    if (connection->closed || connection->doomed) continue;
+    connection->going_away = Connection::GoingAway::kToWrite;
+    if (!connection->queued) {
+      connection->queued = true;
+      shard.ready.push_back(connection);
+    }
+  }
+}
+
+void Http2Front::GoAwayFrames(Connection& c) {
+  RelayPipe& pipe = c.down;
+  if (c.going_away != Connection::GoingAway::kToWrite || pipe.ended ||
+      !c.ledger.ServerBetweenFrames()) {
+    return;
+  }
+  // RFC 9113 sections 6.8 and 6.7: GOAWAY (the last stream, NO_ERROR) and
+  // PING (its opaque data), each 8 bytes on stream 0.
+  unsigned char frames[] = {0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0,
+                            0, 0, 8, 0x6, 0, 0, 0, 0, 0, 0,    0,    0,    0,    0, 0, 0, 0};
+  for (int i = 0; i < 8; ++i) frames[26 + i] = (kGoAwayPing >> (56 - 8 * i)) & 0xff;
+  if (pipe.data == nullptr) {
+    pipe.data.reset(new char[pipe.capacity]);
+    pipe.begin = pipe.end = 0;
+  }
+  if (pipe.capacity - pipe.end < sizeof frames && pipe.begin > 0) {
+    std::memmove(pipe.data.get(), pipe.data.get() + pipe.begin, pipe.end - pipe.begin);
+    pipe.end -= pipe.begin;
+    pipe.begin = 0;
+  }
+  if (pipe.capacity - pipe.end < sizeof frames) return;  // When the client has taken more.
+  std::memcpy(pipe.data.get() + pipe.end, frames, sizeof frames);
+  pipe.end += sizeof frames;
+  c.ledger.ExpectPingAck(kGoAwayPing);
+  c.going_away = Connection::GoingAway::kWritten;
+}
+
+void Http2Front::SettleGoingAway(Connection& c) {
+  if (c.going_away != Connection::GoingAway::kWritten || !c.ledger.ping_acked() ||
+      c.ledger.open_streams() > 0) {
+    return;
+  }
+  c.going_away = Connection::GoingAway::kGone;
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  if (c.awaited) {
+    c.awaited = false;
+    if (--shared_->awaited == 0) shared_->gone_away.notify_all();
+  }
 }
 
 void Http2Front::Accept(Shard& shard) {
@@ -637,6 +737,7 @@ void Http2Front::Relay(Shard& shard, Connection& connection, ClientEnd& client) 
   SocketEnd grpc{c.grpc_fd};
   size_t moved = 0;
   for (;;) {
+    GoAwayFrames(c);
     absl::Status breach;
     const Flow up =
         MoveOnce(client, grpc, c.up, shard.scratch.get(), moved, [&](absl::string_view bytes) {
@@ -655,6 +756,14 @@ void Http2Front::Relay(Shard& shard, Connection& connection, ClientEnd& client) 
         });
     if (c.closed) return;
     if (up == Flow::kFailed || down == Flow::kFailed) {
+      Close(shard, c);
+      return;
+    }
+    SettleGoingAway(c);
+    if (c.going_away == Connection::GoingAway::kGone && c.down.empty()) {
+      // All it was sent is with the client, which opens nothing more here:
+      // gRPC's shutdown need not wait for it to hang up (clients keep such
+      // a connection until they close their channel).
       Close(shard, c);
       return;
     }
@@ -754,6 +863,10 @@ void Http2Front::Close(Shard& shard, Connection& connection) {
     } else {
       shared_->open_streams -= connection.counted_streams;
       --shared_->counted_connections;
+    }
+    if (connection.awaited) {
+      connection.awaited = false;
+      if (--shared_->awaited == 0) shared_->gone_away.notify_all();
     }
   }
   // Closing our end of the pair tells gRPC the client has gone: it ends the

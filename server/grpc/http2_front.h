@@ -114,6 +114,20 @@ class Http2Front {
   int relay_threads() const { return static_cast<int>(shards_.size()); }
   // Closes the listening socket: new connections are refused from now on.
   void StopAccepting();
+  // Tells each client to open no more calls on its connection, as HTTP/2's
+  // graceful shutdown does: a GOAWAY that lets every stream it has opened
+  // go on (last stream 2^31-1, NO_ERROR), then a PING. Its calls go on.
+  // gRPC's own shutdown cancels the calls it has received that the server
+  // has not taken yet (the client sees CANCELLED, not a retryable
+  // UNAVAILABLE); once a client has acknowledged the PING, every call it
+  // sent before reading the GOAWAY has arrived, and once those have ended
+  // gRPC has none of its calls left to cancel. Once; with StopAccepting
+  // first.
+  void GoAway();
+  // Waits until `deadline` for every connection that GoAway told to have
+  // acknowledged the PING with none of its calls open, or to have closed.
+  // Says whether all did.
+  bool AwaitGoneAway(absl::Time deadline);
   // Stops accepting, waits until `deadline` for the connections gRPC has
   // ended to be written out to their clients, then closes every connection.
   // Idempotent.
@@ -156,6 +170,14 @@ class Http2Front {
   void CloseFor(Shard& shard, Connection& connection, Http2StreamLedger::Breach why,
                 absl::string_view reason);
   void Close(Shard& shard, Connection& connection);
+  // GoAway for one connection: writes its frames once the bytes from gRPC
+  // end between frames and the client's pipe has room for them; notes when
+  // the client has acknowledged with none of its calls open.
+  void GoAwayFrames(Connection& connection);
+  void SettleGoingAway(Connection& connection);
+  // Marks `connections` (the shard's) to be told by GoAway and counts them
+  // awaited; `shard_seen`: the shard has now told all it had.
+  void TellToGoAway(Shard& shard, const std::vector<Connection*>& connections, bool shard_seen);
 
   const Http2FrontOptions options_;
   const HandOver hand_over_;
@@ -170,6 +192,7 @@ class Http2Front {
   std::unique_ptr<Shared> shared_;
   std::atomic<bool> stop_accepting_{false};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> going_away_{false};
   std::atomic<int64_t> stop_deadline_ns_{0};
 };
 

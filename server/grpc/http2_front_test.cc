@@ -181,6 +181,90 @@ TEST_P(FrontTest, WhatTheServerSentLastReachesTheClientBeforeItsEnd) {
   close(client);
 }
 
+// Draining: the client is told to open nothing more (GOAWAY letting every
+// stream go on, then a PING), between the server's frames; the front counts
+// it gone once it has acknowledged the PING with its calls ended, and then
+// closes it (gRPC would wait for the client to hang up).
+TEST_P(FrontTest, GoAwayTellsTheClientBetweenFramesAndItIsGoneOnceItsCallsHaveEnded) {
+  StartFront({});
+  const int client = Connect();
+  const std::string call = std::string(kPreface) + Frame(kSettings, 0, 0) +
+                           Frame(kHeaders, kEndHeaders, 1, "headers") +
+                           Frame(kData, kEndStream, 1, "request");
+  WriteAll(client, call);
+  const int server = Handed(0);
+  ASSERT_GE(server, 0);
+  EXPECT_EQ(Read(server, call.size()), call);
+  // The server's SETTINGS, and half of the answer's first frame: the front's
+  // frames must not go into the middle of it.
+  const std::string settings = Frame(kSettings, 0, 0);
+  const std::string headers = Frame(kHeaders, kEndHeaders, 1, "answer headers");
+  WriteAll(server, settings + headers.substr(0, 5));
+  EXPECT_EQ(Read(client, settings.size() + 5), settings + headers.substr(0, 5));
+  front_->GoAway();
+  WriteAll(server, headers.substr(5));
+  const std::string told = Frame(kGoaway, 0, 0, std::string("\x7f\xff\xff\xff\0\0\0\0", 8)) +
+                           Frame(kPing, 0, 0, "goaway!!");
+  EXPECT_EQ(Read(client, headers.size() - 5 + told.size()), headers.substr(5) + told);
+  // Acknowledged, with the call still open: not gone yet.
+  WriteAll(client, Frame(kPing, 1, 0, "goaway!!"));
+  EXPECT_FALSE(front_->AwaitGoneAway(absl::Now() + absl::Milliseconds(300)));
+  // The call ends: gone, and closed on both ends once the end has reached
+  // the client.
+  const std::string trailers = Frame(kHeaders, kEndHeaders | kEndStream, 1, "trailers");
+  WriteAll(server, trailers);
+  EXPECT_TRUE(front_->AwaitGoneAway(absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(Read(client, trailers.size() + 1), trailers);
+  EXPECT_TRUE(Ended(server));
+  close(client);
+}
+
+// Another PING's acknowledgement (gRPC's own, or other opaque data) is not
+// the one GoAway waits for.
+TEST_P(FrontTest, OnlyTheAcknowledgementOfGoAwaysPingCounts) {
+  StartFront({});
+  const int client = Connect();
+  WriteAll(client, std::string(kPreface) + Frame(kSettings, 0, 0));
+  const int server = Handed(0);
+  ASSERT_GE(server, 0);
+  const std::string settings = Frame(kSettings, 0, 0);
+  WriteAll(server, settings);
+  EXPECT_EQ(Read(client, settings.size()), settings);
+  front_->GoAway();
+  const std::string told = Frame(kGoaway, 0, 0, std::string("\x7f\xff\xff\xff\0\0\0\0", 8)) +
+                           Frame(kPing, 0, 0, "goaway!!");
+  EXPECT_EQ(Read(client, told.size()), told);
+  // Its acknowledgement split over two writes, after others.
+  WriteAll(client, Frame(kPing, 1, 0, "12345678") + Frame(kPing, 0, 0, "goaway!!"));
+  EXPECT_FALSE(front_->AwaitGoneAway(absl::Now() + absl::Milliseconds(300)));
+  const std::string ack = Frame(kPing, 1, 0, "goaway!!");
+  WriteAll(client, ack.substr(0, 13));
+  EXPECT_FALSE(front_->AwaitGoneAway(absl::Now() + absl::Milliseconds(100)));
+  WriteAll(client, ack.substr(13));
+  EXPECT_TRUE(front_->AwaitGoneAway(absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(Ended(client));
+  close(client);
+}
+
+// A client that never acknowledges holds the drain only to its deadline; one
+// that hangs up counts as gone.
+TEST_P(FrontTest, AClientThatHangsUpIsGoneAndOneThatNeverAnswersWaitsForTheDeadline) {
+  StartFront({});
+  const int silent = Connect();
+  const int leaving = Connect();
+  WriteAll(silent, std::string(kPreface) + Frame(kSettings, 0, 0));
+  WriteAll(leaving, std::string(kPreface) + Frame(kSettings, 0, 0));
+  ASSERT_GE(Handed(1), 0);
+  for (size_t i = 0; i < 2; ++i) WriteAll(Handed(i), Frame(kSettings, 0, 0));
+  front_->GoAway();
+  close(leaving);
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(front_->AwaitGoneAway(start + absl::Milliseconds(500)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));
+  close(silent);
+  EXPECT_TRUE(front_->AwaitGoneAway(absl::Now() + absl::Seconds(10)));
+}
+
 TEST_P(FrontTest, AConnectionResettingPastItsBudgetIsClosedOnBothEnds) {
   Http2FrontOptions options;
   options.limits.resets_per_second = 5;  // A burst of 10.

@@ -13,24 +13,32 @@ constexpr absl::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 constexpr uint8_t kData = 0x0;
 constexpr uint8_t kHeaders = 0x1;
 constexpr uint8_t kRstStream = 0x3;
+constexpr uint8_t kPing = 0x6;
 constexpr uint8_t kEndStream = 0x1;
+constexpr uint8_t kAck = 0x1;
 
 }  // namespace
 
 Http2StreamLedger::Http2StreamLedger(Http2StreamLimits limits, absl::Time now)
     : limits_(limits),
       preface_left_(kPreface.size()),
+      last_opened_(now),
       reset_tokens_(2.0 * limits.resets_per_second),
-      refilled_at_(now),
-      last_opened_(now) {}
+      refilled_at_(now) {}
 
-template <typename OnHeader>
-void Http2StreamLedger::FrameReader::Read(absl::string_view bytes, OnHeader on_header) {
+template <typename OnHeader, typename OnKept>
+void Http2StreamLedger::FrameReader::Read(absl::string_view bytes, OnHeader on_header,
+                                          OnKept on_kept) {
   while (!bytes.empty()) {
     if (payload_left > 0) {
       const size_t skipped = std::min<size_t>(payload_left, bytes.size());
+      if (keep) kept.append(bytes.data(), skipped);
       payload_left -= static_cast<uint32_t>(skipped);
       bytes.remove_prefix(skipped);
+      if (keep && payload_left == 0) {
+        keep = false;
+        on_kept(absl::string_view(kept));
+      }
       continue;
     }
     const size_t taken = std::min(sizeof header - header_bytes, bytes.size());
@@ -43,7 +51,12 @@ void Http2StreamLedger::FrameReader::Read(absl::string_view bytes, OnHeader on_h
     const uint32_t stream = (uint32_t{header[5]} << 24 | uint32_t{header[6]} << 16 |
                              uint32_t{header[7]} << 8 | header[8]) &
                             0x7fffffff;
+    kept.clear();
     if (!on_header(header[3], header[4], stream)) return;
+    if (keep && payload_left == 0) {
+      keep = false;
+      on_kept(absl::string_view(kept));
+    }
   }
 }
 
@@ -60,18 +73,41 @@ absl::Status Http2StreamLedger::FromClient(absl::string_view bytes, absl::Time n
     preface_left_ -= taken;
     bytes.remove_prefix(taken);
   }
-  client_.Read(bytes, [&](uint8_t type, uint8_t /*flags*/, uint32_t stream) {
-    closed_ = OnClientFrame(type, stream, now);
-    return closed_.ok();
-  });
+  client_.Read(
+      bytes,
+      [&](uint8_t type, uint8_t flags, uint32_t stream) {
+        closed_ = OnClientFrame(type, stream, now);
+        client_.keep = expecting_ping_ack_ && type == kPing && (flags & kAck) &&
+                       client_.payload_left == ping_opaque_.size();
+        return closed_.ok();
+      },
+      [&](absl::string_view payload) {
+        if (payload == ping_opaque_) {
+          expecting_ping_ack_ = false;
+          ping_acked_ = true;
+        }
+      });
   return closed_;
 }
 
 void Http2StreamLedger::FromServer(absl::string_view bytes) {
-  server_.Read(bytes, [&](uint8_t type, uint8_t flags, uint32_t stream) {
-    OnServerFrame(type, flags, stream);
-    return true;
-  });
+  server_.Read(
+      bytes,
+      [&](uint8_t type, uint8_t flags, uint32_t stream) {
+        ++server_frames_;
+        OnServerFrame(type, flags, stream);
+        return true;
+      },
+      [](absl::string_view) {});
+}
+
+void Http2StreamLedger::ExpectPingAck(uint64_t opaque) {
+  ping_opaque_.clear();
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    ping_opaque_.push_back(static_cast<char>((opaque >> shift) & 0xff));
+  }
+  expecting_ping_ack_ = true;
+  ping_acked_ = false;
 }
 
 absl::Status Http2StreamLedger::OnClientFrame(uint8_t type, uint32_t stream, absl::Time now) {

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -59,15 +60,29 @@ class Http2StreamLedger {
   absl::Time last_opened() const { return last_opened_; }
   int64_t resets() const { return resets_; }
 
+  // Whether the server's bytes so far end where a frame ends, after its
+  // connection preface: where a frame of the front's own may go in.
+  bool ServerBetweenFrames() const {
+    return server_frames_ > 0 && server_.header_bytes == 0 && server_.payload_left == 0;
+  }
+  // From now on, watches for the client's acknowledgement of a PING whose
+  // opaque data is `opaque` (8 bytes, big-endian), which ping_acked() says.
+  void ExpectPingAck(uint64_t opaque);
+  bool ping_acked() const { return ping_acked_; }
+
  private:
   // Splits a byte stream into frames: calls on_header(type, flags, stream)
-  // once per frame, when its 9-byte header is complete.
+  // once per frame, when its 9-byte header is complete. A frame whose
+  // payload on_header asks to keep (`keep`, up to 8 bytes) is given to
+  // on_kept(payload) once read.
   struct FrameReader {
     unsigned char header[9];
     size_t header_bytes = 0;
     uint32_t payload_left = 0;
-    template <typename OnHeader>
-    void Read(absl::string_view bytes, OnHeader on_header);
+    bool keep = false;
+    std::string kept;
+    template <typename OnHeader, typename OnKept>
+    void Read(absl::string_view bytes, OnHeader on_header, OnKept on_kept);
   };
 
   absl::Status OnClientFrame(uint8_t type, uint32_t stream, absl::Time now);
@@ -86,6 +101,10 @@ class Http2StreamLedger {
   double reset_tokens_;
   absl::Time refilled_at_;
   int64_t resets_ = 0;
+  int64_t server_frames_ = 0;
+  bool expecting_ping_ack_ = false;
+  std::string ping_opaque_;
+  bool ping_acked_ = false;
 };
 
 }  // namespace precompile::server
