@@ -477,6 +477,16 @@ absl::Status Server::Stop() {
   // New connections are refused, as gRPC's own listener refuses them.
   if (front_) front_->StopAccepting();
   std::thread shutdown([this, deadline, grpc_shut_down] {
+    // Clients first stop sending calls and see those they sent answered:
+    // gRPC's shutdown cancels the calls it holds that no thread has taken.
+    if (front_) {
+      front_->GoAway();
+      if (!front_->AwaitGoneAway(deadline)) {
+        spdlog::warn(
+            "event=grpc_goaway_incomplete message=\"some gRPC clients still had calls "
+            "open, or had not acknowledged the GOAWAY, at the drain deadline\"");
+      }
+    }
     grpc_server_->Shutdown(absl::ToChronoTime(deadline));
     grpc_shut_down->Notify();
   });

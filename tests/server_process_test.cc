@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -25,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/inference.grpc.pb.h"
@@ -209,6 +211,63 @@ TEST(ServerProcess, SigtermTurnsNotServingAtOnceDrainsAndExitsZero) {
   EXPECT_GT(slow_end, draining) << "the request ended before the drain began: nothing was drained";
   EXPECT_EQ(server.Wait(), 0) << server.output();
   EXPECT_THAT(server.output(), HasSubstr("event=stopped"));
+}
+
+// Calls sent while the server begins to drain, with no shutdown delay, on
+// several connections: each is answered, or refused UNAVAILABLE (which
+// clients retry elsewhere), never CANCELLED. gRPC's shutdown cancels the
+// calls it has received that no thread has taken yet; the server first tells
+// its clients to go away and waits for the calls they sent before that.
+TEST(ServerProcess, CallsSentAsTheDrainBeginsAreAnsweredOrRefusedAsRetryable) {
+  const std::string repository = testing::ExampleRepository({"mlp"});
+  ServerProcess server(Flags(repository, 120, 0));
+  const std::string port =
+      server.AwaitOutput("event=listening grpc_port=(\\d+)", absl::Seconds(60));
+  ASSERT_FALSE(port.empty());
+  server.AwaitOutput("event=ready", absl::Seconds(60));
+  constexpr int kConnections = 4;
+  constexpr int kCallersEach = 6;
+  std::mutex mu;
+  std::map<grpc::StatusCode, int> codes;
+  std::string unexpected;
+  const absl::Time give_up = absl::Now() + absl::Seconds(120);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kConnections; ++c) {
+    grpc::ChannelArguments arguments;
+    // Channels of different arguments do not share a connection.
+    arguments.SetInt("precompile.test_connection", c);
+    auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
+        inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
+            "127.0.0.1:" + port, grpc::InsecureChannelCredentials(), arguments)));
+    for (int i = 0; i < kCallersEach; ++i) {
+      callers.emplace_back([&, stub] {
+        const inference::ModelInferRequest request = testing::ZerosRequest("mlp");
+        // Until the server has gone: a call is then refused UNAVAILABLE.
+        for (;;) {
+          grpc::ClientContext context;
+          context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+          inference::ModelInferResponse response;
+          const grpc::Status status = stub->ModelInfer(&context, request, &response);
+          std::lock_guard<std::mutex> lock(mu);
+          ++codes[status.error_code()];
+          if (status.error_code() != grpc::StatusCode::OK &&
+              status.error_code() != grpc::StatusCode::UNAVAILABLE && unexpected.empty()) {
+            unexpected = absl::StrCat(status.error_code(), ": ", status.error_message());
+          }
+          if (status.error_code() == grpc::StatusCode::UNAVAILABLE || absl::Now() > give_up) return;
+        }
+      });
+    }
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  server.Signal(SIGTERM);
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_EQ(server.Wait(), 0) << server.output();
+  EXPECT_EQ(unexpected, "") << "answered " << codes[grpc::StatusCode::OK] << ", unavailable "
+                            << codes[grpc::StatusCode::UNAVAILABLE];
+  EXPECT_EQ(codes[grpc::StatusCode::CANCELLED], 0);
+  EXPECT_GT(codes[grpc::StatusCode::OK], 0);
+  EXPECT_EQ(codes[grpc::StatusCode::UNAVAILABLE], kConnections * kCallersEach);
 }
 
 TEST(ServerProcess, ExitsNonZeroNamingWhatRanPastTheDrainDeadline) {
