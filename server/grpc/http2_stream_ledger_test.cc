@@ -15,6 +15,7 @@ using testing::kData;
 using testing::kEndHeaders;
 using testing::kEndStream;
 using testing::kHeaders;
+using testing::kPing;
 using testing::kPreface;
 using testing::kSettings;
 using testing::Reset;
@@ -148,6 +149,40 @@ TEST_F(LedgerTest, AClientThatIsNotHttp2IsRefused) {
   ASSERT_TRUE(ledger.FromClient("PRI * HT", now_).ok());
   EXPECT_FALSE(ledger.FromClient("TP/1.1\r\n", now_).ok());
   EXPECT_EQ(ledger.breach(), Http2StreamLedger::Breach::kNotHttp2);
+}
+
+// Where the front may put a frame of its own in the server's bytes: after
+// the server's first frame, never inside one.
+TEST_F(LedgerTest, TheServersBytesAreBetweenFramesOnlyWhereAFrameEnds) {
+  Http2StreamLedger ledger = Ledger(0, 0);
+  EXPECT_FALSE(ledger.ServerBetweenFrames());
+  const std::string answer = Frame(kSettings, 0, 0) + Frame(kHeaders, kEndHeaders, 1, "answer");
+  ledger.FromServer(answer.substr(0, 4));
+  EXPECT_FALSE(ledger.ServerBetweenFrames());
+  ledger.FromServer(answer.substr(4, 5));
+  EXPECT_TRUE(ledger.ServerBetweenFrames());
+  ledger.FromServer(answer.substr(9, 12));
+  EXPECT_FALSE(ledger.ServerBetweenFrames());
+  ledger.FromServer(answer.substr(21));
+  EXPECT_TRUE(ledger.ServerBetweenFrames());
+}
+
+TEST_F(LedgerTest, OnlyTheAcknowledgementOfThePingItWaitsForCounts) {
+  Http2StreamLedger ledger = Ledger(0, 0);
+  ASSERT_TRUE(ledger.FromClient(Frame(kPing, 1, 0, "goaway!!"), now_).ok());
+  EXPECT_FALSE(ledger.ping_acked()) << "acknowledged before it was sent";
+  ledger.ExpectPingAck(0x676f617761792121);
+  // Another's acknowledgement; the PING itself, not acknowledged; then the
+  // acknowledgement, a byte at a time.
+  ASSERT_TRUE(
+      ledger.FromClient(Frame(kPing, 1, 0, "12345678") + Frame(kPing, 0, 0, "goaway!!"), now_)
+          .ok());
+  EXPECT_FALSE(ledger.ping_acked());
+  for (char byte : Frame(kPing, 1, 0, "goaway!!")) {
+    EXPECT_FALSE(ledger.ping_acked());
+    ASSERT_TRUE(ledger.FromClient(std::string(1, byte), now_).ok());
+  }
+  EXPECT_TRUE(ledger.ping_acked());
 }
 
 }  // namespace

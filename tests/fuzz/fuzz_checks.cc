@@ -835,10 +835,17 @@ absl::Status CheckHttp2Ledger(const uint8_t* data, size_t size) {
   using Breach = server::Http2StreamLedger::Breach;
   ByteReader in(data, size);
   const server::Http2StreamLimits limits{in.U8() % 17, in.U8() % 9};
-  const bool send_preface = (in.U8() & 1) == 0;
+  const uint8_t opening = in.U8();
+  const bool send_preface = (opening & 1) == 0;
+  // The front's GoAway has written its PING ("goaway!!"): the ledgers watch
+  // for the client's acknowledgement.
+  const bool expect_ping_ack = (opening & 2) != 0;
   absl::Time now = absl::FromUnixSeconds(1000);
   server::Http2StreamLedger ledger(limits, now);
   server::Http2StreamLedger bytewise(limits, now);
+  if (expect_ping_ack) {
+    for (auto* l : {&ledger, &bytewise}) l->ExpectPingAck(0x676f617761792121);
+  }
   absl::Status status;
   absl::Status bytewise_status;
   auto from_client = [&](absl::string_view bytes) {
@@ -910,14 +917,21 @@ absl::Status CheckHttp2Ledger(const uint8_t* data, size_t size) {
     if (ledger.last_opened() != opened_before && ledger.last_opened() != now) {
       return Violation(absl::StrCat("last_opened moved to another time than the chunk's", at));
     }
+    if (ledger.ping_acked() && !expect_ping_ack) {
+      return Violation(absl::StrCat("a PING acknowledged that nobody waited for", at));
+    }
     if (status.code() != bytewise_status.code() || ledger.breach() != bytewise.breach() ||
         ledger.open_streams() != bytewise.open_streams() || ledger.resets() != bytewise.resets() ||
-        ledger.last_opened() != bytewise.last_opened()) {
+        ledger.last_opened() != bytewise.last_opened() ||
+        ledger.ping_acked() != bytewise.ping_acked() ||
+        ledger.ServerBetweenFrames() != bytewise.ServerBetweenFrames()) {
       return Violation(absl::StrCat(
           "fed a byte at a time, the ledger reads otherwise: ", bytewise.open_streams(),
           " streams open against ", ledger.open_streams(), ", ", bytewise.resets(),
           " resets against ", ledger.resets(), ", breach ", static_cast<int>(bytewise.breach()),
-          " against ", static_cast<int>(ledger.breach()), at));
+          " against ", static_cast<int>(ledger.breach()), ", PING acknowledged ",
+          bytewise.ping_acked(), " against ", ledger.ping_acked(), ", between the server's frames ",
+          bytewise.ServerBetweenFrames(), " against ", ledger.ServerBetweenFrames(), at));
     }
   }
   return absl::OkStatus();

@@ -420,14 +420,15 @@ def frame(kind, flags, stream, payload=b""):
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
 
 
-DATA, HEADERS, RST_STREAM, SETTINGS, PING = 0, 1, 3, 4, 6
-END_STREAM, END_HEADERS = 1, 4
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0, 1, 3, 4, 6, 7
+END_STREAM, END_HEADERS, ACK = 1, 4, 1
 
 
-def encode_ledger_input(max_streams, resets_per_second, chunks, preface=True):
+def encode_ledger_input(max_streams, resets_per_second, chunks, preface=True, expect_ping_ack=False):
     """chunks: (from_server, clock step in 50 ms units, bytes); a chunk's
-    bytes are cut into pieces of at most 255."""
-    out = bytearray([max_streams, resets_per_second, 0 if preface else 1])
+    bytes are cut into pieces of at most 255. expect_ping_ack: the front's
+    GoAway has sent its PING ("goaway!!")."""
+    out = bytearray([max_streams, resets_per_second, (0 if preface else 1) | (2 if expect_ping_ack else 0)])
     for from_server, step, data in chunks:
         pieces = [data[i:i + 255] for i in range(0, len(data), 255)] or [b""]
         for n, piece in enumerate(pieces):
@@ -446,6 +447,7 @@ def ledger_seeds():
 
     reset = lambda stream: frame(RST_STREAM, 0, stream, b"\0\0\0\x08")
     settings = frame(SETTINGS, 0, 0, b"\0\x03\0\0\0\x64")
+    go_away_ack = frame(PING, ACK, 0, b"goaway!!")
     return {
         "unary_calls_answered": encode_ledger_input(4, 2, [
             (0, 0, settings), (1, 0, settings + frame(SETTINGS, 1, 0)),
@@ -461,6 +463,12 @@ def ledger_seeds():
             (0, 0, call(1)[:4]), (0, 0, call(1)[4:13]), (0, 0, call(1)[13:] + call(3)),
             (1, 0, answer(1)[:7]), (1, 0, answer(1)[7:])]),
         "no_preface": encode_ledger_input(4, 4, [(0, 0, b"GET / HTTP/1.1\r\n\r\n")], preface=False),
+        "go_away_acknowledged_while_a_call_runs": encode_ledger_input(4, 4, [
+            (0, 0, settings + call(1)), (1, 0, settings + answer(1)[:20]),
+            (1, 0, answer(1)[20:] + frame(GOAWAY, 0, 0, b"\x7f\xff\xff\xff\0\0\0\0") +
+             frame(PING, 0, 0, b"goaway!!")),
+            (0, 1, frame(PING, ACK, 0, b"12345678") + go_away_ack[:13]), (0, 0, go_away_ack[13:])],
+            expect_ping_ack=True),
     }
 
 
