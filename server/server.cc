@@ -101,7 +101,7 @@ Server::~Server() {
   if (!stop_polling_.HasBeenNotified()) stop_polling_.Notify();
   if (poller_.joinable()) poller_.join();
   if (watchdog_.joinable()) watchdog_.join();
-  if (http_) http_->Stop();
+  if (http_) http_->Stop(absl::Now());
   if (health_) health_->Shutdown();
   if (front_) front_->StopAccepting();
   if (grpc_server_) grpc_server_->Shutdown(std::chrono::system_clock::now());
@@ -492,8 +492,8 @@ absl::Status Server::Stop() {
   });
   // Waits for the HTTP requests being answered, which finish with the
   // scheduler's jobs.
-  std::thread http_shutdown([this] {
-    if (http_) http_->Stop();
+  std::thread http_shutdown([this, deadline] {
+    if (http_) http_->Stop(deadline);
   });
   scheduler_->StopWaitingForBatches();
   if (!scheduler_->AwaitIdle(deadline)) {

@@ -122,7 +122,7 @@ HttpService::HttpService(const HttpOptions& options, InferenceApi& api,
       access_(std::move(access)),
       client_certificates_(!options.tls_client_ca_file.empty()) {}
 
-HttpService::~HttpService() { Stop(); }
+HttpService::~HttpService() { Stop(absl::Now()); }
 
 absl::StatusOr<std::unique_ptr<HttpService>> HttpService::Start(const HttpOptions& options,
                                                                 InferenceApi& api,
@@ -146,8 +146,8 @@ absl::StatusOr<std::unique_ptr<HttpService>> HttpService::Start(const HttpOption
   return service;
 }
 
-void HttpService::Stop() {
-  if (transport_) transport_->Stop();
+void HttpService::Stop(absl::Time deadline) {
+  if (transport_) transport_->Stop(deadline);
 }
 
 HttpAnswer HttpService::Refusal(int status, absl::string_view message) {

@@ -67,8 +67,10 @@ class HttpService final : private HttpHandler {
   HttpService& operator=(const HttpService&) = delete;
 
   int port() const { return transport_->port(); }
-  // Stops listening and waits for the requests being answered. Idempotent.
-  void Stop();
+  // Stops listening and waits for the requests being answered; requests
+  // partly received may arrive whole until `deadline` (HttpTransport::Stop).
+  // Idempotent.
+  void Stop(absl::Time deadline);
 
  private:
   HttpService(const HttpOptions& options, InferenceApi& api, RequestScheduler& scheduler,

@@ -84,7 +84,7 @@ class HttpTransportLoop {
   HttpTransportLoop(const HttpTransportOptions& options, HttpHandler& handler)
       : options_(options), handler_(handler) {}
   ~HttpTransportLoop() {
-    Stop();
+    Stop(absl::Now());
     if (listen_fd_ >= 0) close(listen_fd_);
     if (wake_fd_ >= 0) close(wake_fd_);
     if (epoll_fd_ >= 0) close(epoll_fd_);
@@ -92,7 +92,7 @@ class HttpTransportLoop {
 
   absl::Status Open();
   int port() const { return port_; }
-  void Stop();
+  void Stop(absl::Time deadline);
   // From HttpExchange::Answer, on any thread.
   void Post(HttpExchange* exchange);
 
@@ -198,6 +198,8 @@ class HttpTransportLoop {
   int port_ = 0;
   bool listener_paused_ = false;
   std::atomic<bool> stopping_{false};
+  // Until when requests partly received at the stop may arrive whole.
+  std::atomic<int64_t> stop_deadline_ns_{0};
   std::thread loop_thread_;
 
   // The loop thread's alone.
@@ -264,8 +266,9 @@ absl::Status HttpTransportLoop::Open() {
   return absl::OkStatus();
 }
 
-void HttpTransportLoop::Stop() {
+void HttpTransportLoop::Stop(absl::Time deadline) {
   if (loop_thread_.joinable()) {
+    stop_deadline_ns_ = absl::ToUnixNanos(deadline);
     stopping_ = true;
     Wake();
     loop_thread_.join();
@@ -353,6 +356,11 @@ void HttpTransportLoop::Run() {
     if (now >= next_sweep) {
       Sweep(now);
       next_sweep = now + kTick;
+    }
+    if (stop_begun && now >= absl::FromUnixNanos(stop_deadline_ns_.load())) {
+      for (auto& [id, c] : connections_) {
+        if (!c->dead && c->fd >= 0 && (Reading(*c) || c->state == State::kHandshake)) Drop(*c);
+      }
     }
     for (uint64_t id : dead_) connections_.erase(id);
     dead_.clear();
@@ -451,8 +459,15 @@ void HttpTransportLoop::BeginStop() {
     if (c->dead || c->fd < 0) continue;
     switch (c->state) {
       case State::kHandshake:
+        Drop(*c);
+        break;
       case State::kHead:
-      case State::kBody: Drop(*c); break;
+        // Idle: no request of its client is lost. One partly received goes
+        // on arriving (until the stop's deadline) and is answered.
+        if (!c->request_started) Drop(*c);
+        break;
+      case State::kBody:
+        break;
       case State::kHandled:
       case State::kWriting: c->close_after_write = true; break;
       case State::kLingering: break;
@@ -923,6 +938,6 @@ absl::StatusOr<std::unique_ptr<HttpTransport>> HttpTransport::Start(
 
 int HttpTransport::port() const { return loop_->port(); }
 
-void HttpTransport::Stop() { loop_->Stop(); }
+void HttpTransport::Stop(absl::Time deadline) { loop_->Stop(deadline); }
 
 }  // namespace precompile::server

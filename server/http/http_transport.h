@@ -157,10 +157,14 @@ class HttpTransport {
   HttpTransport& operator=(const HttpTransport&) = delete;
 
   int port() const;
-  // Stops listening, closes the connections between requests, and waits for
-  // the requests being handled to be answered and their answers written (or
+  // Stops listening and closes the connections idle between requests. A
+  // request partly received may arrive whole until `deadline` (and its own
+  // timeout), and is handled: a client that was sending when the stop
+  // began is answered, not cut off; at `deadline` those still arriving are
+  // closed. Every answer from now on closes its connection. Waits for the
+  // requests being handled to be answered and their answers written (or
   // their clients' write timeouts). Idempotent.
-  void Stop();
+  void Stop(absl::Time deadline);
 
  private:
   explicit HttpTransport(std::unique_ptr<HttpTransportLoop> loop);

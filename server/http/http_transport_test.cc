@@ -223,7 +223,7 @@ class HttpTransportTest : public ::testing::Test {
   }
   void TearDown() override {
     handler_.Release();
-    if (transport_) transport_->Stop();
+    if (transport_) transport_->Stop(absl::Now());
   }
   int port() const { return transport_->port(); }
 
@@ -538,7 +538,7 @@ TEST_F(HttpTransportTest, StopWaitsForTheRequestsBeingHandledAndClosesTheRest) {
   Client idle(port());
   ASSERT_TRUE(busy.Send(Post("/hold", "")));
   handler_.AwaitHolding(1);
-  std::thread stopper([this] { transport_->Stop(); });
+  std::thread stopper([this] { transport_->Stop(absl::Now()); });
   EXPECT_TRUE(idle.Closed());
   handler_.Release();
   const std::string answer = busy.Answer();
@@ -547,6 +547,31 @@ TEST_F(HttpTransportTest, StopWaitsForTheRequestsBeingHandledAndClosesTheRest) {
   stopper.join();
   Client late(port());
   EXPECT_FALSE(late.connected());
+}
+
+// A client sending its request when the stop begins is answered, not cut
+// off mid-request (its connection then closes); one that never finishes is
+// closed at the stop's deadline.
+TEST_F(HttpTransportTest, StopAnswersARequestPartlyReceivedAndClosesOneUnfinishedAtTheDeadline) {
+  Start();
+  Client sending(port());
+  Client stalled(port());
+  const std::string request = Post("/a", "the body");
+  ASSERT_TRUE(sending.Send(request.substr(0, request.size() - 4)));
+  ASSERT_TRUE(stalled.Send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Le"));
+  // Both partial requests are in before the stop begins.
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  std::thread stopper([&] { transport_->Stop(deadline); });
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(sending.Send(request.substr(request.size() - 4)));
+  const std::string answer = sending.Answer();
+  EXPECT_THAT(answer, HasSubstr("POST /a the body"));
+  EXPECT_THAT(answer, HasSubstr("Connection: close"));
+  EXPECT_TRUE(sending.Closed());
+  EXPECT_TRUE(stalled.Closed());
+  stopper.join();
+  EXPECT_GE(absl::Now(), deadline);
 }
 
 }  // namespace

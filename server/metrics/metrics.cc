@@ -308,7 +308,7 @@ ServerMetrics::ServerMetrics()
 
 ServerMetrics::~ServerMetrics() {
   // No scrape may read the series while they go.
-  if (http_ != nullptr) http_->Stop();
+  if (http_ != nullptr) http_->Stop(absl::Now());
 }
 
 absl::Status ServerMetrics::StartHttp(const std::string& address) {
