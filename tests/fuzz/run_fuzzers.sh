@@ -21,7 +21,8 @@
 # clang++), FUZZ_JOBS (fuzzers run at once, default nproc; compiles always use
 # every core), FUZZ_GEN (a bazel-bin that already holds the generated protos:
 # no Bazel command is run, so another may be running), FUZZ_BUILD_ONLY=1
-# (build the fuzzers, run none).
+# (build the fuzzers, run none), FUZZ_SKIP_BUILD=1 (run those .fuzz/bin
+# holds, just built from this checkout with FUZZ_BUILD_ONLY).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -39,95 +40,102 @@ give_up() {
   exit 1
 }
 
-cxx=${FUZZ_CXX:-clang++}
-command -v "$cxx" >/dev/null || give_up "$cxx not found (Debian: apt-get install clang libclang-rt-14-dev)"
-echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' |
-  "$cxx" -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null ||
-  give_up "$cxx cannot link -fsanitize=fuzzer (Debian: apt-get install libclang-rt-14-dev)"
-
-if [[ -n ${FUZZ_GEN:-} ]]; then
-  gen=$FUZZ_GEN
-else
-  say "building the generated protos (bazel build //proto:...)"
-  bazel build --noshow_progress //proto:artifact_cc_proto //proto:inference_cc_proto \
-    //proto:model_config_cc_proto || give_up "bazel build of the protos failed"
-  # Not the bazel-bin symlink: it follows whichever configuration built last.
-  gen=$(bazel info bazel-bin 2>/dev/null) || give_up "bazel info bazel-bin failed"
-fi
-[[ -f $gen/proto/inference.pb.cc ]] || give_up "no generated protos in $gen"
 build=.fuzz
-mkdir -p "$build/obj" "$build/bin" "$build/crashes"
-# The generated protos by a path inside the checkout, so that what the
-# compiler sees (and the object cache's key) is the same in every clone.
-ln -sfn "$gen" "$build/gen"
+if [[ ${FUZZ_SKIP_BUILD:-} == 1 ]]; then
+  for f in "${fuzzers[@]}"; do
+    [[ -x $build/bin/$f ]] || give_up "FUZZ_SKIP_BUILD=1, but $build/bin/$f is not built"
+  done
+  mkdir -p "$build/crashes"
+else
+  cxx=${FUZZ_CXX:-clang++}
+  command -v "$cxx" >/dev/null || give_up "$cxx not found (Debian: apt-get install clang libclang-rt-14-dev)"
+  echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' |
+    "$cxx" -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null ||
+    give_up "$cxx cannot link -fsanitize=fuzzer (Debian: apt-get install libclang-rt-14-dev)"
 
-pkgs=(grpc++ protobuf absl_strings absl_str_format absl_status absl_statusor
-      absl_flat_hash_map absl_synchronization)
-read -ra pkg_cflags <<<"$(pkg-config --cflags "${pkgs[@]}")"
-read -ra pkg_libs <<<"$(pkg-config --libs "${pkgs[@]}")"
-# Line tables only (-g1): all a report needs, and cheaper to compile.
-# shellcheck disable=SC2054  # the commas are -fsanitize's
-cxxflags=(-std=c++20 -g1 -O1 -fno-omit-frame-pointer
-          -fsanitize=address,undefined -fno-sanitize-recover=all
-          -I. -I"$build/gen" "${pkg_cflags[@]}")
-sources=(
-  server/api/tensor_codec.cc server/grpc/infer_response.cc server/grpc/http2_stream_ledger.cc
-  server/http/http_codec.cc server/http/http_head.cc server/http/http_routes.cc
-  base/json_text.cc base/half_float.cc base/log_text.cc
-  runtime/guard_program.cc runtime/size_program.cc runtime/frame_dispatcher.cc
-  runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc
-  tests/fuzz/fuzz_checks.cc
-  "$build/gen/proto/artifact.pb.cc" "$build/gen/proto/inference.pb.cc"
-  "$build/gen/proto/model_config.pb.cc"
-)
-
-export FUZZ_CXX_CMD="$cxx ${cxxflags[*]} -fsanitize=fuzzer-no-link"
-# The generated protos without UBSan: protoc's code is not ours to fix, and
-# UBSan doubled its compile time (inference.pb.cc: 38 s instead of 19).
-export FUZZ_PROTO_CXX_CMD="${FUZZ_CXX_CMD/-fsanitize=address,undefined/-fsanitize=address}"
-export FUZZ_OBJ="$build/obj"
-# Objects are kept by what the compiler sees (the command and the
-# preprocessed source), shared by every clone on this machine; those unused
-# for two weeks go.
-export FUZZ_CACHE=${FUZZ_CACHE:-$HOME/.cache/precompile-serve/fuzz}
-mkdir -p "$FUZZ_CACHE"
-find "$FUZZ_CACHE" -name '*.o' -mtime +14 -delete
-
-# Compiles $1 into $FUZZ_OBJ, or takes the object from the cache; prints the
-# object's path.
-compile_one() {
-  local src=$1 rel=${1#.fuzz/gen/} key
-  local obj="$FUZZ_OBJ/${rel//\//_}.o" cmd=$FUZZ_CXX_CMD
-  [[ $src == .fuzz/gen/* ]] && cmd=$FUZZ_PROTO_CXX_CMD
-  # shellcheck disable=SC2086  # the command is words
-  key=$({ echo "$cmd"; $cmd -E -P "$src"; } | sha256sum | cut -c1-40) ||
-    return 1
-  local cached="$FUZZ_CACHE/$key.o"
-  if [[ ! -f $cached ]]; then
-    # shellcheck disable=SC2086
-    $cmd -c "$src" -o "$obj.tmp" >&2 || return 1
-    mv "$obj.tmp" "$cached.$$" && mv "$cached.$$" "$cached"
+  if [[ -n ${FUZZ_GEN:-} ]]; then
+    gen=$FUZZ_GEN
+  else
+    say "building the generated protos (bazel build //proto:...)"
+    bazel build --noshow_progress //proto:artifact_cc_proto //proto:inference_cc_proto \
+      //proto:model_config_cc_proto || give_up "bazel build of the protos failed"
+    # Not the bazel-bin symlink: it follows whichever configuration built last.
+    gen=$(bazel info bazel-bin 2>/dev/null) || give_up "bazel info bazel-bin failed"
   fi
-  touch "$cached"
-  cp "$cached" "$obj"
-  echo "$obj"
-}
-export -f compile_one
-say "compiling with $cxx -fsanitize=fuzzer,address,undefined into $build/"
-start=$SECONDS
-# shellcheck disable=SC2016  # $1 is expanded by the inner bash
-printf '%s\n' "${sources[@]}" "${fuzzers[@]/#/tests/fuzz/}" | sed 's/_fuzzer$/&.cc/' |
-  xargs -P "$(nproc)" -I{} bash -c 'compile_one "$1"' _ {} >"$build/objects" ||
-  give_up "compilation failed"
-mapfile -t objects < <(grep -v '_fuzzer\.cc\.o$' "$build/objects")
-for f in "${fuzzers[@]}"; do
-  if ! "$cxx" -fsanitize=fuzzer,address,undefined "$build/obj/tests_fuzz_$f.cc.o" "${objects[@]}" \
-      "${pkg_libs[@]}" -lcrypto -o "$build/bin/$f"; then
-    give_up "linking $f failed"
-  fi
-done
-say "built ${#fuzzers[@]} fuzzers in $((SECONDS - start)) s"
-[[ ${FUZZ_BUILD_ONLY:-} == 1 ]] && exit 0
+  [[ -f $gen/proto/inference.pb.cc ]] || give_up "no generated protos in $gen"
+  mkdir -p "$build/obj" "$build/bin" "$build/crashes"
+  # The generated protos by a path inside the checkout, so that what the
+  # compiler sees (and the object cache's key) is the same in every clone.
+  ln -sfn "$gen" "$build/gen"
+
+  pkgs=(grpc++ protobuf absl_strings absl_str_format absl_status absl_statusor
+        absl_flat_hash_map absl_synchronization)
+  read -ra pkg_cflags <<<"$(pkg-config --cflags "${pkgs[@]}")"
+  read -ra pkg_libs <<<"$(pkg-config --libs "${pkgs[@]}")"
+  # Line tables only (-g1): all a report needs, and cheaper to compile.
+  # shellcheck disable=SC2054  # the commas are -fsanitize's
+  cxxflags=(-std=c++20 -g1 -O1 -fno-omit-frame-pointer
+            -fsanitize=address,undefined -fno-sanitize-recover=all
+            -I. -I"$build/gen" "${pkg_cflags[@]}")
+  sources=(
+    server/api/tensor_codec.cc server/grpc/infer_response.cc server/grpc/http2_stream_ledger.cc
+    server/http/http_codec.cc server/http/http_head.cc server/http/http_routes.cc
+    base/json_text.cc base/half_float.cc base/log_text.cc
+    runtime/guard_program.cc runtime/size_program.cc runtime/frame_dispatcher.cc
+    runtime/artifact_reader.cc runtime/dtype.cc runtime/value.cc
+    tests/fuzz/fuzz_checks.cc
+    "$build/gen/proto/artifact.pb.cc" "$build/gen/proto/inference.pb.cc"
+    "$build/gen/proto/model_config.pb.cc"
+  )
+
+  export FUZZ_CXX_CMD="$cxx ${cxxflags[*]} -fsanitize=fuzzer-no-link"
+  # The generated protos without UBSan: protoc's code is not ours to fix, and
+  # UBSan doubled its compile time (inference.pb.cc: 38 s instead of 19).
+  export FUZZ_PROTO_CXX_CMD="${FUZZ_CXX_CMD/-fsanitize=address,undefined/-fsanitize=address}"
+  export FUZZ_OBJ="$build/obj"
+  # Objects are kept by what the compiler sees (the command and the
+  # preprocessed source), shared by every clone on this machine; those unused
+  # for two weeks go.
+  export FUZZ_CACHE=${FUZZ_CACHE:-$HOME/.cache/precompile-serve/fuzz}
+  mkdir -p "$FUZZ_CACHE"
+  find "$FUZZ_CACHE" -name '*.o' -mtime +14 -delete
+
+  # Compiles $1 into $FUZZ_OBJ, or takes the object from the cache; prints the
+  # object's path.
+  compile_one() {
+    local src=$1 rel=${1#.fuzz/gen/} key
+    local obj="$FUZZ_OBJ/${rel//\//_}.o" cmd=$FUZZ_CXX_CMD
+    [[ $src == .fuzz/gen/* ]] && cmd=$FUZZ_PROTO_CXX_CMD
+    # shellcheck disable=SC2086  # the command is words
+    key=$({ echo "$cmd"; $cmd -E -P "$src"; } | sha256sum | cut -c1-40) ||
+      return 1
+    local cached="$FUZZ_CACHE/$key.o"
+    if [[ ! -f $cached ]]; then
+      # shellcheck disable=SC2086
+      $cmd -c "$src" -o "$obj.tmp" >&2 || return 1
+      mv "$obj.tmp" "$cached.$$" && mv "$cached.$$" "$cached"
+    fi
+    touch "$cached"
+    cp "$cached" "$obj"
+    echo "$obj"
+  }
+  export -f compile_one
+  say "compiling with $cxx -fsanitize=fuzzer,address,undefined into $build/"
+  start=$SECONDS
+  # shellcheck disable=SC2016  # $1 is expanded by the inner bash
+  printf '%s\n' "${sources[@]}" "${fuzzers[@]/#/tests/fuzz/}" | sed 's/_fuzzer$/&.cc/' |
+    xargs -P "$(nproc)" -I{} bash -c 'compile_one "$1"' _ {} >"$build/objects" ||
+    give_up "compilation failed"
+  mapfile -t objects < <(grep -v '_fuzzer\.cc\.o$' "$build/objects")
+  for f in "${fuzzers[@]}"; do
+    if ! "$cxx" -fsanitize=fuzzer,address,undefined "$build/obj/tests_fuzz_$f.cc.o" "${objects[@]}" \
+        "${pkg_libs[@]}" -lcrypto -o "$build/bin/$f"; then
+      give_up "linking $f failed"
+    fi
+  done
+  say "built ${#fuzzers[@]} fuzzers in $((SECONDS - start)) s"
+  [[ ${FUZZ_BUILD_ONLY:-} == 1 ]] && exit 0
+fi
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
