@@ -457,8 +457,9 @@ void Server::BeginDrain() {
   state_.BeginDrain();
   // Every health service (overall and per model) answers NOT_SERVING from now
   // on; the models stay loaded so running and late requests still succeed.
-  health_->SetServingStatus("", false);
+  // The models first: a client that sees the server's turn sees theirs.
   for (const ModelState& s : repository_->List()) health_->SetServingStatus(s.name, false);
+  health_->SetServingStatus("", false);
   spdlog::info("event=draining in_flight_requests={}", scheduler_->in_flight());
 }
 
