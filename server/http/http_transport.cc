@@ -40,6 +40,9 @@ constexpr int kWritePieces = 16;
 constexpr size_t kReadPerTurn = 4 << 20;
 // How often deadlines are checked.
 constexpr absl::Duration kTick = absl::Milliseconds(200);
+// How long a connection idle between requests when the stop begins stays
+// open: a busy keep-alive client's next request comes well within it.
+constexpr absl::Duration kIdleAtStop = absl::Milliseconds(500);
 // After an answer that closes the connection, how long and how much of what
 // the client still sends is read and dropped, so that the close does not
 // reset the connection before the client has read the answer.
@@ -462,9 +465,21 @@ void HttpTransportLoop::BeginStop() {
         Drop(*c);
         break;
       case State::kHead:
-        // Idle: no request of its client is lost. One partly received goes
-        // on arriving (until the stop's deadline) and is answered.
-        if (!c->request_started) Drop(*c);
+        if (!c->request_started) {
+          // Idle: closed once idle for kIdleAtStop (by the stop's deadline).
+          // A client that sends its next request meanwhile is answered (and
+          // the answer closes the connection) rather than finding the
+          // connection closed under the request it has just sent.
+          const absl::Time close_at =
+              std::min(absl::Now() + kIdleAtStop, absl::FromUnixNanos(stop_deadline_ns_.load()));
+          if (close_at <= absl::Now()) {
+            Drop(*c);
+          } else {
+            c->deadline = std::min(c->deadline, close_at);
+          }
+        }
+        // One partly received goes on arriving (until the stop's deadline)
+        // and is answered.
         break;
       case State::kBody:
         break;

@@ -157,11 +157,12 @@ class HttpTransport {
   HttpTransport& operator=(const HttpTransport&) = delete;
 
   int port() const;
-  // Stops listening and closes the connections idle between requests. A
-  // request partly received may arrive whole until `deadline` (and its own
-  // timeout), and is handled: a client that was sending when the stop
-  // began is answered, not cut off; at `deadline` those still arriving are
-  // closed. Every answer from now on closes its connection. Waits for the
+  // Stops listening. A connection idle between requests is closed once idle
+  // for half a second more (a request sent meanwhile is answered); a request
+  // partly received may arrive whole until `deadline` (and its own timeout),
+  // and is handled: a client that was sending when the stop began is
+  // answered, not cut off. At `deadline` those still reading are closed.
+  // Every answer from now on closes its connection. Waits for the
   // requests being handled to be answered and their answers written (or
   // their clients' write timeouts). Idempotent.
   void Stop(absl::Time deadline);

@@ -574,5 +574,28 @@ TEST_F(HttpTransportTest, StopAnswersARequestPartlyReceivedAndClosesOneUnfinishe
   EXPECT_GE(absl::Now(), deadline);
 }
 
+// A keep-alive client between two requests when the stop begins: its next
+// request, sent just after, is answered (the answer closing the connection)
+// instead of finding the connection closed under it; a connection that stays
+// idle is closed soon after.
+TEST_F(HttpTransportTest, StopAnswersTheNextRequestOfAConnectionIdleWhenItBegan) {
+  Start();
+  Client busy(port());
+  Client quiet(port());
+  ASSERT_TRUE(busy.Send(Post("/a", "first")));
+  EXPECT_THAT(busy.Answer(), HasSubstr("POST /a first"));
+  ASSERT_TRUE(quiet.Send(Post("/a", "only")));
+  EXPECT_THAT(quiet.Answer(), HasSubstr("POST /a only"));
+  std::thread stopper([this] { transport_->Stop(absl::Now() + absl::Seconds(10)); });
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(busy.Send(Post("/a", "next")));
+  const std::string answer = busy.Answer();
+  EXPECT_THAT(answer, HasSubstr("POST /a next"));
+  EXPECT_THAT(answer, HasSubstr("Connection: close"));
+  EXPECT_TRUE(busy.Closed());
+  EXPECT_TRUE(quiet.Closed());
+  stopper.join();
+}
+
 }  // namespace
 }  // namespace precompile::server
