@@ -68,6 +68,12 @@ struct RelayPipe {
   bool ended = false;  // The source has sent all it will.
   bool told = false;   // ...and the destination has been told so.
   bool empty() const { return begin == end; }
+  // Moves the bytes held to the buffer's start, making room after them.
+  void Compact() {
+    std::memmove(data.get(), data.get() + begin, end - begin);
+    end -= begin;
+    begin = 0;
+  }
 };
 
 // At most a line a second of each kind: a flood of connections closed must
@@ -162,11 +168,7 @@ Flow MoveOnce(From& from, To& to, RelayPipe& pipe, char* scratch, size_t& read, 
     const bool into_pipe = !pipe.empty();
     char* into = scratch;
     if (into_pipe) {
-      if (pipe.end == pipe.capacity && pipe.begin > 0) {
-        std::memmove(pipe.data.get(), pipe.data.get() + pipe.begin, pipe.end - pipe.begin);
-        pipe.end -= pipe.begin;
-        pipe.begin = 0;
-      }
+      if (pipe.end == pipe.capacity && pipe.begin > 0) pipe.Compact();
       into = pipe.data.get() + pipe.end;
     }
     const size_t room = into_pipe ? pipe.capacity - pipe.end : pipe.capacity;
@@ -308,6 +310,13 @@ struct Http2Front::Shared {
   // Set before the threads start.
   DescriptorShare descriptors;
   int max_connections = 0;
+
+  // GoAway waits for `connection` no more (gone away, or closed). Under mu.
+  void StopAwaiting(Connection& connection) {
+    if (!connection.awaited) return;
+    connection.awaited = false;
+    if (--awaited == 0) gone_away.notify_all();
+  }
 
   // Stops counting `victim` and asks its shard to close it. Under mu.
   void Doom(Connection& victim) {
@@ -566,24 +575,19 @@ bool Http2Front::AwaitGoneAway(absl::Time deadline) {
 
 void Http2Front::TellToGoAway(Shard& shard, const std::vector<Connection*>& connections,
                               bool shard_seen) {
-  {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    for (Connection* connection : connections) {
-      if (connection->closed || connection->doomed) continue;
-      connection->awaited = true;
-      ++shared_->awaited;
-    }
-    if (shard_seen) --shared_->awaited;
-    if (shared_->awaited == 0) shared_->gone_away.notify_all();
-  }
+  std::lock_guard<std::mutex> lock(shared_->mu);
   for (Connection* connection : connections) {
     if (connection->closed || connection->doomed) continue;
+    connection->awaited = true;
+    ++shared_->awaited;
     connection->going_away = Connection::GoingAway::kToWrite;
     if (!connection->queued) {
       connection->queued = true;
       shard.ready.push_back(connection);
     }
   }
+  if (shard_seen) --shared_->awaited;
+  if (shared_->awaited == 0) shared_->gone_away.notify_all();
 }
 
 void Http2Front::GoAwayFrames(Connection& c) {
@@ -601,11 +605,7 @@ void Http2Front::GoAwayFrames(Connection& c) {
     pipe.data.reset(new char[pipe.capacity]);
     pipe.begin = pipe.end = 0;
   }
-  if (pipe.capacity - pipe.end < sizeof frames && pipe.begin > 0) {
-    std::memmove(pipe.data.get(), pipe.data.get() + pipe.begin, pipe.end - pipe.begin);
-    pipe.end -= pipe.begin;
-    pipe.begin = 0;
-  }
+  if (pipe.capacity - pipe.end < sizeof frames && pipe.begin > 0) pipe.Compact();
   if (pipe.capacity - pipe.end < sizeof frames) return;  // When the client has taken more.
   std::memcpy(pipe.data.get() + pipe.end, frames, sizeof frames);
   pipe.end += sizeof frames;
@@ -620,10 +620,7 @@ void Http2Front::SettleGoingAway(Connection& c) {
   }
   c.going_away = Connection::GoingAway::kGone;
   std::lock_guard<std::mutex> lock(shared_->mu);
-  if (c.awaited) {
-    c.awaited = false;
-    if (--shared_->awaited == 0) shared_->gone_away.notify_all();
-  }
+  shared_->StopAwaiting(c);
 }
 
 void Http2Front::Accept(Shard& shard) {
@@ -864,10 +861,7 @@ void Http2Front::Close(Shard& shard, Connection& connection) {
       shared_->open_streams -= connection.counted_streams;
       --shared_->counted_connections;
     }
-    if (connection.awaited) {
-      connection.awaited = false;
-      if (--shared_->awaited == 0) shared_->gone_away.notify_all();
-    }
+    shared_->StopAwaiting(connection);
   }
   // Closing our end of the pair tells gRPC the client has gone: it ends the
   // connection's calls.

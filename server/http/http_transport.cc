@@ -458,6 +458,13 @@ void HttpTransportLoop::BeginStop() {
     close(listen_fd_);
     listen_fd_ = -1;
   }
+  // A connection idle between requests is closed once idle for kIdleAtStop
+  // (by the stop's deadline): a client that sends its next request meanwhile
+  // is answered (and the answer closes the connection) rather than finding
+  // the connection closed under the request it has just sent.
+  const absl::Time now = absl::Now();
+  const absl::Time close_idle_at =
+      std::min(now + kIdleAtStop, absl::FromUnixNanos(stop_deadline_ns_.load()));
   for (auto& [id, c] : connections_) {
     if (c->dead || c->fd < 0) continue;
     switch (c->state) {
@@ -466,16 +473,10 @@ void HttpTransportLoop::BeginStop() {
         break;
       case State::kHead:
         if (!c->request_started) {
-          // Idle: closed once idle for kIdleAtStop (by the stop's deadline).
-          // A client that sends its next request meanwhile is answered (and
-          // the answer closes the connection) rather than finding the
-          // connection closed under the request it has just sent.
-          const absl::Time close_at =
-              std::min(absl::Now() + kIdleAtStop, absl::FromUnixNanos(stop_deadline_ns_.load()));
-          if (close_at <= absl::Now()) {
+          if (close_idle_at <= now) {
             Drop(*c);
           } else {
-            c->deadline = std::min(c->deadline, close_at);
+            c->deadline = std::min(c->deadline, close_idle_at);
           }
         }
         // One partly received goes on arriving (until the stop's deadline)
