@@ -2,6 +2,8 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_convert_indices_from_coo_to_csr_ops.h>
+#include <ATen/ops/_convert_indices_from_csr_to_coo_ops.h>
 #include <ATen/ops/_ctc_loss_ops.h>
 #include <ATen/ops/_cudnn_ctc_loss_ops.h>
 #include <ATen/ops/_embedding_bag_forward_only_ops.h>
@@ -186,6 +188,35 @@ std::tuple<at::Tensor, at::Tensor> PadPackedSequence(
                                                     batch_first, padding_value, total_length);
 }
 
+// A CSR row pointer into `col_indices`: the kernel writes each row's number
+// to the entries from one row's offset to the next's, unchecked.
+at::Tensor CsrIndicesToCoo(c10::DispatchKeySet keys, const at::Tensor& crow_indices,
+                           const at::Tensor& col_indices, bool out_int32, bool transpose) {
+  if (col_indices.dim() > 0) {
+    CheckOffsets("_convert_indices_from_csr_to_coo", crow_indices, col_indices.size(-1),
+                 "col_indices' count");
+  }
+  return at::_ops::_convert_indices_from_csr_to_coo::redispatch(BelowCheck(keys), crow_indices,
+                                                                col_indices, out_int32, transpose);
+}
+
+// COO row indices of a matrix of `size` rows: the kernel writes the row
+// pointer at each index without checking it.
+at::Tensor CooIndicesToCsr(c10::DispatchKeySet keys, const at::Tensor& rows, int64_t size,
+                           bool out_int32) {
+  if (rows.numel() > 0 && at::isIntegralType(rows.scalar_type(), /*includeBool=*/false)) {
+    const auto [low, high] = at::aminmax(rows.to(at::kLong));
+    const int64_t lowest = low.item<int64_t>();
+    const int64_t highest = high.item<int64_t>();
+    TORCH_CHECK_INDEX(lowest >= 0 && highest < size,
+                      "_convert_indices_from_coo_to_csr: ", "indices holds ",
+                      lowest < 0 ? lowest : highest, ", but a row index is from 0 to ", size - 1,
+                      ": ", kKernelInputRefused);
+  }
+  return at::_ops::_convert_indices_from_coo_to_csr::redispatch(BelowCheck(keys), rows, size,
+                                                                out_int32);
+}
+
 }  // namespace
 
 absl::Status InstallKernelInputChecks() {
@@ -205,6 +236,8 @@ absl::Status InstallKernelInputChecks() {
         library->impl("segment_reduce", TORCH_FN(SegmentReduce));
         library->impl("_pack_padded_sequence", TORCH_FN(PackPaddedSequence));
         library->impl("_pad_packed_sequence", TORCH_FN(PadPackedSequence));
+        library->impl("_convert_indices_from_csr_to_coo", TORCH_FN(CsrIndicesToCoo));
+        library->impl("_convert_indices_from_coo_to_csr", TORCH_FN(CooIndicesToCsr));
         // Sparse tensors' indices are checked as they are made (torch's
         // check_sparse_tensor_invariants): unchecked, converting or
         // multiplying a CSR tensor with a row pointer past its values, or

@@ -250,6 +250,33 @@ TEST_F(KernelInputChecksTest, PackedSequencesWithImpossibleSizesAreRefused) {
       HasSubstr("pad_packed_sequence: batch_sizes holds -5"));
 }
 
+TEST_F(KernelInputChecksTest, SparseIndexConversionsRefuseIndicesOutsideTheirBounds) {
+  // Each of these calls ended the process unchecked.
+  const at::Tensor cols = at::tensor({0, 1, 3}, at::kLong);
+  const auto to_coo = [&](std::vector<int64_t> crow) {
+    return at::_convert_indices_from_csr_to_coo(at::tensor(crow, at::kLong), cols);
+  };
+  EXPECT_TRUE(at::equal(to_coo({0, 2, 3}), at::tensor({0, 0, 1, 0, 1, 3}, at::kLong).view({2, 3})));
+  EXPECT_THAT(IndexErrorOf([&] {
+                to_coo({0, 100'000'000});
+              }),
+              HasSubstr("_convert_indices_from_csr_to_coo: offsets holds 100000000, but an "
+                        "offset is from 0 to 3 (col_indices' count)"));
+  EXPECT_THAT(IndexErrorOf([&] { to_coo({0, -5, 3}); }), HasSubstr("offsets holds -5"));
+
+  const auto to_csr = [](std::vector<int64_t> rows, int64_t size) {
+    return at::_convert_indices_from_coo_to_csr(at::tensor(rows, at::kLong), size);
+  };
+  EXPECT_TRUE(at::equal(to_csr({0, 0, 2}, 3), at::tensor({0, 2, 2, 3}, at::kLong)));
+  EXPECT_THAT(IndexErrorOf([&] {
+                to_csr({0, 100'000'000}, 3);
+              }),
+              HasSubstr("_convert_indices_from_coo_to_csr: indices holds 100000000, but a row "
+                        "index is from 0 to 2"));
+  EXPECT_THAT(IndexErrorOf([&] { to_csr({0, -5}, 3); }), HasSubstr("indices holds -5"));
+  EXPECT_THAT(IndexErrorOf([&] { to_csr({3}, 3); }), HasSubstr("indices holds 3"));
+}
+
 TEST_F(KernelInputChecksTest, SparseTensorsAreCheckedAsTheyAreMade) {
   // A row pointer past the values: densifying it ended the process.
   EXPECT_THROW(at::sparse_csr_tensor(at::tensor({0, 100'000'000, 2}, at::kLong),
