@@ -401,8 +401,11 @@ absl::Status Server::Listen() {
 
 void Server::OnModelState(const ModelState& state) {
   if (metrics_) metrics_->OnModelState(state);
-  if (grpc_server_ && !state_.draining()) {
-    health_->SetServingStatus(state.name, state.phase == ModelState::Phase::kReady);
+  if (grpc_server_) {
+    absl::MutexLock lock(&health_mu_);
+    if (!state_.draining()) {
+      health_->SetServingStatus(state.name, state.phase == ModelState::Phase::kReady);
+    }
   }
   if (repository_) UpdateReadiness();
 }
@@ -415,6 +418,7 @@ void Server::UpdateReadiness() {
   state_.SetModelsOk(ok);
   if (!grpc_server_) return;
   health_->SetServingStatus(kLiveService, state_.live());
+  absl::MutexLock lock(&health_mu_);
   if (!state_.draining()) health_->SetServingStatus("", state_.ready());
 }
 
@@ -453,8 +457,11 @@ void Server::OnLoadFailure(const std::string& name, int64_t, const std::string&)
 }
 
 void Server::BeginDrain() {
-  if (state_.draining()) return;
-  state_.BeginDrain();
+  {
+    absl::MutexLock lock(&health_mu_);
+    if (state_.draining()) return;
+    state_.BeginDrain();
+  }
   // Every health service (overall and per model) answers NOT_SERVING from now
   // on; the models stay loaded so running and late requests still succeed.
   // The models first: a client that sees the server's turn sees theirs.

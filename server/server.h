@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/notification.h"
 #include "base/tls_server.h"
@@ -235,6 +236,10 @@ class Server final : public RepositoryListener {
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<HealthService> health_;
+  // Held from reading draining() to setting a health status, and while the
+  // drain begins: a model that turns ready on the repository's thread as the
+  // drain begins cannot be set SERVING after BeginDrain set it NOT_SERVING.
+  absl::Mutex health_mu_;
   // Stops after the gRPC server, before the services it calls go.
   std::unique_ptr<UnaryCallRouter> unary_calls_;
   std::unique_ptr<HttpService> http_;
