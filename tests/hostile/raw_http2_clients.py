@@ -7,6 +7,10 @@
   (its streams' initial window is 0, never raised): the server's answers
   can never be sent, and it holds them.
 - StreamOpener opens streams and sends nothing more on them.
+- HeaderFlooder opens a call whose header block never ends (CONTINUATION
+  frames of new fields, one after another), or sends header blocks of a
+  few bytes that unpack to megabytes (one large field indexed, then named
+  again and again by its index).
 - StreamResetter opens streams and resets each at once (HTTP/2's rapid
   reset), as fast as it can or at a pace: each costs the server a call,
   the client next to nothing. It takes the server's answers as fast as
@@ -215,6 +219,55 @@ class NonReader(Http2Connection):
         if any(f[0] == "headers" and f[1] & END_STREAM for f in frames):
             return "ended"
         return "held" if frames else None
+
+
+def hpack_integer(value, prefix_bits, first_bits=0):
+    """An HPACK integer (RFC 7541 5.1) after `first_bits` in its first byte."""
+    top = (1 << prefix_bits) - 1
+    if value < top:
+        return bytes([first_bits | value])
+    out = [first_bits | top]
+    value -= top
+    while value >= 128:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + [value])
+
+
+class HeaderFlooder(Http2Connection):
+    """Header blocks a server must not keep whole: ones that never end, and
+    ones of a few bytes that unpack to megabytes."""
+
+    def send_endless_block(self, limit_bytes):
+        """Opens a call with HEADERS that do not end the block and sends
+        CONTINUATION frames of new fields until the connection closes or
+        `limit_bytes` are sent. Returns the bytes sent."""
+        assert self.settled.wait(10), "the server sent no SETTINGS"
+        self._send(frame(1, 0, 1, call_headers(INFER_PATH)))
+        fields = b"".join(literal(f"x-field-{i}", "v" * 100) for i in range(120))
+        sent = 0
+        while sent < limit_bytes and not self.closed:
+            self._send(frame(9, 0, 1, fields))
+            sent += len(fields)
+        return sent
+
+    def send_unpacking_blocks(self, calls, field_bytes=4000, references=16000):
+        """Opens up to `calls` calls, each header block adding a field of
+        `field_bytes` to the decoder's table and naming it `references`
+        times more (a byte each): field_bytes * references bytes unpacked
+        from about `references` sent. Returns the calls sent before the
+        connection closed."""
+        assert self.settled.wait(10), "the server sent no SETTINGS"
+        name, value = b"x-large", b"a" * field_bytes
+        added = (b"\x40" + hpack_integer(len(name), 7) + name + hpack_integer(len(value), 7) + value)
+        named_again = hpack_integer(62, 7, 0x80) * references  # the newest entry of the table
+        block = call_headers(INFER_PATH) + added + named_again
+        sent = 0
+        while sent < calls and not self.closed:
+            self._send(frame(1, END_HEADERS, 1 + 2 * sent, block))
+            sent += 1
+            time.sleep(0.001)
+        return sent
 
 
 class StreamResetter(Http2Connection):

@@ -813,6 +813,36 @@ def connections_closed(metrics_port, reason):
     return int(counted.group(1))
 
 
+def test_header_blocks_that_never_end_or_unpack_to_megabytes_close_their_connection(server):
+    # HTTP/2 lets a header block run on in CONTINUATION frames until one
+    # ends it, and HPACK lets one byte name a large field again: servers
+    # that kept such blocks whole ran out of memory (the CONTINUATION flood
+    # of 2024, HPACK bombs). gRPC holds a call's headers to its metadata
+    # limit and closes the connection past it; the front relays the frames
+    # as they come.
+    from raw_http2_clients import HeaderFlooder
+
+    before = process_status(server, "VmRSS") << 10
+    endless = HeaderFlooder(server.port)
+    unpacking = HeaderFlooder(server.port)
+    try:
+        sent = endless.send_endless_block(256 << 20)
+        calls = unpacking.send_unpacking_blocks(1000)  # 64 MB unpacked each
+        deadline = time.monotonic() + PROMPT_SECONDS
+        while not (endless.closed and unpacking.closed) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        growth = (process_status(server, "VmRSS") << 10) - before
+        print(f"\na header block without end: closed after {sent >> 20} MiB; blocks unpacking "
+              f"to 64 MB: closed after {calls}; the server grew by {growth >> 20} MiB")
+        assert endless.closed and sent < 64 << 20, (endless.closed, sent)
+        assert unpacking.closed and calls < 100, (unpacking.closed, calls)
+        assert growth < 32 << 20, f"the server grew by {growth >> 20} MiB"
+    finally:
+        endless.close()
+        unpacking.close()
+    assert_still_serving(server)
+
+
 def test_streams_one_connection_opens_are_bounded(tmp_path):
     # gRPC keeps every stream a client opens, even one whose call never
     # sends its message, at about 17 KiB that no quota counts: one
