@@ -122,7 +122,22 @@ def graph_break_detail(text: str) -> str:
     first, newline, rest = detail.partition("\n")
     # The file's name alone: the detail is saved in the artifact, which must
     # not depend on where the capture ran.
-    return f"{first} (at {os.path.basename(path)}:{line} in {function}: {code.strip()}){newline}{rest}"
+    return (f"{first} (at {os.path.basename(path)}:{line} in {function}: {code.strip()})"
+            f"{_config_copy_hint(frames)}{newline}{rest}")
+
+
+def _config_copy_hint(frames: List[Tuple[str, str, str, str]]) -> str:
+    """What to change when the break is transformers copying a model's
+    config: an encoder-decoder with a flat config (T5, BART, Whisper...)
+    called without a cache builds one at every call from a deep copy of
+    the config, which Dynamo does not trace."""
+    if not any(os.path.basename(path) == "configuration_utils.py" and function == "get_text_config"
+               for path, _, function, _ in frames):
+        return ""
+    return ("; transformers builds the cache from a copy of the config when a call passes none: "
+            "pass the cache to start from, as model.generate() does "
+            "(past_key_values=EncoderDecoderCache(DynamicCache(), DynamicCache())), "
+            "or use_cache=False, and the frame compiles")
 
 
 def first_lines(text: str, n: int = _DETAIL_LINES) -> str:

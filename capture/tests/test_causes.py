@@ -371,3 +371,36 @@ def test_a_frame_that_breaks_on_every_call_still_falls_back_after_one_eager_run(
     _assert_variantless_entry(cap, FallbackCause.GRAPH_BREAK)
     # Once before the second trace, once to answer the call.
     assert len(runs) == 2
+
+
+def test_an_encoder_decoder_called_without_a_cache_is_told_what_keeps_it_compiled():
+    # T5 called as its users call it, use_cache at its default and no cache,
+    # builds one at every call from a deep copy of its config, which Dynamo
+    # does not trace: the entry falls back, and its detail says how to call
+    # it so that it compiles. Called so, Dynamo traces it whole (to the
+    # backend, which this test has decline).
+    from transformers import DynamicCache, EncoderDecoderCache, T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(
+        vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
+        decoder_start_token_id=0)).eval()
+    ids = torch.randint(0, 64, (1, 5))
+    start = torch.zeros(1, 1, dtype=torch.int64)
+
+    def decline(ep):
+        raise dynamo_exc.SkipFrame("no compile in this test")
+
+    plain = precompile_capture.capture(model, name="t5", decline=decline)
+    plain(input_ids=ids, decoder_input_ids=start)
+    info = plain.frame("forward")
+    assert info.fallback_cause is FallbackCause.GRAPH_BREAK, info.fallback_detail
+    first = info.fallback_detail.splitlines()[0]
+    assert "in get_text_config" in first and "past_key_values=EncoderDecoderCache(" in first, first
+    plain.close()
+
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    advised = precompile_capture.capture(model, name="t5", decline=decline)
+    advised(input_ids=ids, decoder_input_ids=start, past_key_values=cache)
+    assert advised.frame("forward").fallback_cause is FallbackCause.BACKEND_SKIP
+    advised.close()
