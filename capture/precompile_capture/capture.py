@@ -96,8 +96,9 @@ def size_steps(variants: Sequence[Any], values: List[Any], names: Sequence[str],
     or a multiple of it (pooling with ceil_mode, patches). Each as
     "x.size(2) at 96 and next at 128 (97 to 127 are refused)" or "x.size(3)
     at 80 to 94, then at none of 95 to 110, next at 111", probing up to
-    `probe` more; and the sizes below the call's refused past its range's.
-    Per size symbol past the first dimension (the batch: Capture.
+    `probe` more; the sizes below the call's refused past its range's; and
+    a top of the range that the model's code set ("x.size(2) up to 8 and at
+    none above"). Per size symbol past the first dimension (the batch: Capture.
     batch_gaps), by its range and the guards on it alone: guards relating it
     to other sizes ask those to move with it, which is not a step."""
     serving = next((v for v in variants if v.guards.holds(values)), None)
@@ -105,6 +106,7 @@ def size_steps(variants: Sequence[Any], values: List[Any], names: Sequence[str],
         return []
     guards = serving.guards
     ranges = {r.symbol: r for r in guards.symbols}
+    ceilings = dict(guards.code_ceilings)
     first: Dict[int, Tuple[int, int, int]] = {}  # symbol -> (parameter, dimension, its value)
     batch = set()
     for arg in guards.args:
@@ -160,6 +162,12 @@ def size_steps(variants: Sequence[Any], values: List[Any], names: Sequence[str],
         smallest = next((v for v in range(lowest, value) if takes(symbol, v)), value)
         if smallest > lowest and value - lowest <= 4096:
             steps.append(f"{name} at none of {lowest + offset} to {smallest + offset - 1}")
+        # Above: a top of the range that the model's code set (a size
+        # computed from this one taken as 1 up to there), not a table's
+        # length or --max-size, which say why themselves.
+        ceiling = ceilings.get(symbol)
+        if ceiling is not None and ranges[symbol].max == ceiling and value < ceiling < 1 << 31:
+            steps.append(f"{name} up to {ceiling + offset} and at none above")
     return steps
 
 
@@ -882,9 +890,10 @@ class Capture:
             shown = first_three(stepped)
             warnings.warn(
                 f"precompile capture: model '{self.name}': dynamic sizes the variants serve only in steps "
-                f"or runs, or not below some size (a shape guard of the model's code on the size keeps a "
-                f"parity or a multiple of it, or a floor, as pooling does): {shown}. Add example calls at "
-                "the sizes clients send",
+                f"or runs, or not below some size, or not above one (a shape guard of the model's code on "
+                f"the size keeps a parity or a multiple of it, or a floor, as pooling does, or a ceiling, "
+                f"as a size computed from it that the code took as 1 does): {shown}. Add example calls "
+                "at the sizes clients send",
                 RuntimeWarning, stacklevel=2)
         fixed = self.static_sizes()
         if fixed:

@@ -100,6 +100,11 @@ class GuardSet:
     index_checks: Tuple[str, ...] = ()
     # Relations between the symbols' values, checked after every dimension.
     size_relations: Tuple[SizeRelation, ...] = ()
+    # (symbol, its range's top) where the top is the exported program's own:
+    # a guard of the model's code (a size computed from it taken as 1, say)
+    # rather than a table's length or --max-size. For the capture's warnings
+    # only: not saved, and not part of what the guards are.
+    code_ceilings: Tuple[Tuple[int, int], ...] = dataclasses.field(default=(), compare=False)
 
     def holds(self, values: Sequence[Any]) -> bool:
         if torch.is_grad_enabled() != self.grad_enabled:
@@ -291,18 +296,22 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
     inputs = {spec.arg.name: i for i, spec in enumerate(user_specs) if isinstance(spec.arg, TensorArgument)}
     index_ranges, symbol_limits, index_checks = _index_limits(ep, inputs, related, values, names)
     symbols = []
+    code_ceilings: List[Tuple[int, int]] = []
     # Each input symbol's range as the guards check it.
     checked: Dict[sympy.Symbol, SizeRange] = {}
     for root, sid in symbol_ids.items():
         # The intersection of the ranges of the class's input symbols.
         lower: Optional[int] = None
         upper: Optional[int] = None
+        code_upper: Optional[int] = None
         exported: List[str] = []
         for sym in dict.fromkeys(members[root]):
             exported.append(str(sym))
             vr = ep.range_constraints.get(sym)
             lo = _int_bound(vr.lower) if vr is not None else None
             hi = _int_bound(vr.upper) if vr is not None else None
+            if hi is not None:
+                code_upper = hi if code_upper is None else min(code_upper, hi)
             if sym in symbol_limits:
                 hi = symbol_limits[sym] if hi is None else min(hi, symbol_limits[sym])
             if lo is not None:
@@ -315,6 +324,8 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
                 f"size symbols {', '.join(exported)} must be equal but their ranges do not meet"
             )
         symbols.append(SymbolRange(symbol=sid, min=lower, max=upper, name="=".join(exported)))
+        if upper is not None and upper == code_upper:
+            code_ceilings.append((sid, upper))
         for sym in members[root]:
             checked[sym] = SizeRange(lower, upper if upper is not None else int_oo)
     ids = _symbol_ids(symbols)
@@ -327,6 +338,7 @@ def extract_guards(ep: torch.export.ExportedProgram, values: Sequence[Any],
         index_ranges=tuple((i, lo, hi) for i, (lo, hi) in sorted(index_ranges.items())),
         index_checks=tuple(index_checks),
         size_relations=tuple(relations),
+        code_ceilings=tuple(code_ceilings),
     )
     return guards, tensor_inputs
 

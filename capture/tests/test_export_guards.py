@@ -6,6 +6,7 @@ that branches on a product of sizes computed the other branch's answer.
 Exports only (no AOTInductor compile): fast.
 """
 
+import dataclasses
 import warnings
 
 import pytest
@@ -197,3 +198,32 @@ def test_a_guard_joined_by_or_is_none_where_the_ranges_imply_it_and_warned_of_ot
     with pytest.warns(RuntimeWarning, match=r"guards the sizes with 'x.size\(0\) == 3 or x.size\(1\) == 5', "
                                             "which the capture cannot read"):
         assert _with_guards_code(["x0 == 3 or x1 == 5"]).size_relations == ()
+
+
+class NarrowOnly(torch.nn.Module):
+    """One path up to a width of 8 and another above: exported from a narrow
+    call, the variant serves widths up to 8 only, though eager runs wider."""
+
+    def forward(self, x):
+        return x * 2 if x.shape[-1] <= 8 else x.sum(-1)
+
+
+def test_a_ceiling_the_model_s_code_sets_is_told_apart_from_a_table_s():
+    from precompile_capture.capture import size_steps
+    from types import SimpleNamespace
+
+    x = torch.randn(2, 3, 6)
+    ep = torch.export.export(NarrowOnly(), (x,), dynamic_shapes=({2: AUTO},), strict=True)
+    guards, _ = extract_guards(ep, [x], ["x"])
+    width = next(d.symbol for d in guards.args[0].tensor.dims if d.symbol is not None)
+    assert [(r.min, r.max) for r in guards.symbols if r.symbol == width] == [(2, 8)]
+    assert guards.code_ceilings == ((width, 8),)
+    variants = [SimpleNamespace(guards=guards)]
+    assert size_steps(variants, [x], ["x"]) == ["x.size(2) up to 8 and at none above"]
+    # At the top there is nothing above to name; a top that is not the
+    # code's (a table's length, --max-size) is not the code's to explain.
+    assert size_steps(variants, [torch.randn(2, 3, 8)], ["x"]) == ["x.size(2) at 8 and at none of 9 to 72"]
+    not_the_code_s = SimpleNamespace(guards=dataclasses.replace(guards, code_ceilings=()))
+    assert size_steps([not_the_code_s], [x], ["x"]) == []
+    # Not saved with the guards, and not what makes two guard sets equal.
+    assert saved(guards, 1).code_ceilings == () and saved(guards, 1) == guards
