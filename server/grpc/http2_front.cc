@@ -37,8 +37,8 @@ namespace {
 constexpr size_t kBytesPerTurn = 1 << 20;
 // How long accepting pauses when the process is out of descriptors.
 constexpr int kAcceptPauseMs = 100;
-// The opaque data of GoAway's PING ("goaway!!"), in the frame it writes.
-constexpr uint64_t kGoAwayPing = 0x676f61776179'2121;
+// The opaque data of GoAway's PING: the frame's 8 bytes of payload.
+constexpr absl::string_view kGoAwayPing = "goaway!!";
 // With name_peers: what the gRPC ends connect to, after the front's names.
 constexpr absl::string_view kPeerListenerName = "gRPC";
 
@@ -600,7 +600,8 @@ void Http2Front::GoAwayFrames(Connection& c) {
   // PING (its opaque data), each 8 bytes on stream 0.
   unsigned char frames[] = {0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0,
                             0, 0, 8, 0x6, 0, 0, 0, 0, 0, 0,    0,    0,    0,    0, 0, 0, 0};
-  for (int i = 0; i < 8; ++i) frames[26 + i] = (kGoAwayPing >> (56 - 8 * i)) & 0xff;
+  static_assert(sizeof frames == 26 + kGoAwayPing.size());
+  std::memcpy(frames + 26, kGoAwayPing.data(), kGoAwayPing.size());
   if (pipe.data == nullptr) {
     pipe.data.reset(new char[pipe.capacity]);
     pipe.begin = pipe.end = 0;

@@ -101,11 +101,8 @@ void Http2StreamLedger::FromServer(absl::string_view bytes) {
       [](absl::string_view) {});
 }
 
-void Http2StreamLedger::ExpectPingAck(uint64_t opaque) {
-  ping_opaque_.clear();
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    ping_opaque_.push_back(static_cast<char>((opaque >> shift) & 0xff));
-  }
+void Http2StreamLedger::ExpectPingAck(absl::string_view opaque) {
+  ping_opaque_ = std::string(opaque);
   expecting_ping_ack_ = true;
   ping_acked_ = false;
 }

@@ -66,8 +66,8 @@ class Http2StreamLedger {
     return server_frames_ > 0 && server_.header_bytes == 0 && server_.payload_left == 0;
   }
   // From now on, watches for the client's acknowledgement of a PING whose
-  // opaque data is `opaque` (8 bytes, big-endian), which ping_acked() says.
-  void ExpectPingAck(uint64_t opaque);
+  // opaque data is `opaque` (its 8 bytes), which ping_acked() says.
+  void ExpectPingAck(absl::string_view opaque);
   bool ping_acked() const { return ping_acked_; }
 
  private:

@@ -171,7 +171,7 @@ TEST_F(LedgerTest, OnlyTheAcknowledgementOfThePingItWaitsForCounts) {
   Http2StreamLedger ledger = Ledger(0, 0);
   ASSERT_TRUE(ledger.FromClient(Frame(kPing, 1, 0, "goaway!!"), now_).ok());
   EXPECT_FALSE(ledger.ping_acked()) << "acknowledged before it was sent";
-  ledger.ExpectPingAck(0x676f617761792121);
+  ledger.ExpectPingAck("goaway!!");
   // Another's acknowledgement; the PING itself, not acknowledged; then the
   // acknowledgement, a byte at a time.
   ASSERT_TRUE(

@@ -844,7 +844,7 @@ absl::Status CheckHttp2Ledger(const uint8_t* data, size_t size) {
   server::Http2StreamLedger ledger(limits, now);
   server::Http2StreamLedger bytewise(limits, now);
   if (expect_ping_ack) {
-    for (auto* l : {&ledger, &bytewise}) l->ExpectPingAck(0x676f617761792121);
+    for (auto* l : {&ledger, &bytewise}) l->ExpectPingAck("goaway!!");
   }
   absl::Status status;
   absl::Status bytewise_status;
