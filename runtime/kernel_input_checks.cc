@@ -16,6 +16,9 @@
 #include <ATen/ops/tensor.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/WrapDimMinimal.h>
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -217,6 +220,49 @@ at::Tensor CooIndicesToCsr(c10::DispatchKeySet keys, const at::Tensor& rows, int
                                                                 out_int32);
 }
 
+// What compiled code's call of a checked kernel runs instead (the shims at
+// the end of this file): its operator, through the dispatcher and so through
+// the check. The dispatcher also applies a conjugate or negative view's flag,
+// which the shims that call a kernel directly resolve themselves.
+template <typename Op>
+AOTITorchError EmbeddingBagThroughDispatcher(AtenTensorHandle weight, AtenTensorHandle indices,
+                                             AtenTensorHandle offsets, int32_t scale_grad_by_freq,
+                                             int64_t mode, int32_t sparse,
+                                             AtenTensorHandle* per_sample_weights,
+                                             int32_t include_last_offset, int64_t padding_idx,
+                                             AtenTensorHandle* ret0, AtenTensorHandle* ret1,
+                                             AtenTensorHandle* ret2, AtenTensorHandle* ret3) {
+  namespace aoti = torch::aot_inductor;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    auto [output, offset2bag, bag_size, max_indices] =
+        Op::call(*aoti::tensor_handle_to_tensor_pointer(weight),
+                 *aoti::tensor_handle_to_tensor_pointer(indices),
+                 *aoti::tensor_handle_to_tensor_pointer(offsets), scale_grad_by_freq != 0, mode,
+                 sparse != 0, aoti::pointer_to_optional<at::Tensor>(per_sample_weights),
+                 include_last_offset != 0, padding_idx);
+    *ret0 = aoti::new_tensor_handle(std::move(output));
+    *ret1 = aoti::new_tensor_handle(std::move(offset2bag));
+    *ret2 = aoti::new_tensor_handle(std::move(bag_size));
+    *ret3 = aoti::new_tensor_handle(std::move(max_indices));
+  });
+}
+
+AOTITorchError SegmentReduceThroughDispatcher(AtenTensorHandle data, const char* reduce,
+                                              AtenTensorHandle* lengths, AtenTensorHandle* indices,
+                                              AtenTensorHandle* offsets, int64_t axis,
+                                              int32_t unsafe, double* initial,
+                                              AtenTensorHandle* ret0) {
+  namespace aoti = torch::aot_inductor;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *ret0 = aoti::new_tensor_handle(at::_ops::segment_reduce::call(
+        *aoti::tensor_handle_to_tensor_pointer(data), reduce,
+        aoti::pointer_to_optional<at::Tensor>(lengths),
+        aoti::pointer_to_optional<at::Tensor>(indices),
+        aoti::pointer_to_optional<at::Tensor>(offsets), axis, unsafe != 0,
+        aoti::pointer_to_optional<c10::Scalar>(initial)));
+  });
+}
+
 }  // namespace
 
 absl::Status InstallKernelInputChecks() {
@@ -249,3 +295,78 @@ absl::Status InstallKernelInputChecks() {
 }
 
 }  // namespace precompile
+
+// Compiled code calls the checked kernels through AOTInductor's C shims,
+// which libtorch exports and which call each kernel directly, past the
+// dispatcher and the checks: a compiled EmbeddingBag given offsets that go
+// back by 1e8 ended the process. A binary that links this file defines the
+// shims of the checked operators itself and exports them (BUILD.bazel); the
+// dynamic linker binds a loaded model's calls to the executable's definition
+// before libtorch's, and each calls its operator through the dispatcher, as
+// an eager program does. The kernel it reaches is the one libtorch's shim
+// calls.
+extern "C" {
+
+AOTITorchError aoti_torch_cpu__embedding_bag(AtenTensorHandle weight, AtenTensorHandle indices,
+                                             AtenTensorHandle offsets, int32_t scale_grad_by_freq,
+                                             int64_t mode, int32_t sparse,
+                                             AtenTensorHandle* per_sample_weights,
+                                             int32_t include_last_offset, int64_t padding_idx,
+                                             AtenTensorHandle* ret0, AtenTensorHandle* ret1,
+                                             AtenTensorHandle* ret2, AtenTensorHandle* ret3) {
+  return precompile::EmbeddingBagThroughDispatcher<at::_ops::_embedding_bag>(
+      weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+      include_last_offset, padding_idx, ret0, ret1, ret2, ret3);
+}
+
+AOTITorchError aoti_torch_cuda__embedding_bag(AtenTensorHandle weight, AtenTensorHandle indices,
+                                              AtenTensorHandle offsets, int32_t scale_grad_by_freq,
+                                              int64_t mode, int32_t sparse,
+                                              AtenTensorHandle* per_sample_weights,
+                                              int32_t include_last_offset, int64_t padding_idx,
+                                              AtenTensorHandle* ret0, AtenTensorHandle* ret1,
+                                              AtenTensorHandle* ret2, AtenTensorHandle* ret3) {
+  return precompile::EmbeddingBagThroughDispatcher<at::_ops::_embedding_bag>(
+      weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+      include_last_offset, padding_idx, ret0, ret1, ret2, ret3);
+}
+
+AOTITorchError aoti_torch_cpu__embedding_bag_forward_only(
+    AtenTensorHandle weight, AtenTensorHandle indices, AtenTensorHandle offsets,
+    int32_t scale_grad_by_freq, int64_t mode, int32_t sparse, AtenTensorHandle* per_sample_weights,
+    int32_t include_last_offset, int64_t padding_idx, AtenTensorHandle* ret0,
+    AtenTensorHandle* ret1, AtenTensorHandle* ret2, AtenTensorHandle* ret3) {
+  return precompile::EmbeddingBagThroughDispatcher<at::_ops::_embedding_bag_forward_only>(
+      weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+      include_last_offset, padding_idx, ret0, ret1, ret2, ret3);
+}
+
+AOTITorchError aoti_torch_cuda__embedding_bag_forward_only(
+    AtenTensorHandle weight, AtenTensorHandle indices, AtenTensorHandle offsets,
+    int32_t scale_grad_by_freq, int64_t mode, int32_t sparse, AtenTensorHandle* per_sample_weights,
+    int32_t include_last_offset, int64_t padding_idx, AtenTensorHandle* ret0,
+    AtenTensorHandle* ret1, AtenTensorHandle* ret2, AtenTensorHandle* ret3) {
+  return precompile::EmbeddingBagThroughDispatcher<at::_ops::_embedding_bag_forward_only>(
+      weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+      include_last_offset, padding_idx, ret0, ret1, ret2, ret3);
+}
+
+AOTITorchError aoti_torch_cpu_segment_reduce(AtenTensorHandle data, const char* reduce,
+                                             AtenTensorHandle* lengths, AtenTensorHandle* indices,
+                                             AtenTensorHandle* offsets, int64_t axis,
+                                             int32_t unsafe, double* initial,
+                                             AtenTensorHandle* ret0) {
+  return precompile::SegmentReduceThroughDispatcher(data, reduce, lengths, indices, offsets, axis,
+                                                    unsafe, initial, ret0);
+}
+
+AOTITorchError aoti_torch_cuda_segment_reduce(AtenTensorHandle data, const char* reduce,
+                                              AtenTensorHandle* lengths, AtenTensorHandle* indices,
+                                              AtenTensorHandle* offsets, int64_t axis,
+                                              int32_t unsafe, double* initial,
+                                              AtenTensorHandle* ret0) {
+  return precompile::SegmentReduceThroughDispatcher(data, reduce, lengths, indices, offsets, axis,
+                                                    unsafe, initial, ret0);
+}
+
+}  // extern "C"

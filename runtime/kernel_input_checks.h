@@ -3,7 +3,10 @@
 // A few of torch's kernels index memory with numbers they read from a tensor
 // and bound-check them only partly or not at all: ctc_loss reads log_probs at
 // each target class, so a target of 1e8 ends the process and one of -1 reads
-// another allocation. Eager programs run these kernels on what a client sent.
+// another allocation. Eager programs run these kernels on what a client sent,
+// and so does compiled code, which calls embedding_bag's and segment_reduce's
+// through AOTInductor's C shims; a binary that links this library has those
+// shims call the operators through the dispatcher (kernel_input_checks.cc).
 // Each check runs before its kernel on every device, at the dispatcher's
 // BackendSelect key, which a call of an operator passes through whether it
 // comes from TorchScript, Python or C++. (Under inference mode, as the

@@ -7,8 +7,11 @@
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -209,6 +212,59 @@ TEST_F(KernelInputChecksTest, BagOffsetsThatGoBackOrOutsideTheIndicesAreRefused)
   // Rows 1 and 2, then rows 3 and 5.
   EXPECT_TRUE(at::equal(Bags({0, 2}, 0, false),
                         at::tensor({9., 11., 13., 24., 26., 28.}, at::kFloat).view({2, 3})));
+}
+
+// Compiled code calls the bag kernel through AOTInductor's C shim, which the
+// checks' library defines in place of libtorch's: `offsets` as a compiled
+// call passes them. Fills `sums` where the call succeeds.
+AOTITorchError CompiledBags(const std::vector<int64_t>& offsets, at::Tensor* sums) {
+  namespace aoti = torch::aot_inductor;
+  at::Tensor weight = at::arange(18, at::kFloat).view({6, 3});
+  at::Tensor indices = at::tensor({1, 2, 3, 5}, at::kLong);
+  at::Tensor bag_offsets = at::tensor(offsets, at::kLong);
+  AtenTensorHandle outputs[4] = {};
+  const AOTITorchError error = aoti_torch_cpu__embedding_bag(
+      aoti::tensor_pointer_to_tensor_handle(&weight),
+      aoti::tensor_pointer_to_tensor_handle(&indices),
+      aoti::tensor_pointer_to_tensor_handle(&bag_offsets), /*scale_grad_by_freq=*/0, /*mode=*/0,
+      /*sparse=*/0, /*per_sample_weights=*/nullptr, /*include_last_offset=*/0, /*padding_idx=*/-1,
+      &outputs[0], &outputs[1], &outputs[2], &outputs[3]);
+  if (error == AOTI_TORCH_SUCCESS) *sums = *aoti::tensor_handle_to_tensor_pointer(outputs[0]);
+  for (AtenTensorHandle output : outputs) delete aoti::tensor_handle_to_tensor_pointer(output);
+  return error;
+}
+
+TEST_F(KernelInputChecksTest, CompiledCodesCallsOfTheBagKernelAreChecked) {
+  const c10::InferenceMode inference;
+  at::Tensor sums;
+  ASSERT_EQ(CompiledBags({0, 2}, &sums), AOTI_TORCH_SUCCESS);
+  EXPECT_TRUE(at::equal(sums, at::tensor({9., 11., 13., 24., 26., 28.}, at::kFloat).view({2, 3})));
+  // libtorch's shim calls the kernel, which read before the indices.
+  EXPECT_EQ(CompiledBags({0, -5}, &sums), AOTI_TORCH_FAILURE);
+  EXPECT_EQ(CompiledBags({0, 3, 1}, &sums), AOTI_TORCH_FAILURE);
+}
+
+TEST_F(KernelInputChecksTest, CompiledCodesCallsOfTheSegmentKernelAreChecked) {
+  namespace aoti = torch::aot_inductor;
+  const c10::InferenceMode inference;
+  at::Tensor data = at::ones({4});
+  const auto sums = [&](std::vector<int64_t> offsets) -> std::optional<at::Tensor> {
+    at::Tensor segment_offsets = at::tensor(offsets, at::kLong);
+    AtenTensorHandle offsets_handle = aoti::tensor_pointer_to_tensor_handle(&segment_offsets);
+    AtenTensorHandle output = nullptr;
+    if (aoti_torch_cpu_segment_reduce(aoti::tensor_pointer_to_tensor_handle(&data), "sum",
+                                      /*lengths=*/nullptr, /*indices=*/nullptr, &offsets_handle,
+                                      /*axis=*/0, /*unsafe=*/0, /*initial=*/nullptr,
+                                      &output) != AOTI_TORCH_SUCCESS) {
+      return std::nullopt;
+    }
+    std::unique_ptr<at::Tensor> owned(aoti::tensor_handle_to_tensor_pointer(output));
+    return *owned;
+  };
+  const std::optional<at::Tensor> within = sums({0, 1, 4});
+  ASSERT_TRUE(within.has_value());
+  EXPECT_TRUE(at::equal(*within, at::tensor({1.f, 3.f})));
+  EXPECT_EQ(sums({0, 100'000'000}), std::nullopt);
 }
 
 TEST_F(KernelInputChecksTest, SegmentOffsetsPastTheDataAreRefused) {

@@ -74,14 +74,20 @@ void ProbeDeviceAfterFailure(DeviceType device, int index, const absl::Status& f
   if (!probe.ok()) ReportDeviceLost(absl::StrCat(failure.message(), "; ", probe.message()));
 }
 
-// A variant's failed run, said as the client's doing where the variant checks
-// as it runs what its guards do not ensure (artifact Variant.index_checks:
-// indices from the inputs' values): such a check fails the run, as compiled
-// code cannot refuse a call before.
+// A variant's failed run, said as the client's doing where a kernel's input
+// check refused what it sent, or where the variant checks as it runs what its
+// guards do not ensure (artifact Variant.index_checks: indices from the
+// inputs' values): such a check fails the run, as compiled code cannot refuse
+// a call before.
 // On CUDA the device is probed first: a device that no longer works is the
 // failure to report, whatever the call sent.
 absl::Status ExplainFailedRun(const artifact::v1::Variant& variant, DeviceType device,
                               int device_index, absl::Status failure) {
+  // A kernel's input check, which runs on the host before the kernel does.
+  if (failure.code() == absl::StatusCode::kInternal &&
+      absl::StrContains(failure.message(), kKernelInputRefused)) {
+    return absl::InvalidArgumentError(failure.message());
+  }
   if (variant.index_checks().empty() || failure.code() != absl::StatusCode::kInternal) {
     return failure;
   }

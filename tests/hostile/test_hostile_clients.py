@@ -9,7 +9,8 @@ its peak memory within a bound and drain with exit 0 on SIGTERM.
 Needs the Bazel build outputs: bazel build //server:precompile_server
 //examples:artifacts //gallery:gpt2 //tests/output_sizes:tiles
 //tests/value_indices:value_indexed //tests/value_indices:labelled_head
-//tests/value_indices:ctc_head //tests/size_limits:bounded_images //tests/size_relations:area_branch. Runs
+//tests/value_indices:ctc_head //tests/value_indices:pooled_embeddings
+//tests/size_limits:bounded_images //tests/size_relations:area_branch. Runs
 with the project's environment:
 .venv/bin/python -m pytest tests/hostile
 """
@@ -64,6 +65,8 @@ def server(tmp_path_factory):
               root / "repository" / "labelled_head" / "1")
     copy_tree(built(BIN / "tests" / "value_indices" / "ctc_head"),
               root / "repository" / "ctc_head" / "1")
+    copy_tree(built(BIN / "tests" / "value_indices" / "pooled_embeddings"),
+              root / "repository" / "pooled_embeddings" / "1")
     copy_tree(built(BIN / "tests" / "size_limits" / "bounded_images"),
               root / "repository" / "bounded_images" / "1")
     copy_tree(built(BIN / "tests" / "size_relations" / "area_branch"),
@@ -542,6 +545,54 @@ def test_labels_past_an_eager_ctc_loss_s_classes_fail_only_that_call(server):
             assert (f"ctc_loss: targets holds {outside}, but a target is a class of log_probs' "
                     "last dimension, 0 to 11" in failed.value.details()), failed.value.details()
         assert call(labels) == loss
+    assert_still_serving(server)
+
+
+def test_bag_offsets_that_go_back_or_past_the_ids_fail_only_that_call(server):
+    # pooled_embeddings sums each bag of ids from its offset to the next in
+    # compiled code, which calls ATen's kernel through AOTInductor's C shim,
+    # past the dispatcher; the kernel trusts the offsets: unchecked, offsets
+    # of [0, -100000000, 3, 9] ended the process.
+    import torch
+    spec = importlib.util.spec_from_file_location(
+        "pooled_embeddings", ROOT / "tests" / "value_indices" / "pooled_embeddings.py")
+    pooled_embeddings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pooled_embeddings)
+
+    ids = np.array([4, 8, 15, 16, 23, 42, 0, 1, 2, 3, 49], dtype=np.int64)
+    offsets = np.array([0, 2, 6, 9], dtype=np.int64)
+
+    def call(values):
+        request = inference_pb2.ModelInferRequest(model_name="pooled_embeddings")
+        request.inputs.add(name="ids", datatype="INT64", shape=[len(ids)])
+        request.inputs.add(name="offsets", datatype="INT64", shape=[len(values)])
+        request.raw_input_contents.extend([ids.tobytes(), np.asarray(values, np.int64).tobytes()])
+        response = stub.ModelInfer(request, timeout=30)
+        return np.frombuffer(response.raw_output_contents[0], np.float32).reshape(len(values), 1)
+
+    with torch.inference_mode():
+        eager = pooled_embeddings.make_pooled_embeddings()(
+            torch.from_numpy(ids), torch.from_numpy(offsets)).numpy()
+    refused = {
+        (0, -100_000_000, 3, 9): "offsets holds -100000000, but an offset is from 0 to 11 (the count of indices)",
+        (0, 6, 2, 9): "offsets holds 2 after 6, but offsets do not decrease",
+        (0, 2, 6, 2**62): f"offsets holds {2**62}, but an offset is from 0 to 11 (the count of indices)",
+    }
+    with grpc.insecure_channel(server.address) as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        served = call(offsets)
+        np.testing.assert_allclose(served, eager, rtol=1e-5, atol=1e-6)
+        for values, named in refused.items():
+            with pytest.raises(grpc.RpcError) as failed:
+                call(values)
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, failed.value
+            assert f"embedding_bag: {named}" in failed.value.details(), failed.value.details()
+        body = json.dumps({"inputs": [
+            {"name": "ids", "shape": [len(ids)], "datatype": "INT64", "data": ids.tolist()},
+            {"name": "offsets", "shape": [4], "datatype": "INT64", "data": [0, 6, 2, 9]}]}).encode()
+        answer = post(server, "/v2/models/pooled_embeddings/infer", body)
+        assert status_of(answer) == 400 and "offsets do not decrease" in error_of(answer), answer[:400]
+        assert np.array_equal(call(offsets), served)
     assert_still_serving(server)
 
 
