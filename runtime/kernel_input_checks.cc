@@ -220,9 +220,9 @@ at::Tensor CooIndicesToCsr(c10::DispatchKeySet keys, const at::Tensor& rows, int
                                                                 out_int32);
 }
 
-// What compiled code's call of a checked kernel runs instead (the shims at
-// the end of this file): its operator, through the dispatcher and so through
-// the check. The dispatcher also applies a conjugate or negative view's flag,
+// What compiled code's call of a bag kernel runs instead (the shims at the
+// end of this file): its operator, through the dispatcher and so through the
+// check. The dispatcher also applies a conjugate or negative view's flag,
 // which the shims that call a kernel directly resolve themselves.
 template <typename Op>
 AOTITorchError EmbeddingBagThroughDispatcher(AtenTensorHandle weight, AtenTensorHandle indices,
@@ -244,22 +244,6 @@ AOTITorchError EmbeddingBagThroughDispatcher(AtenTensorHandle weight, AtenTensor
     *ret1 = aoti::new_tensor_handle(std::move(offset2bag));
     *ret2 = aoti::new_tensor_handle(std::move(bag_size));
     *ret3 = aoti::new_tensor_handle(std::move(max_indices));
-  });
-}
-
-AOTITorchError SegmentReduceThroughDispatcher(AtenTensorHandle data, const char* reduce,
-                                              AtenTensorHandle* lengths, AtenTensorHandle* indices,
-                                              AtenTensorHandle* offsets, int64_t axis,
-                                              int32_t unsafe, double* initial,
-                                              AtenTensorHandle* ret0) {
-  namespace aoti = torch::aot_inductor;
-  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    *ret0 = aoti::new_tensor_handle(at::_ops::segment_reduce::call(
-        *aoti::tensor_handle_to_tensor_pointer(data), reduce,
-        aoti::pointer_to_optional<at::Tensor>(lengths),
-        aoti::pointer_to_optional<at::Tensor>(indices),
-        aoti::pointer_to_optional<at::Tensor>(offsets), axis, unsafe != 0,
-        aoti::pointer_to_optional<c10::Scalar>(initial)));
   });
 }
 
@@ -319,29 +303,7 @@ AOTITorchError aoti_torch_cpu__embedding_bag(AtenTensorHandle weight, AtenTensor
       include_last_offset, padding_idx, ret0, ret1, ret2, ret3);
 }
 
-AOTITorchError aoti_torch_cuda__embedding_bag(AtenTensorHandle weight, AtenTensorHandle indices,
-                                              AtenTensorHandle offsets, int32_t scale_grad_by_freq,
-                                              int64_t mode, int32_t sparse,
-                                              AtenTensorHandle* per_sample_weights,
-                                              int32_t include_last_offset, int64_t padding_idx,
-                                              AtenTensorHandle* ret0, AtenTensorHandle* ret1,
-                                              AtenTensorHandle* ret2, AtenTensorHandle* ret3) {
-  return precompile::EmbeddingBagThroughDispatcher<at::_ops::_embedding_bag>(
-      weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
-      include_last_offset, padding_idx, ret0, ret1, ret2, ret3);
-}
-
 AOTITorchError aoti_torch_cpu__embedding_bag_forward_only(
-    AtenTensorHandle weight, AtenTensorHandle indices, AtenTensorHandle offsets,
-    int32_t scale_grad_by_freq, int64_t mode, int32_t sparse, AtenTensorHandle* per_sample_weights,
-    int32_t include_last_offset, int64_t padding_idx, AtenTensorHandle* ret0,
-    AtenTensorHandle* ret1, AtenTensorHandle* ret2, AtenTensorHandle* ret3) {
-  return precompile::EmbeddingBagThroughDispatcher<at::_ops::_embedding_bag_forward_only>(
-      weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
-      include_last_offset, padding_idx, ret0, ret1, ret2, ret3);
-}
-
-AOTITorchError aoti_torch_cuda__embedding_bag_forward_only(
     AtenTensorHandle weight, AtenTensorHandle indices, AtenTensorHandle offsets,
     int32_t scale_grad_by_freq, int64_t mode, int32_t sparse, AtenTensorHandle* per_sample_weights,
     int32_t include_last_offset, int64_t padding_idx, AtenTensorHandle* ret0,
@@ -356,17 +318,24 @@ AOTITorchError aoti_torch_cpu_segment_reduce(AtenTensorHandle data, const char* 
                                              AtenTensorHandle* offsets, int64_t axis,
                                              int32_t unsafe, double* initial,
                                              AtenTensorHandle* ret0) {
-  return precompile::SegmentReduceThroughDispatcher(data, reduce, lengths, indices, offsets, axis,
-                                                    unsafe, initial, ret0);
+  namespace aoti = torch::aot_inductor;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *ret0 = aoti::new_tensor_handle(at::_ops::segment_reduce::call(
+        *aoti::tensor_handle_to_tensor_pointer(data), reduce,
+        aoti::pointer_to_optional<at::Tensor>(lengths),
+        aoti::pointer_to_optional<at::Tensor>(indices),
+        aoti::pointer_to_optional<at::Tensor>(offsets), axis, unsafe != 0,
+        aoti::pointer_to_optional<c10::Scalar>(initial)));
+  });
 }
 
-AOTITorchError aoti_torch_cuda_segment_reduce(AtenTensorHandle data, const char* reduce,
-                                              AtenTensorHandle* lengths, AtenTensorHandle* indices,
-                                              AtenTensorHandle* offsets, int64_t axis,
-                                              int32_t unsafe, double* initial,
-                                              AtenTensorHandle* ret0) {
-  return precompile::SegmentReduceThroughDispatcher(data, reduce, lengths, indices, offsets, axis,
-                                                    unsafe, initial, ret0);
-}
+// CUDA's shims are the same functions: the dispatcher picks each kernel by
+// its tensors' device.
+decltype(aoti_torch_cpu__embedding_bag) aoti_torch_cuda__embedding_bag
+    __attribute__((alias("aoti_torch_cpu__embedding_bag")));
+decltype(aoti_torch_cpu__embedding_bag_forward_only) aoti_torch_cuda__embedding_bag_forward_only
+    __attribute__((alias("aoti_torch_cpu__embedding_bag_forward_only")));
+decltype(aoti_torch_cpu_segment_reduce) aoti_torch_cuda_segment_reduce
+    __attribute__((alias("aoti_torch_cpu_segment_reduce")));
 
 }  // extern "C"
