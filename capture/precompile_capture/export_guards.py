@@ -54,6 +54,10 @@ COMPARE: Dict[str, Callable[[int, int], bool]] = dict(_RELATIONS.values())
 # The most values a side may hold at once (runtime/size_program.h,
 # kMaxSizeProgramDepth): the server refuses to load a deeper one.
 _MAX_DEPTH = 16
+# Guards the capture cannot read that it warns of one by one, and how much of
+# each it shows.
+_WARNED_EACH = 3
+_MAX_SHOWN = 400
 
 
 def _depth(steps: Sequence[Tuple[str, Any]]) -> int:
@@ -154,11 +158,10 @@ def export_size_relations(
     def words(code: str) -> str:
         return _SIZE.sub(lambda m: f"{shown[int(m.group(1))]}.size({m.group(2)})", code)
 
+    unread: List[Tuple[str, str]] = []
+
     def unreadable(code: str, why: str) -> None:
-        warnings.warn(
-            f"precompile capture: torch.export guards the sizes with {words(code)!r}, which the "
-            f"capture cannot read ({why}): a call that breaks it runs compiled code that assumes it",
-            RuntimeWarning, stacklevel=3)
+        unread.append((code, why))
 
     guards: List[Tuple[str, ast.AST]] = []
     for whole in getattr(ep, "_guards_code", None) or []:
@@ -199,4 +202,31 @@ def export_size_relations(
             unreadable(code, f"nested deeper than the server evaluates: {expr}")
             continue
         relations.append(SizeRelation(tuple(left), relation[0], tuple(right), words(code)))
+    _warn_unread(unread, words)
     return relations
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= _MAX_SHOWN else f"{text[:_MAX_SHOWN]}... ({len(text)} characters)"
+
+
+def _warn_unread(unread: Sequence[Tuple[str, str]], words: Callable[[str], str]) -> None:
+    """Warns of the guards the capture cannot read: the first few each, the
+    rest in one warning. A model whose sizes each layer computes from the
+    last (convolutions padded "same") has guards that grow with its depth,
+    dozens of them, each thousands of characters long."""
+    for code, why in unread[:_WARNED_EACH]:
+        warnings.warn(
+            f"precompile capture: torch.export guards the sizes with {_shortened(words(code))!r}, which "
+            f"the capture cannot read ({_shortened(why)}): a call that breaks it runs compiled code that "
+            "assumes it", RuntimeWarning, stacklevel=3)
+    rest = unread[_WARNED_EACH:]
+    if not rest:
+        return
+    sizes = sorted({words(m.group(0)) for code, _ in rest for m in _SIZE.finditer(code)})
+    warnings.warn(
+        f"precompile capture: torch.export keeps {len(rest)} more guards of the sizes that the capture "
+        f"cannot read (of {', '.join(sizes) or 'no input size'}): calls that break them run compiled code "
+        "that assumes them. Guards that grow with a model's depth come from sizes each layer computes from "
+        "the last (convolutions padded \"same\"): a size the clients do not vary is better captured fixed, "
+        "with example calls that all have it", RuntimeWarning, stacklevel=3)

@@ -7,6 +7,7 @@ Exports only (no AOTInductor compile): fast.
 """
 
 import dataclasses
+import re
 import warnings
 
 import pytest
@@ -198,6 +199,27 @@ def test_a_guard_joined_by_or_is_none_where_the_ranges_imply_it_and_warned_of_ot
     with pytest.warns(RuntimeWarning, match=r"guards the sizes with 'x.size\(0\) == 3 or x.size\(1\) == 5', "
                                             "which the capture cannot read"):
         assert _with_guards_code(["x0 == 3 or x1 == 5"]).size_relations == ()
+
+
+def test_many_guards_the_capture_cannot_read_are_warned_of_in_short():
+    # timm's tf_efficientnet pads "same" from each layer's size: with height
+    # and width dynamic, torch.export kept 67 guards, each thousands of
+    # characters long, that the capture cannot read; warned of one by one,
+    # they were a megabyte of warnings.
+    deep = "abs(" * 300 + "x1" + ")" * 300
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guards = _with_guards_code([f"{deep} != {n}" for n in range(8)])
+    assert guards.size_relations == ()
+    said = [str(w.message) for w in caught if "cannot read" in str(w.message)]
+    assert len(said) == 4, said
+    # The first three one by one, each shown in part, saying how long it is.
+    for message in said[:3]:
+        assert re.search(r"with 'abs\(abs\(.*\.\.\. \(1\d{3} characters\)'", message), message[:600]
+        assert len(message) < 1500, len(message)
+    assert said[3].startswith("precompile capture: torch.export keeps 5 more guards of the sizes that the "
+                              "capture cannot read (of x.size(1)): calls that break them"), said[3]
+    assert "captured fixed" in said[3]
 
 
 class NarrowOnly(torch.nn.Module):
