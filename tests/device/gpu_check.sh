@@ -29,8 +29,9 @@
 #      torchvision) with `python -m precompile_capture --device cuda`, all at
 #      once; then serves a model whose call can poison the CUDA context
 #      (device_lost_model.py) from a server of its own, beside one whose
-#      out-of-range indices the capture fences (tests/value_indices: that
-#      call must fail alone), poisons it, and checks that the server stops
+#      out-of-range indices the capture fences and a compiled EmbeddingBag
+#      given offsets that go back by 1e8 (tests/value_indices: those calls
+#      must fail alone), poisons it, and checks that the server stops
 #      calling itself live and, on SIGTERM, drains and exits 3 (the device
 #      lost);
 #   3. serves them with the carried precompile_server --device=cuda, BERT
@@ -227,6 +228,9 @@ captures+=("device_lost:$!")
 capture value_indexed tests.value_indices.value_indexed:make_value_indexed \
   tests/value_indices/value_indexed.calls.json "" "$LOST_REPO" &
 captures+=("value_indexed:$!")
+capture pooled_embeddings tests.value_indices.pooled_embeddings:make_pooled_embeddings \
+  tests/value_indices/pooled_embeddings.calls.json "" "$LOST_REPO" &
+captures+=("pooled_embeddings:$!")
 CAPTURED=0  # a model that fails to capture is left out, and the check fails
 for c in "${captures[@]}"; do
   wait "${c#*:}" || { log "capture of ${c%%:*} failed: $(tail -n 1 "$OUT/capture_${c%%:*}.log")"; CAPTURED=1; }
@@ -253,7 +257,9 @@ done
 # assert in Inductor's kernel); a call with large values fails it. First,
 # the same server's value_indexed, whose indices the capture fences: a call
 # past its table must fail alone (INVALID_ARGUMENT) and leave the device
-# working. On CUDA the poisoned server must then stop calling itself live,
+# working; and its pooled_embeddings, whose compiled EmbeddingBag calls
+# ATen's kernel through the CUDA shim the server defines (the kernel's input
+# check runs on the host first): offsets that go back by 1e8 likewise. On CUDA the poisoned server must then stop calling itself live,
 # so that the orchestrator restarts it, and on SIGTERM drain and exit 3.
 # (On the CPU the assert fails that call only. The dry run only exercises
 # the steps.)
@@ -285,11 +291,14 @@ def http_status(path):
 
 
 def infer(x, tag, model="device_lost"):
-    np.save(f"{work}/lost.{tag}.npy", x)
+    inputs = x if isinstance(x, dict) else {"x": x}
+    flags = []
+    for name, value in inputs.items():
+        np.save(f"{work}/lost.{tag}.{name}.npy", value)
+        flags += ["--input", f"{name}={work}/lost.{tag}.{name}.npy"]
     start = time.monotonic()
     p = subprocess.run([f"{bin_dir}/precompile_client", f"--address=127.0.0.1:{port}", "--json",
-                        "infer", model, "--input", f"x={work}/lost.{tag}.npy",
-                        "--output_dir", f"{work}/lost.{tag}.out"],
+                        "infer", model, *flags, "--output_dir", f"{work}/lost.{tag}.out"],
                        capture_output=True, text=True, timeout=60)
     return {"exit": p.returncode, "seconds": round(time.monotonic() - start, 3),
             "detail": (p.stdout + p.stderr).strip()[-1500:]}
@@ -312,6 +321,15 @@ r["fenced_out_of_range"] = infer(np.full((8, 4), 1e12, dtype=np.float32), "fence
 r["live_after_fenced"] = http_status("/v2/health/live")
 r["fenced_ok"] = bool(r["fenced_out_of_range"]["exit"] != 0 and r["live_after_fenced"] == 200
                       and "what its guards do not ensure" in r["fenced_out_of_range"]["detail"])
+ids = np.array([4, 8, 15, 16, 23, 42, 0, 1, 2, 3, 49], dtype=np.int64)
+r["bag_in_range"] = infer({"ids": ids, "offsets": np.array([0, 2, 6, 9], dtype=np.int64)}, "bag_in",
+                          "pooled_embeddings")
+r["bag_out_of_range"] = infer({"ids": ids, "offsets": np.array([0, -100000000, 3, 9], dtype=np.int64)},
+                              "bag_out", "pooled_embeddings")
+r["live_after_bag"] = http_status("/v2/health/live")
+r["bag_ok"] = bool(r["bag_in_range"]["exit"] == 0 and r["bag_out_of_range"]["exit"] != 0
+                   and "offsets holds -100000000" in r["bag_out_of_range"]["detail"]
+                   and r["live_after_bag"] == 200)
 r["out_of_range"] = infer(np.full((8, 4), 1e12, dtype=np.float32), "out_of_range")
 start = time.monotonic()
 for _ in range(60):
@@ -338,7 +356,7 @@ logged = [line for line in open(server_log) if "event=device_lost" in line]
 r["device_lost_logged"] = logged[0].strip()[-600:] if logged else None
 # Drained, it leaves with 3 (the device lost) rather than unloading models
 # on a poisoned context, whose destructors throw.
-r["ok"] = bool(r["in_range"]["correct"] and r["fenced_ok"] and r["out_of_range"]["exit"] != 0
+r["ok"] = bool(r["in_range"]["correct"] and r["fenced_ok"] and r["bag_ok"] and r["out_of_range"]["exit"] != 0
                and r["live_after"] != 200 and logged and r["exit"] == 3)
 json.dump(r, open(f"{out}/device_lost.json", "w"), indent=1)
 for key, value in r.items():
