@@ -60,6 +60,15 @@ void CheckOffsets(const char* op, const at::Tensor& offsets, int64_t size, const
   }
 }
 
+// The value of `values` (integers) outside [0, end): the lowest where one is
+// below 0, else the highest; none where every one is within.
+std::optional<int64_t> ValueOutside(const at::Tensor& values, int64_t end) {
+  const auto [low, high] = at::aminmax(values.to(at::kLong));
+  if (const int64_t lowest = low.item<int64_t>(); lowest < 0) return lowest;
+  if (const int64_t highest = high.item<int64_t>(); highest >= end) return highest;
+  return std::nullopt;
+}
+
 // ctc_loss reads log_probs at every target it uses: row i's first
 // target_lengths[i] entries of padded (batch, S) targets, or the first
 // sum(target_lengths) of concatenated ones. The kernel checks the lengths and
@@ -86,11 +95,8 @@ void CheckCtcTargets(const at::Tensor& log_probs, const at::Tensor& targets,
   }
   if (read.numel() == 0) return;
   const int64_t classes = log_probs.size(2);
-  const auto [low, high] = at::aminmax(read);
-  const int64_t lowest = low.item<int64_t>();
-  const int64_t highest = high.item<int64_t>();
-  TORCH_CHECK_INDEX(lowest >= 0 && highest < classes, "ctc_loss: targets holds ",
-                    lowest < 0 ? lowest : highest,
+  const std::optional<int64_t> outside = ValueOutside(read, classes);
+  TORCH_CHECK_INDEX(!outside, "ctc_loss: targets holds ", *outside,
                     ", but a target is a class of log_probs' last dimension, 0 to ", classes - 1,
                     ": ", kKernelInputRefused);
 }
@@ -208,13 +214,9 @@ at::Tensor CsrIndicesToCoo(c10::DispatchKeySet keys, const at::Tensor& crow_indi
 at::Tensor CooIndicesToCsr(c10::DispatchKeySet keys, const at::Tensor& rows, int64_t size,
                            bool out_int32) {
   if (rows.numel() > 0 && at::isIntegralType(rows.scalar_type(), /*includeBool=*/false)) {
-    const auto [low, high] = at::aminmax(rows.to(at::kLong));
-    const int64_t lowest = low.item<int64_t>();
-    const int64_t highest = high.item<int64_t>();
-    TORCH_CHECK_INDEX(lowest >= 0 && highest < size,
-                      "_convert_indices_from_coo_to_csr: ", "indices holds ",
-                      lowest < 0 ? lowest : highest, ", but a row index is from 0 to ", size - 1,
-                      ": ", kKernelInputRefused);
+    const std::optional<int64_t> outside = ValueOutside(rows, size);
+    TORCH_CHECK_INDEX(!outside, "_convert_indices_from_coo_to_csr: indices holds ", *outside,
+                      ", but a row index is from 0 to ", size - 1, ": ", kKernelInputRefused);
   }
   return at::_ops::_convert_indices_from_coo_to_csr::redispatch(BelowCheck(keys), rows, size,
                                                                 out_int32);

@@ -19,6 +19,7 @@
 #define PRECOMPILE_RUNTIME_KERNEL_INPUT_CHECKS_H_
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 
 namespace precompile {
@@ -31,6 +32,16 @@ inline constexpr absl::string_view kKernelInputRefused =
 // Registers the checks for this process, once; later calls return the first
 // call's status.
 absl::Status InstallKernelInputChecks();
+
+// A failed call's status said as the client's doing (INVALID_ARGUMENT) where
+// one of the checks refused what it sent; any other status as it is.
+inline absl::Status KernelRefusalAsInvalidArgument(absl::Status status) {
+  if (status.code() == absl::StatusCode::kInternal &&
+      absl::StrContains(status.message(), kKernelInputRefused)) {
+    return absl::InvalidArgumentError(status.message());
+  }
+  return status;
+}
 
 }  // namespace precompile
 

@@ -84,10 +84,7 @@ void ProbeDeviceAfterFailure(DeviceType device, int index, const absl::Status& f
 absl::Status ExplainFailedRun(const artifact::v1::Variant& variant, DeviceType device,
                               int device_index, absl::Status failure) {
   // A kernel's input check, which runs on the host before the kernel does.
-  if (failure.code() == absl::StatusCode::kInternal &&
-      absl::StrContains(failure.message(), kKernelInputRefused)) {
-    return absl::InvalidArgumentError(failure.message());
-  }
+  failure = KernelRefusalAsInvalidArgument(std::move(failure));
   if (variant.index_checks().empty() || failure.code() != absl::StatusCode::kInternal) {
     return failure;
   }
@@ -563,10 +560,7 @@ absl::StatusOr<LoadedVersion::Impl::FrameResult> LoadedVersion::Impl::Dispatch(
   const absl::Time done = absl::Now();
   if (!out.ok()) {
     // A kernel's input check failed on what the client sent.
-    if (out.status().code() == absl::StatusCode::kInternal &&
-        absl::StrContains(out.status().message(), kKernelInputRefused)) {
-      out = absl::InvalidArgumentError(out.status().message());
-    }
+    out = KernelRefusalAsInvalidArgument(out.status());
     // A callee's refusal refuses the call; anything else is an error.
     Outcome outcome = out.status().code() == absl::StatusCode::kFailedPrecondition
                           ? Outcome::kRefused
