@@ -30,11 +30,23 @@ def frame(kind, flags, stream, payload=b""):
     """One HTTP/2 frame."""
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
 
-def literal(name, value):
-    # Literal header field without indexing, new name, no Huffman.
+def hpack_integer(value, prefix_bits, first_bits=0):
+    """An HPACK integer (RFC 7541 5.1) after `first_bits` in its first byte."""
+    top = (1 << prefix_bits) - 1
+    if value < top:
+        return bytes([first_bits | value])
+    out = [first_bits | top]
+    value -= top
+    while value >= 128:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + [value])
+
+def literal(name, value, indexed=False):
+    """A literal header field with a new name, no Huffman (RFC 7541 6.2):
+    added to the decoder's table where `indexed`, else without indexing."""
     n, v = name.encode(), value.encode()
-    assert len(n) < 127 and len(v) < 127
-    return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
+    return (b"\x40" if indexed else b"\x00") + hpack_integer(len(n), 7) + n + hpack_integer(len(v), 7) + v
 
 def call_headers(path):
     return b"".join(literal(k, v) for k, v in [
@@ -221,19 +233,6 @@ class NonReader(Http2Connection):
         return "held" if frames else None
 
 
-def hpack_integer(value, prefix_bits, first_bits=0):
-    """An HPACK integer (RFC 7541 5.1) after `first_bits` in its first byte."""
-    top = (1 << prefix_bits) - 1
-    if value < top:
-        return bytes([first_bits | value])
-    out = [first_bits | top]
-    value -= top
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    return bytes(out + [value])
-
-
 class HeaderFlooder(Http2Connection):
     """Header blocks a server must not keep whole: ones that never end, and
     ones of a few bytes that unpack to megabytes."""
@@ -258,8 +257,7 @@ class HeaderFlooder(Http2Connection):
         from about `references` sent. Returns the calls sent before the
         connection closed."""
         assert self.settled.wait(10), "the server sent no SETTINGS"
-        name, value = b"x-large", b"a" * field_bytes
-        added = (b"\x40" + hpack_integer(len(name), 7) + name + hpack_integer(len(value), 7) + value)
+        added = literal("x-large", "a" * field_bytes, indexed=True)
         named_again = hpack_integer(62, 7, 0x80) * references  # the newest entry of the table
         block = call_headers(INFER_PATH) + added + named_again
         sent = 0

@@ -404,6 +404,14 @@ def test_outputs_whose_sizes_are_expressions_of_the_inputs_are_checked_too(serve
     assert_still_serving(server)
 
 
+def value_indices_model(name):
+    """The module of tests/value_indices/<name>.py, which makes that model."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "value_indices" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_indices_a_model_computes_from_values_past_its_table_fail_only_that_call(server):
     # value_indexed returns table[(|x| * 4).long()] + x, a table of 64 rows:
     # indices from a float input's values, which the capture cannot bound,
@@ -512,10 +520,7 @@ def test_labels_past_an_eager_ctc_loss_s_classes_fail_only_that_call(server):
     # padding: unchecked, a label of 1e8 ended the process and one of 12
     # (the class count) read another allocation.
     import torch
-    spec = importlib.util.spec_from_file_location(
-        "ctc_head", ROOT / "tests" / "value_indices" / "ctc_head.py")
-    ctc_head = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ctc_head)
+    ctc_head = value_indices_model("ctc_head")
 
     rng = np.random.default_rng(5)
     hidden = rng.standard_normal((2, 24, 16)).astype(np.float32)
@@ -554,10 +559,7 @@ def test_bag_offsets_that_go_back_or_past_the_ids_fail_only_that_call(server):
     # past the dispatcher; the kernel trusts the offsets: unchecked, offsets
     # of [0, -100000000, 3, 9] ended the process.
     import torch
-    spec = importlib.util.spec_from_file_location(
-        "pooled_embeddings", ROOT / "tests" / "value_indices" / "pooled_embeddings.py")
-    pooled_embeddings = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pooled_embeddings)
+    pooled_embeddings = value_indices_model("pooled_embeddings")
 
     ids = np.array([4, 8, 15, 16, 23, 42, 0, 1, 2, 3, 49], dtype=np.int64)
     offsets = np.array([0, 2, 6, 9], dtype=np.int64)
